@@ -1,0 +1,385 @@
+//! Rate-limiting algorithms as pure state machines.
+//!
+//! Every algorithm is driven the same way: [`Limit::decide`] takes the stored [`State`], the
+//! current time and the request's cost, and returns a [`Decision`], updating the state only
+//! when the request is admitted. Time is always passed in, in microseconds since any fixed
+//! epoch, so the same code runs in the service, the filter, the SDKs and the tests.
+//!
+//! All arithmetic is on integers that stay below 2^53, so the Redis Lua scripts (whose
+//! numbers are doubles) reach exactly the same decisions; [`Limit::new`] rejects limits
+//! whose numbers would break that promise.
+
+mod fixed_window;
+mod gcra;
+mod sliding_window_counter;
+mod sliding_window_log;
+mod token_bucket;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A point in time or a duration, in microseconds.
+pub type Micros = u64;
+
+/// Microseconds in one millisecond.
+pub const MICROS_PER_MS: Micros = 1_000;
+
+/// The largest integer every number in a decision must stay below (2^53): doubles, and so
+/// Redis Lua, represent every integer up to it exactly.
+pub const EXACT_LIMIT: u64 = 1 << 53;
+
+/// Which algorithm a rule uses; the names are those of the rule file and the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Bursts up to `burst`, long-run rate `limit / window`.
+    TokenBucket,
+    /// GCRA meter; in shaping mode requests are delayed up to `max_delay` instead of denied.
+    LeakyBucket,
+    /// At most `limit` per aligned window.
+    FixedWindow,
+    /// Exact: at most `limit` in any window of length `window`.
+    SlidingWindowLog,
+    /// Weighted previous window plus current window stays within `limit`.
+    SlidingWindowCounter,
+    /// Generic cell rate algorithm: a token bucket kept as one timestamp.
+    Gcra,
+}
+
+impl Algorithm {
+    /// Every algorithm, in a fixed order.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::Gcra,
+    ];
+
+    /// The name used in rule files and on the wire.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An algorithm name that is not one of [`Algorithm::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown algorithm {0:?}: expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter, gcra")]
+pub struct UnknownAlgorithm(pub String);
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| UnknownAlgorithm(s.to_owned()))
+    }
+}
+
+/// The outcome of one check against one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// Whether the request may pass (possibly after `delay`).
+    pub allowed: bool,
+    /// The configured limit: requests (cost units) per window.
+    pub limit: u64,
+    /// Cost units still available right after this decision.
+    pub remaining: u64,
+    /// Time until the quota is whole again (or, for windows, until the window ends).
+    pub reset_after: Micros,
+    /// Shortest wait after which the same request would be allowed; 0 when allowed.
+    pub retry_after: Micros,
+    /// How long to hold an admitted request before forwarding it (shaping only).
+    pub delay: Micros,
+}
+
+/// Why a set of limit parameters cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LimitError {
+    /// `limit` is zero.
+    #[error("limit must be at least 1")]
+    ZeroLimit,
+    /// `window` is shorter than one millisecond or not a whole number of milliseconds.
+    #[error("window must be a whole number of milliseconds, at least 1ms")]
+    BadWindow,
+    /// The emission interval `window / limit` is below one microsecond.
+    #[error("limit {limit} per {window_ms}ms is more than one request per microsecond")]
+    TooFast {
+        /// The configured limit.
+        limit: u64,
+        /// The configured window in milliseconds.
+        window_ms: u64,
+    },
+    /// The numbers would exceed 2^53 inside the algorithm, where Lua loses exactness.
+    #[error("{field} is too large for this window: {detail}")]
+    TooLarge {
+        /// The field to lower: `limit`, `burst`, `window` or `max_delay`.
+        field: &'static str,
+        /// What overflowed.
+        detail: String,
+    },
+}
+
+/// Validated parameters of one limit, with the derived numbers every decision needs.
+///
+/// Build it with [`Limit::new`]; the accessors expose the derived numbers so that the Redis
+/// scripts can be called with exactly what the Rust state machine uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    algorithm: Algorithm,
+    limit: u64,
+    window: Micros,
+    capacity: u64,
+    shaping: bool,
+    max_delay: Micros,
+    /// GCRA emission interval: `ceil(window / limit)`.
+    interval: Micros,
+    /// Token bucket: one token is `unit` scaled units; the bucket refills `rate` per µs.
+    unit: u64,
+    rate: u64,
+}
+
+impl Limit {
+    /// Validates a limit of `limit` cost units per `window` for `algorithm`.
+    ///
+    /// `burst` is the bucket capacity for the bucket algorithms (0 means `limit`); `shaping`
+    /// and `max_delay` apply to `leaky_bucket` only and are ignored elsewhere.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        window: Micros,
+        burst: u64,
+        shaping: bool,
+        max_delay: Micros,
+    ) -> Result<Limit, LimitError> {
+        if limit == 0 {
+            return Err(LimitError::ZeroLimit);
+        }
+        if window < MICROS_PER_MS || window % MICROS_PER_MS != 0 {
+            return Err(LimitError::BadWindow);
+        }
+        let window_ms = window / MICROS_PER_MS;
+        if limit > window {
+            return Err(LimitError::TooFast { limit, window_ms });
+        }
+        let capacity = if burst == 0 { limit } else { burst };
+        let shaping = shaping && algorithm == Algorithm::LeakyBucket;
+        let max_delay = if shaping { max_delay } else { 0 };
+        let interval = window.div_ceil(limit);
+        let g = gcd(window, limit);
+        let (unit, rate) = (window / g, limit / g);
+        let too_large = |field, detail: String| Err(LimitError::TooLarge { field, detail });
+        if window >= EXACT_LIMIT / 4 {
+            return too_large("window", format!("{window_ms}ms is longer than 2^51 µs"));
+        }
+        if max_delay >= EXACT_LIMIT / 4 {
+            return too_large("max_delay", "longer than 2^51 µs".into());
+        }
+        match algorithm {
+            Algorithm::TokenBucket if capacity.checked_mul(unit).is_none_or(|v| v >= EXACT_LIMIT) => too_large(
+                "burst",
+                format!("capacity {capacity} × {unit} scaled units per token reaches 2^53"),
+            ),
+            Algorithm::Gcra | Algorithm::LeakyBucket
+                if capacity.checked_mul(interval).is_none_or(|v| v >= EXACT_LIMIT / 4) =>
+            {
+                too_large(
+                    "burst",
+                    format!("capacity {capacity} × interval {interval}µs reaches 2^51"),
+                )
+            }
+            Algorithm::SlidingWindowCounter if limit.checked_mul(window_ms).is_none_or(|v| v >= EXACT_LIMIT) => {
+                too_large("limit", format!("limit {limit} × {window_ms}ms reaches 2^53"))
+            }
+            _ => Ok(Limit {
+                algorithm,
+                limit,
+                window,
+                capacity,
+                shaping,
+                max_delay,
+                interval,
+                unit,
+                rate,
+            }),
+        }
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+    /// Cost units per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// The window length.
+    pub fn window(&self) -> Micros {
+        self.window
+    }
+    /// Bucket capacity (`burst`, or `limit` when burst is 0).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    /// Whether admitted requests may be delayed instead of denied.
+    pub fn shaping(&self) -> bool {
+        self.shaping
+    }
+    /// The longest delay a shaping limit imposes.
+    pub fn max_delay(&self) -> Micros {
+        self.max_delay
+    }
+    /// GCRA emission interval, `ceil(window / limit)`.
+    pub fn interval(&self) -> Micros {
+        self.interval
+    }
+    /// Token bucket: scaled units per token (`window / gcd(window, limit)`).
+    pub fn token_unit(&self) -> u64 {
+        self.unit
+    }
+    /// Token bucket: scaled units refilled per microsecond (`limit / gcd(window, limit)`).
+    pub fn token_rate(&self) -> u64 {
+        self.rate
+    }
+
+    /// Decides whether a request of `cost` units may pass at `now`, updating `state` if so.
+    ///
+    /// A state left by another algorithm (the rule changed) is treated as fresh.
+    pub fn decide(&self, state: &mut State, now: Micros, cost: u64) -> Decision {
+        let cost = cost.max(1);
+        match self.algorithm {
+            Algorithm::TokenBucket => token_bucket::decide(self, state, now, cost),
+            Algorithm::Gcra | Algorithm::LeakyBucket => gcra::decide(self, state, now, cost),
+            Algorithm::FixedWindow => fixed_window::decide(self, state, now, cost),
+            Algorithm::SlidingWindowLog => sliding_window_log::decide(self, state, now, cost),
+            Algorithm::SlidingWindowCounter => sliding_window_counter::decide(self, state, now, cost),
+        }
+    }
+
+    /// Gives back `cost` units admitted at `admitted_at`, because another rule of the same
+    /// request denied it.
+    pub fn refund(&self, state: &mut State, admitted_at: Micros, cost: u64) {
+        let cost = cost.max(1);
+        match self.algorithm {
+            Algorithm::TokenBucket => token_bucket::refund(self, state, cost),
+            Algorithm::Gcra | Algorithm::LeakyBucket => gcra::refund(self, state, admitted_at, cost),
+            Algorithm::FixedWindow => fixed_window::refund(self, state, admitted_at, cost),
+            Algorithm::SlidingWindowLog => sliding_window_log::refund(state, admitted_at, cost),
+            Algorithm::SlidingWindowCounter => sliding_window_counter::refund(self, state, admitted_at, cost),
+        }
+    }
+
+    /// How long after `now` the state is indistinguishable from a fresh one and may be
+    /// dropped (the memory store's eviction time and the Redis TTL).
+    pub fn expires_after(&self, state: &State, now: Micros) -> Micros {
+        match (self.algorithm, state) {
+            (Algorithm::TokenBucket, State::Bucket { tokens, last }) => {
+                let full = token_bucket::time_to_full(self, *tokens);
+                (last + full).saturating_sub(now)
+            }
+            (Algorithm::Gcra | Algorithm::LeakyBucket, State::Tat(tat)) => tat.saturating_sub(now),
+            (Algorithm::FixedWindow, State::Window { id, .. }) => ((id + 1) * self.window).saturating_sub(now),
+            (Algorithm::SlidingWindowLog, State::Log { entries, .. }) => entries
+                .back()
+                .map_or(0, |(ts, _)| (ts + self.window).saturating_sub(now)),
+            (Algorithm::SlidingWindowCounter, State::Counter { id, .. }) => {
+                ((id + 2) * self.window).saturating_sub(now)
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// The stored state of one limit key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum State {
+    /// Nothing recorded yet: the full quota is available.
+    #[default]
+    Fresh,
+    /// Token bucket: scaled tokens (see [`Limit::token_unit`]) at time `last`.
+    Bucket {
+        /// Tokens × `token_unit`.
+        tokens: u64,
+        /// When `tokens` was computed.
+        last: Micros,
+    },
+    /// GCRA and leaky bucket: the theoretical arrival time.
+    Tat(Micros),
+    /// Fixed window: the aligned window's index and what it admitted.
+    Window {
+        /// `now / window`.
+        id: u64,
+        /// Cost admitted in this window.
+        count: u64,
+    },
+    /// Sliding window log: admitted (time, cost) pairs, oldest first, and their total.
+    Log {
+        /// Admitted (time, cost) pairs, oldest first; one entry per distinct time.
+        entries: VecDeque<(Micros, u64)>,
+        /// The sum of the entries' costs.
+        used: u64,
+    },
+    /// Sliding window counter: the aligned window's index and the counts of it and the one before.
+    Counter {
+        /// `now / window`.
+        id: u64,
+        /// Cost admitted in window `id`.
+        current: u64,
+        /// Cost admitted in window `id - 1`.
+        previous: u64,
+    },
+}
+
+/// A decision that denies; `remaining` and `reset_after` describe the current state.
+fn denied(limit: &Limit, remaining: u64, reset_after: Micros, retry_after: Micros) -> Decision {
+    Decision {
+        allowed: false,
+        limit: limit.limit,
+        remaining,
+        reset_after,
+        retry_after,
+        delay: 0,
+    }
+}
+
+/// A decision that admits.
+fn admitted(limit: &Limit, remaining: u64, reset_after: Micros) -> Decision {
+    Decision {
+        allowed: true,
+        limit: limit.limit,
+        remaining,
+        reset_after,
+        retry_after: 0,
+        delay: 0,
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,14 @@
+//! Pure rate-limiting logic shared by every part of Sluice.
+//!
+//! No I/O, no clock, no globals: time is always an argument. The check service, the
+//! proxy-wasm filter and both client SDKs call this crate, so a decision, a header or a
+//! backoff delay is computed the same way everywhere.
+
+pub mod algorithm;
+pub mod backoff;
+pub mod headers;
+pub mod pacing;
+pub mod rules;
+pub mod wire;
+
+pub use algorithm::{Algorithm, Decision, Limit, LimitError, Micros, State};
