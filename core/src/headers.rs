@@ -1,1 +1,13 @@
-//! (being written)
+//! Rate-limit response headers: formatting what the filter sends, parsing what the SDKs read.
+//!
+//! Formatting follows DESIGN.md exactly (`X-RateLimit-*`, IETF `RateLimit` and
+//! `RateLimit-Policy`, `Retry-After` on denials, and the 429 JSON body). Parsing reads those
+//! and what real APIs send; it never fails and never panics: a malformed value is ignored.
+
+mod format;
+mod http_date;
+mod parse;
+mod structured;
+
+pub use format::{denial_body, format_headers, HeaderMode, Quota};
+pub use parse::{parse_headers, RateLimitInfo};

@@ -1,0 +1,103 @@
+//! Every case of the shared header vectors (`../shared/vectors/headers.json`), the parser's
+//! robustness on arbitrary input, and formatting round trips.
+
+use proptest::prelude::*;
+use serde_json::Value;
+use sluice_core::headers::{format_headers, parse_headers, HeaderMode, Quota, RateLimitInfo};
+
+fn vectors() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/headers.json");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
+}
+
+fn close(got: Option<u64>, want: &Value) -> bool {
+    match (got, want.as_u64()) {
+        (None, None) => want.is_null(),
+        (Some(g), Some(w)) => g.abs_diff(w) <= 1,
+        _ => false,
+    }
+}
+
+#[test]
+fn shared_vectors_all_pass() {
+    let v = vectors();
+    let now_ms = v["now"].as_u64().expect("now") * 1000;
+    let cases = v["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 20, "only {} cases", cases.len());
+    let mut failures = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap_or("?");
+        let headers: Vec<(&str, &str)> = case["headers"]
+            .as_array()
+            .expect("headers")
+            .iter()
+            .map(|h| (h[0].as_str().expect("name"), h[1].as_str().expect("value")))
+            .collect();
+        let status = case["status"].as_u64().unwrap_or(200) as u16;
+        let got = parse_headers(status, headers, now_ms);
+        let want = &case["expect"];
+        let field = |k: &str| want.get(k).unwrap_or(&Value::Null);
+        let ok = close(got.limit, field("limit"))
+            && close(got.remaining, field("remaining"))
+            && close(got.reset_after_ms, field("reset_after_ms"))
+            && close(got.retry_after_ms, field("retry_after_ms"))
+            && close(got.window_ms, field("window_ms"))
+            && got.policy.as_deref() == field("policy").as_str();
+        if !ok {
+            failures.push(format!("{name}: got {got:?}, want {want}"));
+        }
+    }
+    assert!(failures.is_empty(), "failing vectors:\n{}", failures.join("\n"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn parser_never_panics(
+        headers in proptest::collection::vec((
+            prop_oneof![
+                Just("X-RateLimit-Limit".to_owned()), Just("X-RateLimit-Remaining".to_owned()),
+                Just("X-RateLimit-Reset".to_owned()), Just("X-RateLimit-Reset-After".to_owned()),
+                Just("RateLimit".to_owned()), Just("RateLimit-Policy".to_owned()),
+                Just("RateLimit-Reset".to_owned()), Just("Retry-After".to_owned()), any::<String>(),
+            ],
+            prop_oneof![any::<String>(), "[0-9.\"=;:, a-z]{0,40}", "\"[a-z]{0,5}\";[rqtw]=[0-9]{0,25}(;[a-z]=[^,]{0,5})?"],
+        ), 0..8),
+        now in any::<u64>(),
+    ) {
+        let _ = parse_headers(429, headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), now);
+    }
+
+    #[test]
+    fn formatted_headers_parse_back(
+        policy in "[a-zA-Z0-9 _.\"\\\\-]{1,20}",
+        limit in 1u64..1_000_000,
+        remaining in 0u64..1_000_000,
+        reset_s in 0u64..100_000,
+        window_s in 1u64..100_000,
+        retry_s in proptest::option::of(1u64..100_000),
+        now_s in 1_000_000_000u64..4_000_000_000,
+    ) {
+        let quota = Quota {
+            policy: &policy, limit, remaining, reset_after_ms: reset_s * 1000, window_ms: window_s * 1000,
+            retry_after_ms: retry_s.map(|s| s * 1000), now_ms: now_s * 1000,
+        };
+        for mode in [HeaderMode::All, HeaderMode::Legacy, HeaderMode::Ietf] {
+            let mut out = Vec::new();
+            format_headers(&quota, mode, &mut out);
+            let got = parse_headers(200, out.iter().map(|(n, v)| (*n, v.as_str())), now_s * 1000);
+            let ietf = mode != HeaderMode::Legacy;
+            let want = RateLimitInfo {
+                limit: Some(limit),
+                remaining: Some(remaining),
+                reset_after_ms: Some(reset_s * 1000),
+                retry_after_ms: retry_s.map(|s| s * 1000),
+                policy: ietf.then(|| policy.clone()),
+                window_ms: ietf.then_some(window_s * 1000),
+            };
+            prop_assert_eq!(got, want);
+        }
+    }
+}
