@@ -10,4 +10,5 @@ mod parse;
 mod structured;
 
 pub use format::{denial_body, format_headers, HeaderMode, Quota};
+pub(crate) use http_date::days_from_civil;
 pub use parse::{parse_headers, RateLimitInfo};

@@ -1,1 +1,357 @@
-//! (being written)
+//! Wire types of `POST /v1/check`: the request a proxy sends and the decision it gets back.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::algorithm::{Decision, Micros, MICROS_PER_MS};
+
+/// Most identities one request may carry.
+pub const MAX_IDENTITIES: usize = 16;
+/// Longest identity key or value, in bytes.
+pub const MAX_IDENTITY_BYTES: usize = 256;
+/// Largest request cost.
+pub const MAX_COST: u64 = 1_000_000;
+/// Longest path, in bytes.
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// A check request that cannot be used; the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct WireError(pub String);
+
+fn one() -> u64 {
+    1
+}
+
+/// `POST /v1/check` request body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    /// Identity name (`ip`, `user`, `api_key`, `tier`, `header:<name>`) → value.
+    pub identities: BTreeMap<String, String>,
+    /// HTTP method of the request being limited.
+    pub method: String,
+    /// Path of the request being limited.
+    pub path: String,
+    /// The request's weight, 1..=1,000,000; default 1.
+    #[serde(default = "one")]
+    pub cost: u64,
+}
+
+impl CheckRequest {
+    /// Parses and validates a request body.
+    pub fn from_json(body: &[u8]) -> Result<CheckRequest, WireError> {
+        let req: CheckRequest =
+            serde_json::from_slice(body).map_err(|e| WireError(format!("invalid check request: {e}")))?;
+        req.validate()?;
+        Ok(req)
+    }
+
+    /// Checks the limits on sizes and ranges.
+    pub fn validate(&self) -> Result<(), WireError> {
+        if self.identities.len() > MAX_IDENTITIES {
+            return Err(WireError(format!(
+                "identities: {} given; at most {MAX_IDENTITIES}",
+                self.identities.len()
+            )));
+        }
+        for (k, v) in &self.identities {
+            if k.is_empty() || k.len() > MAX_IDENTITY_BYTES {
+                return Err(WireError(format!(
+                    "identity key `{}` is {} bytes; must be 1 to {MAX_IDENTITY_BYTES}",
+                    truncate(k),
+                    k.len()
+                )));
+            }
+            if v.len() > MAX_IDENTITY_BYTES {
+                return Err(WireError(format!(
+                    "identity `{}` value is {} bytes; at most {MAX_IDENTITY_BYTES}",
+                    truncate(k),
+                    v.len()
+                )));
+            }
+        }
+        if self.method.is_empty() || self.method.len() > 16 || !self.method.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(WireError(format!(
+                "method `{}` is not an HTTP method",
+                truncate(&self.method)
+            )));
+        }
+        if self.path.is_empty() || self.path.len() > MAX_PATH_BYTES {
+            return Err(WireError(format!(
+                "path is {} bytes; must be 1 to {MAX_PATH_BYTES}",
+                self.path.len()
+            )));
+        }
+        if !(1..=MAX_COST).contains(&self.cost) {
+            return Err(WireError(format!("cost {} out of range 1..={MAX_COST}", self.cost)));
+        }
+        Ok(())
+    }
+}
+
+fn truncate(s: &str) -> &str {
+    let mut end = s.len().min(40);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// One rule's part in a decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleResult {
+    /// The rule's name.
+    pub name: String,
+    /// Whether this rule admitted the request.
+    pub allowed: bool,
+    /// Its limit.
+    pub limit: u64,
+    /// What it has left.
+    pub remaining: u64,
+    /// Milliseconds until it resets.
+    pub reset_after_ms: u64,
+}
+
+/// `POST /v1/check` response body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckResponse {
+    /// Whether the request may pass.
+    pub allowed: bool,
+    /// The most restrictive rule's limit.
+    pub limit: u64,
+    /// Its remaining.
+    pub remaining: u64,
+    /// Milliseconds until it resets.
+    pub reset_after_ms: u64,
+    /// Milliseconds to wait before retrying (0 when allowed).
+    pub retry_after_ms: u64,
+    /// When it resets, unix seconds.
+    pub reset_at: u64,
+    /// Its name; absent when no rule matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Its window in milliseconds.
+    pub window_ms: u64,
+    /// Every matching rule's result.
+    pub rules: Vec<RuleResult>,
+    /// Hold the request this long before forwarding (shaping).
+    pub delay_ms: u64,
+    /// The decision came from a node-local fallback: the store was unreachable.
+    pub degraded: bool,
+}
+
+impl Default for CheckResponse {
+    fn default() -> Self {
+        CheckResponse {
+            allowed: true,
+            limit: 0,
+            remaining: 0,
+            reset_after_ms: 0,
+            retry_after_ms: 0,
+            reset_at: 0,
+            policy: None,
+            window_ms: 0,
+            rules: Vec::new(),
+            delay_ms: 0,
+            degraded: false,
+        }
+    }
+}
+
+/// One matching rule's outcome, as the service evaluated it.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome<'a> {
+    /// The rule's name.
+    pub rule: &'a str,
+    /// The rule's window in milliseconds.
+    pub window_ms: u64,
+    /// Shadow rules count but never deny.
+    pub shadow: bool,
+    /// The decision.
+    pub decision: Decision,
+    /// Decided by the local fallback.
+    pub degraded: bool,
+}
+
+fn ms(us: Micros) -> u64 {
+    us.div_ceil(MICROS_PER_MS)
+}
+
+impl CheckResponse {
+    /// Combines the outcomes of every matching rule into the response.
+    ///
+    /// Allowed when every non-shadow rule allows. The headline fields describe the most
+    /// restrictive non-shadow rule (least remaining, then longest reset; denying rules
+    /// first); `retry_after_ms` is the longest among denying rules, `delay_ms` the longest delay.
+    pub fn from_outcomes(outcomes: &[Outcome<'_>], now_ms: u64) -> CheckResponse {
+        let enforced = || outcomes.iter().filter(|o| !o.shadow);
+        let allowed = enforced().all(|o| o.decision.allowed);
+        let headline = enforced().min_by_key(|o| {
+            (
+                o.decision.allowed,
+                o.decision.remaining,
+                std::cmp::Reverse(o.decision.reset_after),
+            )
+        });
+        let mut response = CheckResponse {
+            allowed,
+            retry_after_ms: enforced()
+                .filter(|o| !o.decision.allowed)
+                .map(|o| ms(o.decision.retry_after))
+                .max()
+                .unwrap_or(0),
+            delay_ms: if allowed {
+                enforced().map(|o| ms(o.decision.delay)).max().unwrap_or(0)
+            } else {
+                0
+            },
+            degraded: outcomes.iter().any(|o| o.degraded),
+            rules: outcomes
+                .iter()
+                .map(|o| RuleResult {
+                    name: o.rule.to_owned(),
+                    allowed: o.decision.allowed,
+                    limit: o.decision.limit,
+                    remaining: o.decision.remaining,
+                    reset_after_ms: ms(o.decision.reset_after),
+                })
+                .collect(),
+            ..CheckResponse::default()
+        };
+        if let Some(h) = headline {
+            response.limit = h.decision.limit;
+            response.remaining = h.decision.remaining;
+            response.reset_after_ms = ms(h.decision.reset_after);
+            response.reset_at = (now_ms + response.reset_after_ms).div_ceil(1000);
+            response.policy = Some(h.rule.to_owned());
+            response.window_ms = h.window_ms;
+        }
+        response
+    }
+
+    /// Parses a response body leniently: unknown fields are ignored, missing ones default.
+    pub fn from_json(body: &[u8]) -> Result<CheckResponse, WireError> {
+        serde_json::from_slice(body).map_err(|e| WireError(format!("invalid check response: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> Result<CheckRequest, String> {
+        CheckRequest::from_json(json.as_bytes()).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn accepts_design_example_and_defaults_cost() {
+        let r =
+            req(r#"{"identities":{"ip":"203.0.113.9","user":"42","tier":"free"},"method":"GET","path":"/api/search"}"#)
+                .unwrap();
+        assert_eq!(r.cost, 1);
+        assert_eq!(r.identities["user"], "42");
+    }
+
+    #[test]
+    fn every_limit_is_named() {
+        let big = "x".repeat(257);
+        let many: Vec<String> = (0..17).map(|i| format!("\"k{i}\":\"v\"")).collect();
+        let cases = [
+            (
+                r#"{"identities":{},"method":"GET","path":"/","cost":1,"extra":1}"#.to_owned(),
+                "unknown field `extra`",
+            ),
+            (
+                r#"{"identities":{},"method":"GET","path":"/","cost":0}"#.to_owned(),
+                "cost 0 out of range",
+            ),
+            (
+                r#"{"identities":{},"method":"GET","path":"/","cost":1000001}"#.to_owned(),
+                "cost 1000001 out of range",
+            ),
+            (
+                r#"{"identities":{},"method":"GET","path":"/","cost":-1}"#.to_owned(),
+                "invalid value",
+            ),
+            (
+                format!(r#"{{"identities":{{{}}},"method":"GET","path":"/"}}"#, many.join(",")),
+                "identities: 17 given",
+            ),
+            (
+                format!(r#"{{"identities":{{"{big}":"v"}},"method":"GET","path":"/"}}"#),
+                "is 257 bytes",
+            ),
+            (
+                format!(r#"{{"identities":{{"ip":"{big}"}},"method":"GET","path":"/"}}"#),
+                "value is 257 bytes",
+            ),
+            (r#"{"identities":{},"method":"G T","path":"/"}"#.to_owned(), "method"),
+            (
+                r#"{"identities":{},"method":"GET","path":""}"#.to_owned(),
+                "path is 0 bytes",
+            ),
+            (r#"{"identities":{},"method":"GET"}"#.to_owned(), "missing field `path`"),
+            ("{not json".to_owned(), "invalid check request"),
+        ];
+        for (body, want) in cases {
+            let err = req(&body).unwrap_err();
+            assert!(err.contains(want), "{body}: {err} (wanted {want})");
+        }
+    }
+
+    fn outcome(rule: &str, allowed: bool, remaining: u64, reset_ms: u64, shadow: bool) -> Outcome<'_> {
+        Outcome {
+            rule,
+            window_ms: 60_000,
+            shadow,
+            degraded: false,
+            decision: Decision {
+                allowed,
+                limit: 100,
+                remaining,
+                reset_after: reset_ms * 1000,
+                retry_after: if allowed { 0 } else { reset_ms * 1000 },
+                delay: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn most_restrictive_rule_heads_the_response_and_shadow_never_denies() {
+        let outcomes = [
+            outcome("a", true, 10, 5_000, false),
+            outcome("b", true, 3, 1_000, false),
+            outcome("c", true, 3, 9_000, false),
+            outcome("s", false, 0, 30_000, true),
+        ];
+        let r = CheckResponse::from_outcomes(&outcomes, 1_774_312_800_000);
+        assert!(r.allowed);
+        assert_eq!(r.policy.as_deref(), Some("c"));
+        assert_eq!((r.remaining, r.reset_after_ms, r.reset_at), (3, 9_000, 1_774_312_809));
+        assert_eq!(r.rules.len(), 4);
+        let denied = CheckResponse::from_outcomes(
+            &[
+                outcome("a", true, 0, 50_000, false),
+                outcome("b", false, 0, 7_000, false),
+            ],
+            0,
+        );
+        assert!(!denied.allowed);
+        assert_eq!((denied.policy.as_deref(), denied.retry_after_ms), (Some("b"), 7_000));
+    }
+
+    #[test]
+    fn no_rules_means_allowed_without_policy_and_round_trips() {
+        let r = CheckResponse::from_outcomes(&[], 0);
+        assert!(r.allowed && r.policy.is_none());
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("policy"));
+        assert_eq!(CheckResponse::from_json(json.as_bytes()).unwrap(), r);
+        let lenient = CheckResponse::from_json(br#"{"allowed":false,"future_field":1}"#).unwrap();
+        assert!(!lenient.allowed);
+    }
+}

@@ -1,0 +1,118 @@
+//! RFC 3339 timestamps (`2026-12-31T00:00:00Z`, `...+02:00`, fractional seconds) ⇄ unix ms.
+
+use crate::headers::days_from_civil;
+
+/// Parses an RFC 3339 timestamp into unix milliseconds.
+pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
+    let err = || format!("{s:?} is not an RFC 3339 timestamp like 2026-12-31T00:00:00Z");
+    let b = s.trim().as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+        let part = b.get(r)?;
+        part.iter()
+            .all(u8::is_ascii_digit)
+            .then(|| part.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+    };
+    let sep = |i: usize, c: &[u8]| b.get(i).is_some_and(|x| c.contains(x));
+    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt ") && sep(13, b":") && sep(16, b":")) {
+        return Err(err());
+    }
+    let (y, mo, d) = (
+        num(0..4).ok_or_else(err)?,
+        num(5..7).ok_or_else(err)?,
+        num(8..10).ok_or_else(err)?,
+    );
+    let (h, mi, sec) = (
+        num(11..13).ok_or_else(err)?,
+        num(14..16).ok_or_else(err)?,
+        num(17..19).ok_or_else(err)?,
+    );
+    if !(1970..=9999).contains(&y) || !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60
+    {
+        return Err(err());
+    }
+    let mut i = 19;
+    let mut millis = 0;
+    if sep(i, b".") {
+        let digits = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 {
+            return Err(err());
+        }
+        let frac = format!("{:0<3}", String::from_utf8_lossy(&b[i + 1..i + 1 + digits.min(3)]));
+        millis = frac.parse::<u64>().map_err(|_| err())?;
+        i += 1 + digits;
+    }
+    let offset_min: i64 = match b.get(i..) {
+        Some([b'Z' | b'z']) => 0,
+        Some([sign @ (b'+' | b'-'), ..]) if b.len() == i + 6 && sep(i + 3, b":") => {
+            let oh = num(i + 1..i + 3).ok_or_else(err)? as i64;
+            let om = num(i + 4..i + 6).ok_or_else(err)? as i64;
+            if oh > 23 || om > 59 {
+                return Err(err());
+            }
+            if *sign == b'+' {
+                oh * 60 + om
+            } else {
+                -(oh * 60 + om)
+            }
+        }
+        _ => return Err(err()),
+    };
+    let local = (days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec) as i64;
+    let utc = local - offset_min * 60;
+    u64::try_from(utc).map(|s| s * 1000 + millis).map_err(|_| err())
+}
+
+/// Formats unix milliseconds as `YYYY-MM-DDTHH:MM:SS(.mmm)Z`.
+pub fn format_rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Inverse of days_from_civil (Howard Hinnant's civil_from_days).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    let frac = if ms % 1000 == 0 {
+        String::new()
+    } else {
+        format!(".{:03}", ms % 1000)
+    };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{frac}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_formats() {
+        assert_eq!(parse_rfc3339("2026-12-31T00:00:00Z"), Ok(1_798_675_200_000));
+        assert_eq!(parse_rfc3339("2026-12-31T02:00:00+02:00"), Ok(1_798_675_200_000));
+        assert_eq!(parse_rfc3339("2026-12-30T22:00:00.250-02:00"), Ok(1_798_675_200_250));
+        assert_eq!(format_rfc3339(1_798_675_200_250), "2026-12-31T00:00:00.250Z");
+        assert_eq!(format_rfc3339(1_798_675_200_000), "2026-12-31T00:00:00Z");
+    }
+
+    #[test]
+    fn rejects() {
+        for s in [
+            "",
+            "2026-12-31",
+            "2026-13-01T00:00:00Z",
+            "2026-12-31T00:00:00",
+            "2026-12-31T00:00:00+2:00",
+            "x026-12-31T00:00:00Z",
+        ] {
+            assert!(parse_rfc3339(s).is_err(), "{s}");
+        }
+    }
+}
