@@ -1,0 +1,244 @@
+//! The HTTP interface: `/v1/check`, health, metrics and the admin API.
+//!
+//! Every error is JSON `{"error": "..."}` with a 4xx status that names the client's mistake,
+//! or 503 when the store is down; nothing a client sends produces a 500.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use sluice_core::rules::{parse_rfc3339, Override, RuleSet};
+use sluice_core::wire::CheckRequest;
+
+use crate::check::check;
+use crate::node::Node;
+use crate::rules_source;
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 16 * 1024;
+
+/// An error answer: status and message.
+#[derive(Debug)]
+pub struct ApiError(pub StatusCode, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+/// The node's routes.
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check_handler))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/admin/rules", get(get_rules).put(put_rules))
+        .route("/v1/admin/overrides", post(add_override).delete(remove_override))
+        .route("/v1/admin/violations", get(violations))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such endpoint; see /v1/check".into()) })
+        .method_not_allowed_fallback(|| async {
+            ApiError(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this endpoint".into(),
+            )
+        })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(node)
+}
+
+fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    result.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {BODY_LIMIT} bytes"),
+        ),
+        status => ApiError(status, format!("cannot read request body: {e}")),
+    })
+}
+
+async fn check_handler(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRejection>) -> Response {
+    let raw = match body(raw) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    match CheckRequest::from_json(&raw) {
+        Ok(req) => Json(check(&node, &req).await).into_response(),
+        Err(e) => bad(e.0).into_response(),
+    }
+}
+
+async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    let ping = tokio::time::timeout(node.config.store_timeout * 4, node.store.ping()).await;
+    let breaker = node.breaker.state().name();
+    let kind = node.store.kind();
+    match ping {
+        Ok(Ok(())) => Json(json!({"store": kind, "status": "ok", "breaker": breaker})).into_response(),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"store": kind, "status": "unreachable", "breaker": breaker, "error": e.to_string()})),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"store": kind, "status": "unreachable", "breaker": breaker, "error": "ping timed out"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        node.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Checks the bearer token in constant time.
+fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = node.config.admin_token.as_deref() else {
+        return Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "the admin API is disabled: start sluice-service with --admin-token-file".into(),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let same = given.len() == expected.len()
+        && given
+            .bytes()
+            .zip(expected.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token".into(),
+        ))
+    }
+}
+
+async fn get_rules(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    authorize(&node, &headers)?;
+    Ok(([(header::CONTENT_TYPE, "application/toml")], node.rules().to_toml()).into_response())
+}
+
+async fn put_rules(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    authorize(&node, &headers)?;
+    let raw = body(raw)?;
+    let text = std::str::from_utf8(&raw).map_err(|_| bad("rules must be UTF-8 text"))?;
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let rules = if is_json {
+        RuleSet::from_json(text)
+    } else {
+        RuleSet::from_toml(text)
+    }
+    .map_err(|e| bad(format!("rules not changed: {e}")))?;
+    let count = rules.rules().len();
+    publish(&node, rules).await?;
+    Ok(Json(json!({"status": "ok", "rules": count})).into_response())
+}
+
+async fn publish(node: &Node, rules: RuleSet) -> Result<(), ApiError> {
+    rules_source::replace(node, rules)
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("rules not stored: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideBody {
+    rule: String,
+    identity: String,
+    limit: u64,
+    until: String,
+}
+
+async fn add_override(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    authorize(&node, &headers)?;
+    let raw = body(raw)?;
+    let o: OverrideBody = serde_json::from_slice(&raw).map_err(|e| bad(format!("invalid override: {e}")))?;
+    let until_ms = parse_rfc3339(&o.until).map_err(|e| bad(format!("field until: {e}")))?;
+    let mut rules = (*node.rules()).clone();
+    rules
+        .add_override(Override {
+            rule: o.rule,
+            identity: o.identity,
+            limit: o.limit,
+            until_ms,
+        })
+        .map_err(|e| bad(e.to_string()))?;
+    publish(&node, rules).await?;
+    Ok((StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response())
+}
+
+async fn remove_override(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    authorize(&node, &headers)?;
+    let (Some(rule), Some(identity)) = (q.get("rule"), q.get("identity")) else {
+        return Err(bad("give the override as ?rule=NAME&identity=VALUE"));
+    };
+    let mut rules = (*node.rules()).clone();
+    if !rules.remove_override(rule, identity) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no override for rule {rule:?} and identity {identity:?}"),
+        ));
+    }
+    publish(&node, rules).await?;
+    Ok(Json(json!({"status": "ok"})).into_response())
+}
+
+async fn violations(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    authorize(&node, &headers)?;
+    let count = match q.get("count") {
+        Some(c) => c
+            .parse::<usize>()
+            .map_err(|_| bad(format!("count {c:?} is not a number")))?
+            .min(10_000),
+        None => 100,
+    };
+    let list = node
+        .violations
+        .recent(&node.store, q.get("identity").map(String::as_str), count)
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(json!({"violations": list, "dropped": node.violations.dropped()})).into_response())
+}

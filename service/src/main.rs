@@ -1,0 +1,159 @@
+//! `sluice-service`: the check service binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, ValueEnum};
+use sluice_core::rules::RuleSet;
+use sluice_service::node::{Node, NodeConfig};
+use sluice_service::store::memory::MemoryStore;
+use sluice_service::store::redis::RedisStore;
+use sluice_service::store::Store;
+use sluice_service::{http, rules_source};
+
+/// Sluice check service: answers POST /v1/check with the global rate-limit decision.
+///
+/// Nodes are stateless; run several over one Redis (or Redis Cluster) to share counters.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Address to serve HTTP on.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    listen: SocketAddr,
+    /// Rule file (TOML, see examples/rules.toml); watched and reloaded on change.
+    /// Without it the node starts with no rules: every request is allowed.
+    #[arg(long, value_name = "FILE.toml")]
+    rules: Option<PathBuf>,
+    /// Counter store: `memory`, `redis://HOST:PORT` or `redis+cluster://H1:P1,H2:P2,...`.
+    #[arg(long, default_value = "memory")]
+    store: String,
+    /// File holding the admin API's bearer token; without it the admin API answers 401.
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Longest wait for one store call (ms) before the rule's failure policy applies.
+    #[arg(long, default_value_t = 50)]
+    store_timeout_ms: u64,
+    /// Consecutive store failures that open the circuit breaker.
+    #[arg(long, default_value_t = 5)]
+    breaker_failures: u32,
+    /// How long the open breaker fails fast before probing the store again (ms).
+    #[arg(long, default_value_t = 1000)]
+    breaker_cooldown_ms: u64,
+    /// Most limit keys held in memory (memory store and fail-open fallback buckets).
+    #[arg(long, default_value_t = 1_000_000)]
+    max_keys: usize,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    match args.log_format {
+        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
+        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let rules = match &args.rules {
+        Some(path) => rules_source::load_file(path).map_err(anyhow::Error::msg)?,
+        None => {
+            tracing::warn!("no --rules file: every request is allowed");
+            RuleSet::default()
+        }
+    };
+    let admin_token = match &args.admin_token_file {
+        Some(path) => {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the admin token file {}", path.display()))?;
+            let token = token.trim().to_owned();
+            if token.is_empty() {
+                bail!("the admin token file {} is empty; put a secret in it", path.display());
+            }
+            Some(token)
+        }
+        None => None,
+    };
+    let timeout = Duration::from_millis(args.store_timeout_ms.max(1));
+    let store = if args.store == "memory" {
+        Store::Memory(MemoryStore::new(args.max_keys))
+    } else {
+        let store = RedisStore::connect(&args.store, timeout.max(Duration::from_millis(500)))
+            .await
+            .with_context(|| format!("cannot connect to {}; is Redis running there?", args.store))?;
+        Store::Redis(Box::new(store))
+    };
+    let config = NodeConfig {
+        store_timeout: timeout,
+        breaker_failures: args.breaker_failures,
+        breaker_cooldown: Duration::from_millis(args.breaker_cooldown_ms),
+        max_keys: args.max_keys,
+        admin_token,
+        ..NodeConfig::default()
+    };
+    let kind = store.kind();
+    let node = Node::new(store, rules, config);
+    if let Some(path) = args.rules.clone() {
+        tokio::spawn(rules_source::watch_file(node.clone(), path));
+    }
+    tokio::spawn(rules_source::watch_redis(node.clone()));
+    tokio::spawn(sweep(node.clone()));
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}; is another process using it?", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, store = kind, rules = node.rules().rules().len(), "sluice-service ready");
+    axum::serve(listener, http::router(node))
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Drops expired state from the memory store and the fallback buckets every second.
+async fn sweep(node: Arc<Node>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if let Store::Memory(m) = &*node.store {
+            m.sweep();
+        }
+        node.fallback.sweep();
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM; in-flight requests then finish.
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

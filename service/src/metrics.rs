@@ -1,0 +1,138 @@
+//! Prometheus metrics, kept in atomics so the hot path never formats or allocates.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+use std::time::Duration;
+
+/// How a rule's check ended, the `decision` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted.
+    Allowed = 0,
+    /// Denied (enforced).
+    Denied = 1,
+    /// A shadow rule that would have denied.
+    ShadowDenied = 2,
+}
+
+const VERDICTS: [&str; 3] = ["allowed", "denied", "shadow_denied"];
+/// Histogram bucket upper bounds in seconds.
+const BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// The node's counters.
+#[derive(Default)]
+pub struct Metrics {
+    checks: RwLock<HashMap<String, [AtomicU64; 3]>>,
+    latency_buckets: [AtomicU64; BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_ns: AtomicU64,
+    store_errors: AtomicU64,
+    degraded: AtomicU64,
+    reloads_ok: AtomicU64,
+    reloads_error: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts one rule's verdict.
+    pub fn check(&self, rule: &str, verdict: Verdict) {
+        let i = verdict as usize;
+        if let Some(c) = self.checks.read().unwrap_or_else(|p| p.into_inner()).get(rule) {
+            c[i].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut map = self.checks.write().unwrap_or_else(|p| p.into_inner());
+        map.entry(rule.to_owned()).or_default()[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records one store call's latency.
+    pub fn store_latency(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (bound, bucket) in BUCKETS.iter().zip(&self.latency_buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a store error.
+    pub fn store_error(&self) {
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a decision taken by the local fallback.
+    pub fn degraded(&self) {
+        self.degraded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a rules reload.
+    pub fn reload(&self, ok: bool) {
+        if ok { &self.reloads_ok } else { &self.reloads_error }.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(2048);
+        out.push_str("# HELP sluice_checks_total Rule evaluations by outcome.\n# TYPE sluice_checks_total counter\n");
+        let checks = self.checks.read().unwrap_or_else(|p| p.into_inner());
+        let mut rules: Vec<_> = checks.iter().collect();
+        rules.sort_by(|a, b| a.0.cmp(b.0));
+        for (rule, counts) in rules {
+            let rule = rule.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            for (name, c) in VERDICTS.iter().zip(counts) {
+                let _ = writeln!(
+                    out,
+                    "sluice_checks_total{{rule=\"{rule}\",decision=\"{name}\"}} {}",
+                    c.load(Ordering::Relaxed)
+                );
+            }
+        }
+        out.push_str("# HELP sluice_store_latency_seconds Latency of counter store calls.\n# TYPE sluice_store_latency_seconds histogram\n");
+        for (bound, bucket) in BUCKETS.iter().zip(&self.latency_buckets) {
+            let _ = writeln!(
+                out,
+                "sluice_store_latency_seconds_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "sluice_store_latency_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "sluice_store_latency_seconds_sum {}",
+            self.latency_sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(out, "sluice_store_latency_seconds_count {count}");
+        let simple = [
+            (
+                "sluice_store_errors_total",
+                "Counter store calls that failed.",
+                &self.store_errors,
+            ),
+            (
+                "sluice_degraded_total",
+                "Rule decisions taken by the local fallback.",
+                &self.degraded,
+            ),
+        ];
+        for (name, help, v) in simple {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_rules_reloads_total Rule reloads by result.\n# TYPE sluice_rules_reloads_total counter\nsluice_rules_reloads_total{{result=\"ok\"}} {}\nsluice_rules_reloads_total{{result=\"error\"}} {}",
+            self.reloads_ok.load(Ordering::Relaxed),
+            self.reloads_error.load(Ordering::Relaxed)
+        );
+        out
+    }
+}

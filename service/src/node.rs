@@ -1,0 +1,89 @@
+//! One service node's shared state.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use sluice_core::rules::RuleSet;
+
+use crate::breaker::Breaker;
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::store::memory::MemoryStore;
+use crate::store::Store;
+use crate::violations::Violations;
+
+/// Settings of a node beyond its store and rules.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Longest wait for one store call before the rule's failure policy applies.
+    pub store_timeout: Duration,
+    /// Consecutive store failures that open the breaker.
+    pub breaker_failures: u32,
+    /// How long the breaker stays open before probing.
+    pub breaker_cooldown: Duration,
+    /// Most keys the memory store (and the fallback buckets) hold.
+    pub max_keys: usize,
+    /// Bearer token of the admin API; `None` disables it.
+    pub admin_token: Option<String>,
+    /// Violations kept.
+    pub violations_capacity: usize,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            store_timeout: Duration::from_millis(50),
+            breaker_failures: 5,
+            breaker_cooldown: Duration::from_secs(1),
+            max_keys: 1_000_000,
+            admin_token: None,
+            violations_capacity: 10_000,
+        }
+    }
+}
+
+/// Everything a request handler needs, shared by all requests.
+pub struct Node {
+    /// The counter store.
+    pub store: Arc<Store>,
+    /// Local buckets that decide fail-open rules while the store is unreachable.
+    pub fallback: MemoryStore,
+    /// Guards the store.
+    pub breaker: Breaker,
+    /// Counters for `/metrics`.
+    pub metrics: Metrics,
+    /// The denials log.
+    pub violations: Violations,
+    /// The node's clock.
+    pub clock: Clock,
+    /// Settings.
+    pub config: NodeConfig,
+    rules: RwLock<Arc<RuleSet>>,
+}
+
+impl Node {
+    /// A node over `store` with `rules`. Must run inside a tokio runtime.
+    pub fn new(store: Store, rules: RuleSet, config: NodeConfig) -> Arc<Node> {
+        let store = Arc::new(store);
+        Arc::new(Node {
+            violations: Violations::start(store.clone(), config.violations_capacity),
+            fallback: MemoryStore::new(config.max_keys),
+            breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
+            metrics: Metrics::default(),
+            clock: Clock::default(),
+            rules: RwLock::new(Arc::new(rules)),
+            store,
+            config,
+        })
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the rules in force.
+    pub fn set_rules(&self, rules: RuleSet) {
+        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+    }
+}

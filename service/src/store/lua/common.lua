@@ -1,0 +1,22 @@
+-- Shared helpers, prepended to every algorithm script. Numbers are doubles; every value
+-- stays an integer below 2^53, so these helpers are exact.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
+  return q
+end
+local function ceil_div(a, b) return idiv(a + b - 1, b) end
+local function int(x) return string.format('%.0f', x) end
+local function ttl_ms(us) local ms = ceil_div(us, 1000); if ms < 1 then ms = 1 end; return int(ms) end
+local function clock()
+  if ARGV[2] ~= nil and ARGV[2] ~= '' then return tonumber(ARGV[2]) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- ARGV[1] = 'decide' | 'refund'; ARGV[2] = explicit clock in µs (tests) or '' for TIME;
+-- ARGV[3] = cost; ARGV[4] = limit; ARGV[5..] = the algorithm's derived numbers.
+local op, now, cost, limit = ARGV[1], clock(), tonumber(ARGV[3]), tonumber(ARGV[4])
+local function reply(allowed, remaining, reset, retry, delay)
+  return {allowed and 1 or 0, remaining, reset, retry, delay or 0, now}
+end

@@ -1,0 +1,91 @@
+//! Child processes and ports.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+/// Waits until something accepts connections on 127.0.0.1:`port`; panics after `timeout`.
+pub fn wait_for_port(port: u16, timeout: Duration) {
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < timeout,
+            "nothing listens on 127.0.0.1:{port} after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process that is killed when dropped.
+pub struct Child {
+    name: String,
+    inner: Option<std::process::Child>,
+}
+
+impl Child {
+    /// Spawns `command`; panics with a hint if the program is missing.
+    pub fn spawn(name: &str, command: &mut Command) -> Child {
+        let inner = command.spawn().unwrap_or_else(|e| {
+            panic!("cannot start {name} ({command:?}): {e}; run scripts/setup to install what the tests need")
+        });
+        Child {
+            name: name.to_owned(),
+            inner: Some(inner),
+        }
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.inner.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops the process with SIGTERM and waits up to 5 s for it to exit, then kills it.
+    pub fn terminate(&mut self) {
+        if let Some(c) = &self.inner {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(5) {
+                if let Some(c) = self.inner.as_mut() {
+                    if let Ok(Some(_)) = c.try_wait() {
+                        self.inner = None;
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.kill();
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.inner.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The process id, if running.
+    pub fn id(&self) -> Option<u32> {
+        self.inner.as_ref().map(std::process::Child::id)
+    }
+
+    /// The name given at spawn.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
