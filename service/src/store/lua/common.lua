@@ -8,9 +8,16 @@ local function idiv(a, b)
 end
 local function ceil_div(a, b) return idiv(a + b - 1, b) end
 local function int(x) return string.format('%.0f', x) end
-local function ttl_ms(us) local ms = ceil_div(us, 1000); if ms < 1 then ms = 1 end; return int(ms) end
+local explicit_clock = ARGV[2] ~= nil and ARGV[2] ~= ''
+-- A key expires when its state is as good as fresh. Under a test's explicit clock, which
+-- runs slower than Redis's, keys are kept 10 minutes longer so they do not vanish early.
+local function ttl_ms(us)
+  local ms = ceil_div(us, 1000); if ms < 1 then ms = 1 end
+  if explicit_clock then ms = ms + 600000 end
+  return int(ms)
+end
 local function clock()
-  if ARGV[2] ~= nil and ARGV[2] ~= '' then return tonumber(ARGV[2]) end
+  if explicit_clock then return tonumber(ARGV[2]) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

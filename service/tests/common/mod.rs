@@ -1,0 +1,86 @@
+//! An in-process service node on a free loopback port, for the integration tests.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use sluice_core::rules::RuleSet;
+use sluice_service::node::{Node, NodeConfig};
+use sluice_service::store::Store;
+use sluice_service::{http, rules_source};
+
+/// A running node and a client for it.
+pub struct TestNode {
+    pub addr: SocketAddr,
+    pub node: Arc<Node>,
+    pub client: reqwest::Client,
+    server: tokio::task::JoinHandle<()>,
+}
+
+pub const TOKEN: &str = "s3cret-token";
+
+impl TestNode {
+    /// Starts a node over `store` with the TOML `rules`.
+    pub async fn start(store: Store, rules: &str, config: NodeConfig) -> TestNode {
+        let rules = RuleSet::from_toml(rules).expect("test rules are valid");
+        let config = NodeConfig {
+            admin_token: Some(TOKEN.into()),
+            ..config
+        };
+        let node = Node::new(store, rules, config);
+        tokio::spawn(rules_source::watch_redis(node.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = http::router(node.clone());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        TestNode {
+            addr,
+            node,
+            client: reqwest::Client::new(),
+            server,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// POSTs a check for `identities` on GET `path`; returns the JSON answer.
+    pub async fn check(&self, identities: Value, path: &str) -> Value {
+        self.check_body(json!({"identities": identities, "method": "GET", "path": path}))
+            .await
+    }
+
+    pub async fn check_body(&self, body: Value) -> Value {
+        let r = self
+            .client
+            .post(self.url("/v1/check"))
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200, "check failed");
+        r.json().await.expect("json")
+    }
+
+    /// How many of `n` identical checks are allowed.
+    pub async fn admitted(&self, identities: Value, path: &str, n: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            if self.check(identities.clone(), path).await["allowed"] == true {
+                ok += 1;
+            }
+        }
+        ok
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}

@@ -1,0 +1,279 @@
+//! The service over HTTP with the memory store: check semantics, bad input, admin API,
+//! reloads and metrics.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestNode, TOKEN};
+use serde_json::json;
+use sluice_service::node::NodeConfig;
+use sluice_service::store::memory::MemoryStore;
+use sluice_service::store::Store;
+
+const RULES: &str = r#"
+[[rule]]
+name = "per-ip"
+by = "ip"
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+
+[[rule]]
+name = "per-user"
+by = "user"
+algorithm = "sliding_window_log"
+limit = 2
+window = "1h"
+
+[[rule]]
+name = "shadow-global"
+by = "global"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+shadow = true
+
+[[rule]]
+name = "uploads"
+by = "user"
+path = "/upload*"
+algorithm = "leaky_bucket"
+limit = 10
+window = "1s"
+burst = 1
+shaping = true
+max_delay = "1s"
+"#;
+
+async fn node() -> TestNode {
+    TestNode::start(Store::Memory(MemoryStore::new(10_000)), RULES, NodeConfig::default()).await
+}
+
+#[tokio::test]
+async fn every_rule_must_allow_and_a_denial_consumes_nothing() {
+    let n = node().await;
+    // The user rule (2) denies the third request; the IP rule (3) must not have been charged.
+    assert_eq!(n.admitted(json!({"ip": "1.1.1.1", "user": "u"}), "/a", 4).await, 2);
+    let r = n.check(json!({"ip": "1.1.1.1"}), "/a").await;
+    assert_eq!(r["allowed"], true);
+    assert_eq!(
+        r["rules"][0]["remaining"], 0,
+        "ip rule charged for the two admitted requests only: {r}"
+    );
+    let denied = n.check(json!({"ip": "1.1.1.1", "user": "other"}), "/a").await;
+    assert_eq!(denied["allowed"], false);
+    assert_eq!(denied["policy"], "per-ip");
+    assert!(denied["retry_after_ms"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn shadow_rules_count_but_never_deny() {
+    let n = node().await;
+    assert_eq!(n.admitted(json!({"ip": "2.2.2.2"}), "/a", 3).await, 3);
+    let text = n
+        .client
+        .get(n.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"sluice_checks_total{rule="shadow-global",decision="shadow_denied"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"sluice_checks_total{rule="per-ip",decision="allowed"} 3"#),
+        "{text}"
+    );
+    for name in [
+        "sluice_store_latency_seconds_bucket",
+        "sluice_store_errors_total",
+        "sluice_degraded_total",
+        "sluice_rules_reloads_total",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+}
+
+#[tokio::test]
+async fn shaping_rules_return_a_delay() {
+    let n = node().await;
+    let body = |user: &str| json!({"identities": {"user": user}, "method": "POST", "path": "/upload/x"});
+    let first = n.check_body(body("s")).await;
+    let second = n.check_body(body("s")).await;
+    assert_eq!(
+        (first["allowed"].clone(), first["delay_ms"].clone()),
+        (json!(true), json!(0))
+    );
+    assert_eq!(second["allowed"], true);
+    let delay = second["delay_ms"].as_u64().unwrap();
+    assert!((90..=100).contains(&delay), "delay {delay}");
+}
+
+#[tokio::test]
+async fn no_matching_rule_allows_without_policy() {
+    let n = node().await;
+    let r = n
+        .check_body(json!({"identities": {}, "method": "GET", "path": "/"}))
+        .await;
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("policy").is_none() || r["policy"].is_null());
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_4xx_naming_the_problem() {
+    let n = node().await;
+    let post = |body: String| n.client.post(n.url("/v1/check")).body(body).send();
+    let cases = [
+        ("{not json".to_owned(), 400, "invalid check request"),
+        (
+            r#"{"identities":{},"method":"GET","path":"/","bogus":1}"#.to_owned(),
+            400,
+            "unknown field `bogus`",
+        ),
+        (
+            r#"{"identities":{},"method":"GET","path":"/","cost":0}"#.to_owned(),
+            400,
+            "cost 0",
+        ),
+        (
+            r#"{"identities":{},"method":"GET","path":"/","cost":99999999999}"#.to_owned(),
+            400,
+            "out of range",
+        ),
+        (
+            format!(
+                r#"{{"identities":{{"ip":"{}"}},"method":"GET","path":"/"}}"#,
+                "x".repeat(300)
+            ),
+            400,
+            "300 bytes",
+        ),
+        ("x".repeat(20_000), 413, "larger than"),
+    ];
+    for (body, status, want) in cases {
+        let r = post(body).await.unwrap();
+        assert_eq!(r.status(), status);
+        let err: serde_json::Value = r.json().await.unwrap();
+        assert!(err["error"].as_str().unwrap().contains(want), "{err} lacks {want}");
+    }
+    let r = n.client.get(n.url("/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let r = n.client.get(n.url("/v1/check")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(r.json::<serde_json::Value>().await.unwrap()["error"].is_string());
+}
+
+#[tokio::test]
+async fn admin_api_needs_the_token() {
+    let n = node().await;
+    for auth in [None, Some("Bearer wrong"), Some("s3cret-token")] {
+        let mut req = n.client.get(n.url("/v1/admin/rules"));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 401, "{auth:?}");
+    }
+    let ok = n
+        .client
+        .get(n.url("/v1/admin/rules"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert!(ok.text().await.unwrap().contains("name = \"per-ip\""));
+}
+
+#[tokio::test]
+async fn admin_rules_put_takes_effect_and_bad_rules_are_refused() {
+    let n = node().await;
+    let put = |body: &'static str| {
+        n.client
+            .put(n.url("/v1/admin/rules"))
+            .bearer_auth(TOKEN)
+            .body(body)
+            .send()
+    };
+    let r = put("[[rule]]\nname = \"x\"\nby = \"ip\"\nalgorithm = \"nope\"\nlimit = 1\nwindow = \"1s\"\n")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("field algorithm"));
+    assert_eq!(n.admitted(json!({"ip": "3.3.3.3"}), "/", 4).await, 3, "old rules kept");
+    let r = put("[[rule]]\nname = \"one\"\nby = \"ip\"\nalgorithm = \"gcra\"\nlimit = 1\nwindow = \"1h\"\n")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(n.admitted(json!({"ip": "4.4.4.4"}), "/", 3).await, 1);
+}
+
+#[tokio::test]
+async fn overrides_apply_and_expire_on_time() {
+    let n = node().await;
+    let until = sluice_core::rules::format_rfc3339(now_ms() + 1_500);
+    let body = json!({"rule": "per-ip", "identity": "5.5.5.5", "limit": 10, "until": until});
+    let r = n
+        .client
+        .post(n.url("/v1/admin/overrides"))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = n.check(json!({"ip": "5.5.5.5"}), "/").await;
+    assert_eq!(r["rules"][0]["limit"], 10);
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let r = n.check(json!({"ip": "5.5.5.5"}), "/").await;
+    assert_eq!(r["rules"][0]["limit"], 3, "override still in force after its end: {r}");
+    let bad = json!({"rule": "nope", "identity": "1", "limit": 1, "until": until});
+    let r = n
+        .client
+        .post(n.url("/v1/admin/overrides"))
+        .bearer_auth(TOKEN)
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = n
+        .client
+        .delete(n.url("/v1/admin/overrides?rule=per-ip&identity=5.5.5.5"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn violations_are_logged_off_the_hot_path() {
+    let n = node().await;
+    n.admitted(json!({"ip": "6.6.6.6"}), "/v", 5).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r: serde_json::Value = n
+        .client
+        .get(n.url("/v1/admin/violations?identity=6.6.6.6"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let list = r["violations"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{r}");
+    assert_eq!(list[0]["rule"], "per-ip");
+    assert_eq!(list[0]["path"], "/v");
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
