@@ -2,7 +2,24 @@
 
 use crate::headers::days_from_civil;
 
+/// The last instant [`parse_rfc3339`] accepts and [`format_rfc3339`] writes back:
+/// `9999-12-31T23:59:59.999Z`, in unix milliseconds.
+pub const MAX_TIMESTAMP_MS: u64 = 253_402_300_799_999;
+
+fn days_in_month(year: u64, month: u64) -> u64 {
+    match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
 /// Parses an RFC 3339 timestamp into unix milliseconds.
+///
+/// Accepts `Z` (or `z`) and `±HH:MM` offsets, `T`, `t` or a space between date and time,
+/// and any number of fractional digits (kept to the millisecond, truncated). The date must
+/// exist (no 31 April), and the instant must lie between 1970 and [`MAX_TIMESTAMP_MS`].
 pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
     let err = || format!("{s:?} is not an RFC 3339 timestamp like 2026-12-31T00:00:00Z");
     let b = s.trim().as_bytes();
@@ -26,7 +43,12 @@ pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
         num(14..16).ok_or_else(err)?,
         num(17..19).ok_or_else(err)?,
     );
-    if !(1970..=9999).contains(&y) || !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60
+    if !(1970..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
+        || !(1..=days_in_month(y, mo)).contains(&d)
+        || h > 23
+        || mi > 59
+        || sec > 60
     {
         return Err(err());
     }
@@ -37,8 +59,11 @@ pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
         if digits == 0 {
             return Err(err());
         }
-        let frac = format!("{:0<3}", String::from_utf8_lossy(&b[i + 1..i + 1 + digits.min(3)]));
-        millis = frac.parse::<u64>().map_err(|_| err())?;
+        millis = b[i + 1..i + 1 + digits]
+            .iter()
+            .chain(b"000")
+            .take(3)
+            .fold(0, |n, d| n * 10 + u64::from(d - b'0'));
         i += 1 + digits;
     }
     let offset_min: i64 = match b.get(i..) {
@@ -59,7 +84,11 @@ pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
     };
     let local = (days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec) as i64;
     let utc = local - offset_min * 60;
-    u64::try_from(utc).map(|s| s * 1000 + millis).map_err(|_| err())
+    u64::try_from(utc)
+        .ok()
+        .and_then(|s| s.checked_mul(1000)?.checked_add(millis))
+        .filter(|&ms| ms <= MAX_TIMESTAMP_MS)
+        .ok_or_else(|| format!("{s:?} is outside 1970-01-01T00:00:00Z..=9999-12-31T23:59:59.999Z"))
 }
 
 /// Formats unix milliseconds as `YYYY-MM-DDTHH:MM:SS(.mmm)Z`.
@@ -103,9 +132,47 @@ mod tests {
     }
 
     #[test]
+    fn fractions_offsets_and_leap_days() {
+        let base = 1_798_675_200_000; // 2026-12-31T00:00:00Z
+        assert_eq!(parse_rfc3339("2026-12-31T00:00:00.5Z"), Ok(base + 500));
+        assert_eq!(parse_rfc3339("2026-12-31T00:00:00.05Z"), Ok(base + 50));
+        assert_eq!(parse_rfc3339("2026-12-31T00:00:00.123456789Z"), Ok(base + 123));
+        assert_eq!(parse_rfc3339("2026-12-31t00:00:00z"), Ok(base));
+        assert_eq!(parse_rfc3339("2026-12-31 00:00:00Z"), Ok(base));
+        assert_eq!(parse_rfc3339("2026-12-31T05:30:00+05:30"), Ok(base));
+        assert_eq!(parse_rfc3339("2026-12-30T23:59:00-00:01"), Ok(base));
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(parse_rfc3339("2028-02-29T00:00:00Z"), Ok(1_835_395_200_000));
+        assert_eq!(parse_rfc3339("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
+        assert_eq!(parse_rfc3339("9999-12-31T23:59:59.999Z"), Ok(MAX_TIMESTAMP_MS));
+        assert_eq!(format_rfc3339(MAX_TIMESTAMP_MS), "9999-12-31T23:59:59.999Z");
+        assert_eq!(format_rfc3339(0), "1970-01-01T00:00:00Z");
+        for ms in [0, 1, 999, 951_782_400_000, 1_835_395_200_123, MAX_TIMESTAMP_MS] {
+            assert_eq!(parse_rfc3339(&format_rfc3339(ms)), Ok(ms));
+        }
+    }
+
+    #[test]
     fn rejects() {
         for s in [
             "",
+            "2027-02-29T00:00:00Z",
+            "1900-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+            "2026-12-00T00:00:00Z",
+            "2026-12-31T24:00:00Z",
+            "2026-12-31T00:60:00Z",
+            "2026-12-31T00:00:61Z",
+            "2026-12-31T00:00:00.Z",
+            "2026-12-31T00:00:00+24:00",
+            "2026-12-31T00:00:00+02:60",
+            "2026-12-31T00:00:00+0200",
+            "2026-12-31T00:00:00ZZ",
+            "1970-01-01T00:00:00+00:01",
+            "1969-12-31T23:59:59Z",
+            "10000-01-01T00:00:00Z",
+            "2026-12-31T00:00:00Zé",
+            "２026-12-31T00:00:00Z",
             "2026-12-31",
             "2026-13-01T00:00:00Z",
             "2026-12-31T00:00:00",
