@@ -1,0 +1,280 @@
+//! The filter's JSON plugin configuration, validated once at `on_configure`.
+
+use serde::Deserialize;
+use sluice_core::headers::HeaderMode;
+
+/// Why a configuration is refused: the field and the problem, for one log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the check service is.
+    pub check: Check,
+    /// Which request headers carry which identity.
+    #[serde(default)]
+    pub identities: Identities,
+    /// The local prefilter bucket; absent disables it.
+    pub local: Option<Local>,
+    /// What to do when the check service fails.
+    #[serde(default)]
+    pub failure: Failure,
+    /// Which rate-limit headers to send.
+    #[serde(default)]
+    pub headers: HeaderMode,
+}
+
+fn default_authority() -> String {
+    "sluice-check".into()
+}
+fn default_path() -> String {
+    "/v1/check".into()
+}
+fn default_timeout() -> u32 {
+    25
+}
+
+/// The check service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Check {
+    /// Envoy cluster name, or `host:port` for Nginx.
+    pub cluster: String,
+    /// `:authority` of the check call.
+    #[serde(default = "default_authority")]
+    pub authority: String,
+    /// Path of the check endpoint.
+    #[serde(default = "default_path")]
+    pub path: String,
+    /// Timeout of the check call in milliseconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u32,
+}
+
+/// Identity sources.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identities {
+    /// Client IP.
+    pub ip: Option<IpSource>,
+    /// User id header.
+    pub user: Option<HeaderSource>,
+    /// API key header.
+    pub api_key: Option<HeaderSource>,
+    /// Tier header.
+    pub tier: Option<HeaderSource>,
+}
+
+fn default_xff() -> String {
+    "x-forwarded-for".into()
+}
+
+/// Where the client IP comes from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpSource {
+    /// The forwarding header.
+    #[serde(default = "default_xff")]
+    pub header: String,
+    /// Proxies in front that append to the header (Envoy's `xff_num_trusted_hops`): with N,
+    /// the client is the Nth address from the right; with 0 the header is ignored and the
+    /// connection's `source.address` is used.
+    #[serde(default)]
+    pub trusted_hops: u32,
+}
+
+/// An identity read from one header.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderSource {
+    /// Header name.
+    pub header: String,
+}
+
+fn default_max_keys() -> usize {
+    100_000
+}
+fn default_by() -> String {
+    "ip".into()
+}
+
+/// The local prefilter.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Local {
+    /// The identity the buckets are keyed by.
+    #[serde(default = "default_by")]
+    pub by: String,
+    /// Refill rate per second.
+    pub rate_per_s: u64,
+    /// Capacity.
+    pub burst: u64,
+    /// Most keys kept; beyond, buckets are evicted.
+    #[serde(default = "default_max_keys")]
+    pub max_keys: usize,
+}
+
+/// Failure policy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Failure {
+    /// `open` or `closed`.
+    #[serde(default)]
+    pub mode: FailureMode,
+    /// Per-key bucket deciding while failing open.
+    #[serde(default)]
+    pub fallback: Rate,
+    /// The circuit breaker.
+    #[serde(default)]
+    pub breaker: BreakerConfig,
+}
+
+impl Default for Failure {
+    fn default() -> Self {
+        Failure {
+            mode: FailureMode::Open,
+            fallback: Rate::default(),
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// `open` lets traffic through (with the fallback bucket); `closed` answers 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Allow, within the fallback bucket.
+    #[default]
+    Open,
+    /// Deny with 503.
+    Closed,
+}
+
+/// A rate and a burst.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    /// Per second.
+    pub rate_per_s: u64,
+    /// Capacity.
+    pub burst: u64,
+}
+
+impl Default for Rate {
+    fn default() -> Self {
+        Rate {
+            rate_per_s: 50,
+            burst: 100,
+        }
+    }
+}
+
+/// Breaker settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open it.
+    pub failures: u32,
+    /// How long it stays open before a probe.
+    pub cooldown_ms: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failures: 5,
+            cooldown_ms: 1_000,
+        }
+    }
+}
+
+fn header_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > 128 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err(ConfigError(format!("{field}: {name:?} is not a header name")));
+    }
+    Ok(())
+}
+
+fn range(field: &str, v: u64, lo: u64, hi: u64) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        return Err(ConfigError(format!("{field}: {v} is out of range {lo}..={hi}")));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Parses and validates; the error names the field.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let c: Config =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.check.cluster.trim().is_empty() {
+            return Err(ConfigError(
+                "check.cluster: must name the check service's cluster (or host:port)".into(),
+            ));
+        }
+        if !self.check.path.starts_with('/') {
+            return Err(ConfigError(format!(
+                "check.path: {:?} must start with /",
+                self.check.path
+            )));
+        }
+        range("check.timeout_ms", u64::from(self.check.timeout_ms), 1, 60_000)?;
+        if let Some(ip) = &self.identities.ip {
+            header_name("identities.ip.header", &ip.header)?;
+            range("identities.ip.trusted_hops", u64::from(ip.trusted_hops), 0, 16)?;
+        }
+        for (field, src) in [
+            ("identities.user.header", &self.identities.user),
+            ("identities.api_key.header", &self.identities.api_key),
+            ("identities.tier.header", &self.identities.tier),
+        ] {
+            if let Some(s) = src {
+                header_name(field, &s.header)?;
+            }
+        }
+        if let Some(local) = &self.local {
+            if !["ip", "user", "api_key", "tier"].contains(&local.by.as_str()) {
+                return Err(ConfigError(format!(
+                    "local.by: {:?} is not one of ip, user, api_key, tier",
+                    local.by
+                )));
+            }
+            range("local.rate_per_s", local.rate_per_s, 1, 1_000_000)?;
+            range("local.burst", local.burst, 1, 10_000_000)?;
+            range("local.max_keys", local.max_keys as u64, 1, 10_000_000)?;
+        }
+        range(
+            "failure.fallback.rate_per_s",
+            self.failure.fallback.rate_per_s,
+            1,
+            1_000_000,
+        )?;
+        range("failure.fallback.burst", self.failure.fallback.burst, 1, 10_000_000)?;
+        range(
+            "failure.breaker.failures",
+            u64::from(self.failure.breaker.failures),
+            1,
+            1_000,
+        )?;
+        range(
+            "failure.breaker.cooldown_ms",
+            self.failure.breaker.cooldown_ms,
+            1,
+            3_600_000,
+        )?;
+        Ok(())
+    }
+}

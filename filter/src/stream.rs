@@ -1,0 +1,304 @@
+//! One HTTP stream: identities, local bucket, check call, answer.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, LogLevel};
+use sluice_core::headers::{denial_body, format_headers, Quota};
+use sluice_core::wire::{CheckRequest, CheckResponse};
+use sluice_core::{Decision, Micros};
+
+use crate::config::FailureMode;
+use crate::identity::{bounded, client_ip, source_ip};
+use crate::root::{now_us, Metrics, Shared};
+
+const UNAVAILABLE: &str =
+    r#"{"status":"error","code":503,"message":"Rate limit service unavailable. Please retry later."}"#;
+
+/// The HTTP context of one stream.
+pub struct Stream {
+    id: u32,
+    shared: Rc<RefCell<Shared>>,
+    identities: BTreeMap<String, String>,
+    /// The key of the local and fallback buckets.
+    bucket_key: Option<String>,
+    /// When the check call went out.
+    called_at: Micros,
+    /// Headers to add to the upstream's response.
+    response_headers: Vec<(&'static str, String)>,
+}
+
+fn ms(us: Micros) -> u64 {
+    us.div_ceil(1_000)
+}
+
+impl Stream {
+    pub fn new(id: u32, shared: Rc<RefCell<Shared>>) -> Stream {
+        Stream {
+            id,
+            shared,
+            identities: BTreeMap::new(),
+            bucket_key: None,
+            called_at: 0,
+            response_headers: Vec::new(),
+        }
+    }
+
+    fn read_identities(&mut self) {
+        let shared = self.shared.clone();
+        let s = shared.borrow();
+        let ids = &s.config.identities;
+        if let Some(ip_source) = &ids.ip {
+            let forwarded = self.get_http_request_header(&ip_source.header);
+            let ip = client_ip(forwarded.as_deref(), ip_source.trusted_hops).or_else(|| {
+                let raw = self.get_property(vec!["source", "address"])?;
+                source_ip(std::str::from_utf8(&raw).ok()?)
+            });
+            if let Some(ip) = ip {
+                self.identities.insert("ip".into(), ip.to_string());
+            }
+        }
+        for (name, src) in [("user", &ids.user), ("api_key", &ids.api_key), ("tier", &ids.tier)] {
+            if let Some(src) = src {
+                if let Some(v) = self.get_http_request_header(&src.header).filter(|v| !v.is_empty()) {
+                    self.identities.insert(name.into(), bounded(&v).to_owned());
+                }
+            }
+        }
+        let by = s.config.local.as_ref().map_or("ip", |l| l.by.as_str());
+        self.bucket_key = self.identities.get(by).or_else(|| self.identities.get("ip")).cloned();
+    }
+
+    /// Answers 429 with headers describing `quota`.
+    fn deny(&self, quota: &Quota<'_>) {
+        let mode = self.shared.borrow().config.headers;
+        let mut headers = Vec::with_capacity(8);
+        format_headers(quota, mode, &mut headers);
+        headers.push(("content-type", "application/json".into()));
+        let pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let body = denial_body(quota.retry_after_ms.unwrap_or(1_000));
+        self.send_http_response(429, pairs, Some(body.as_bytes()));
+    }
+
+    fn local_quota(d: &Decision, policy: &'static str, now: Micros) -> Quota<'static> {
+        Quota {
+            policy,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after_ms: ms(d.reset_after),
+            window_ms: 1_000,
+            retry_after_ms: (!d.allowed).then(|| ms(d.retry_after)),
+            now_ms: now / 1_000,
+        }
+    }
+
+    /// The check service failed (or the breaker is open): apply the failure policy.
+    /// Returns whether the stream may go on.
+    fn fail(&mut self, now: Micros, why: &str) -> bool {
+        let mut s = self.shared.borrow_mut();
+        let metrics = s.metrics;
+        let _ = hostcalls::log(
+            LogLevel::Debug,
+            &format!(
+                "sluice-filter: check failed ({why}); failing {:?}",
+                s.config.failure.mode
+            ),
+        );
+        if s.config.failure.mode == FailureMode::Closed {
+            drop(s);
+            Metrics::bump(metrics.failed_closed);
+            let headers = vec![("content-type", "application/json"), ("retry-after", "1")];
+            self.send_http_response(503, headers, Some(UNAVAILABLE.as_bytes()));
+            return false;
+        }
+        let key = self.bucket_key.clone().unwrap_or_else(|| "-".into());
+        let d = s.fallback.take(&key, now);
+        drop(s);
+        Metrics::bump(metrics.failed_open);
+        if d.allowed {
+            return true;
+        }
+        self.deny(&Self::local_quota(&d, "fallback", now));
+        false
+    }
+
+    fn on_check_answer(&mut self, now: Micros) -> bool {
+        let metrics = self.shared.borrow().metrics;
+        let status = self.get_http_call_response_header(":status");
+        let failure = match status.as_deref() {
+            None => Some("no response (timeout or connection failure)".to_owned()),
+            Some("200") => None,
+            Some(other) => Some(format!("status {other}")),
+        };
+        let answer = match failure {
+            Some(why) => Err(why),
+            None => {
+                let body = self.get_http_call_response_body(0, 64 * 1024).unwrap_or_default();
+                CheckResponse::from_json(&body).map_err(|e| e.0)
+            }
+        };
+        let answer = match answer {
+            Ok(a) => {
+                self.shared.borrow_mut().breaker.success();
+                a
+            }
+            Err(why) => {
+                self.shared.borrow_mut().breaker.failure(now);
+                return self.fail(now, &why);
+            }
+        };
+        if metrics.check_latency_ms != 0 {
+            let _ = hostcalls::record_metric(metrics.check_latency_ms, now.saturating_sub(self.called_at) / 1_000);
+        }
+        let quota = answer.policy.as_deref().map(|policy| Quota {
+            policy,
+            limit: answer.limit,
+            remaining: answer.remaining,
+            reset_after_ms: answer.reset_after_ms,
+            window_ms: answer.window_ms,
+            retry_after_ms: (!answer.allowed).then_some(answer.retry_after_ms),
+            now_ms: now / 1_000,
+        });
+        if !answer.allowed {
+            Metrics::bump(metrics.denied_global);
+            let fallback = Quota {
+                policy: "",
+                limit: 0,
+                remaining: 0,
+                reset_after_ms: 0,
+                window_ms: 0,
+                retry_after_ms: Some(answer.retry_after_ms),
+                now_ms: now / 1_000,
+            };
+            self.deny(quota.as_ref().unwrap_or(&fallback));
+            return false;
+        }
+        if let Some(q) = &quota {
+            let mode = self.shared.borrow().config.headers;
+            format_headers(q, mode, &mut self.response_headers);
+        }
+        Metrics::bump(metrics.allowed);
+        if answer.delay_ms > 0 {
+            Metrics::bump(metrics.delayed);
+            self.shared.borrow_mut().delay(self.id, now + answer.delay_ms * 1_000);
+            return false; // stays paused; the root's tick resumes it
+        }
+        true
+    }
+}
+
+impl Context for Stream {
+    fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
+        let now = now_us();
+        if self.on_check_answer(now) {
+            self.resume_http_request();
+        }
+    }
+}
+
+impl HttpContext for Stream {
+    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let now = now_us();
+        self.read_identities();
+        let metrics = self.shared.borrow().metrics;
+
+        // Local prefilter: a client over its local rate is answered here, at once.
+        let local = {
+            let mut s = self.shared.borrow_mut();
+            match (&mut s.local, &self.bucket_key) {
+                (Some(b), Some(key)) => Some(b.take(key, now)),
+                _ => None,
+            }
+        };
+        if let Some(d) = local.filter(|d| !d.allowed) {
+            Metrics::bump(metrics.denied_local);
+            self.deny(&Self::local_quota(&d, "local", now));
+            return Action::Pause;
+        }
+
+        if !self.shared.borrow_mut().breaker.allow(now) {
+            return if self.fail(now, "circuit breaker open") {
+                Action::Continue
+            } else {
+                Action::Pause
+            };
+        }
+        let request = CheckRequest {
+            identities: std::mem::take(&mut self.identities),
+            method: self.get_http_request_header(":method").unwrap_or_else(|| "GET".into()),
+            path: self
+                .get_http_request_header(":path")
+                .map(|p| bounded_path(&p))
+                .unwrap_or_else(|| "/".into()),
+            cost: 1,
+        };
+        let Ok(body) = serde_json::to_vec(&request) else {
+            return if self.fail(now, "cannot encode the check") {
+                Action::Continue
+            } else {
+                Action::Pause
+            };
+        };
+        let (cluster, authority, path, timeout) = {
+            let s = self.shared.borrow();
+            let c = &s.config.check;
+            (c.cluster.clone(), c.authority.clone(), c.path.clone(), c.timeout_ms)
+        };
+        let headers = vec![
+            (":method", "POST"),
+            (":path", path.as_str()),
+            (":authority", authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        match self.dispatch_http_call(
+            &cluster,
+            headers,
+            Some(&body),
+            vec![],
+            Duration::from_millis(u64::from(timeout)),
+        ) {
+            Ok(_) => {
+                self.called_at = now;
+                Action::Pause
+            }
+            Err(status) => {
+                self.shared.borrow_mut().breaker.failure(now);
+                if self.fail(now, &format!("dispatch refused: {status:?}")) {
+                    Action::Continue
+                } else {
+                    Action::Pause
+                }
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        for (name, value) in std::mem::take(&mut self.response_headers) {
+            self.add_http_response_header(name, &value);
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        let id = self.id;
+        self.shared.borrow_mut().delayed.retain(|(d, _)| *d != id);
+    }
+}
+
+/// The path without its query, at most 4 KiB (the wire limit).
+fn bounded_path(p: &str) -> String {
+    let path = p.split('?').next().unwrap_or("/");
+    let mut end = path.len().min(4096);
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end == 0 {
+        "/".into()
+    } else {
+        path[..end].to_owned()
+    }
+}

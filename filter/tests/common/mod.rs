@@ -1,0 +1,107 @@
+//! Builds the filter for wasm32-wasip1 once and drives it in the harness.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::{json, Value};
+use sluice_harness::{CallResponse, Flavor, Host, HostOptions, Outcome, PendingCall, Plugin};
+
+/// The filter module's bytes, built by a nested cargo in its own target directory (so it
+/// never waits on the outer build's lock).
+pub fn wasm() -> &'static [u8] {
+    static WASM: OnceLock<Vec<u8>> = OnceLock::new();
+    WASM.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let target = root.join("target").join("wasm-modules");
+        let status = Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args([
+                "build",
+                "-p",
+                "sluice-filter",
+                "--target",
+                "wasm32-wasip1",
+                "--release",
+                "--target-dir",
+            ])
+            .arg(&target)
+            .status()
+            .expect("cannot run cargo");
+        assert!(
+            status.success(),
+            "building the filter for wasm32-wasip1 failed (is the target installed? run scripts/setup)"
+        );
+        let path = target.join("wasm32-wasip1/release/sluice_filter.wasm");
+        std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+    })
+}
+
+/// A configuration like DESIGN.md's, as JSON.
+pub fn config() -> Value {
+    json!({
+        "check": {"cluster": "sluice_check", "authority": "sluice-check", "path": "/v1/check", "timeout_ms": 25},
+        "identities": {"ip": {"header": "x-forwarded-for", "trusted_hops": 1},
+                       "user": {"header": "x-user-id"}, "api_key": {"header": "x-api-key"}, "tier": {"header": "x-user-tier"}},
+        "local": {"by": "ip", "rate_per_s": 200, "burst": 400, "max_keys": 1000},
+        "failure": {"mode": "open", "fallback": {"rate_per_s": 50, "burst": 100},
+                    "breaker": {"failures": 3, "cooldown_ms": 1000}},
+        "headers": "all"
+    })
+}
+
+/// The filter compiled once per test process.
+pub fn plugin() -> &'static Plugin {
+    static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+    PLUGIN.get_or_init(|| Plugin::compile(wasm()).expect("module compiles"))
+}
+
+/// A started host running the filter with `config`.
+pub fn host_with(config: &Value, flavor: Flavor) -> Host {
+    let options = HostOptions {
+        flavor,
+        ..HostOptions::default()
+    };
+    let mut host = Host::from_plugin(plugin(), options).expect("module loads");
+    host.start(b"", config.to_string().as_bytes()).expect("filter starts");
+    host
+}
+
+pub fn host() -> Host {
+    host_with(&config(), Flavor::Envoy)
+}
+
+/// Opens a stream from `ip` and delivers GET `path` request headers.
+pub fn request(host: &mut Host, ip: &str, path: &str, extra: &[(&str, &str)]) -> (u32, Outcome) {
+    let s = host.new_stream().expect("stream");
+    host.set_property(s, "source.address", "127.0.0.1:5555");
+    let mut headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", "example.com"),
+        ("x-forwarded-for", ip),
+    ];
+    headers.extend_from_slice(extra);
+    let outcome = host.request_headers(s, &headers, true).expect("no trap");
+    (s, outcome)
+}
+
+/// The single pending check call, with its body parsed.
+pub fn the_call(host: &Host) -> (PendingCall, Value) {
+    let calls = host.pending_calls();
+    assert_eq!(calls.len(), 1, "expected one check call, got {calls:?}");
+    let body = serde_json::from_slice(&calls[0].body).expect("check body is JSON");
+    (calls[0].clone(), body)
+}
+
+/// A check-service answer.
+pub fn answer(allowed: bool, remaining: u64, reset_ms: u64, delay_ms: u64) -> CallResponse {
+    let body = json!({
+        "allowed": allowed, "limit": 100, "remaining": remaining, "reset_after_ms": reset_ms,
+        "retry_after_ms": if allowed { 0 } else { reset_ms }, "reset_at": 0, "policy": "search-per-user",
+        "window_ms": 60000, "rules": [], "delay_ms": delay_ms, "degraded": false
+    });
+    CallResponse::new(200, body.to_string())
+}

@@ -1,0 +1,324 @@
+//! The filter in the harness under a virtual clock: every behaviour of the issue.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use sluice_harness::{CallResponse, Flavor, Outcome};
+
+fn header<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn imports_are_a_subset_of_what_envoy_provides() {
+    let list = include_str!("../envoy-imports.txt");
+    let allowed: Vec<(&str, &str)> = list
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    let imports = sluice_harness::function_imports(wasm()).unwrap();
+    assert!(imports.iter().any(|(_, n)| n == "proxy_http_call"));
+    for (module, name) in &imports {
+        assert!(
+            allowed.contains(&(module.as_str(), name.as_str())),
+            "{module}.{name} is not provided by Envoy (see filter/envoy-imports.txt)"
+        );
+    }
+}
+
+#[test]
+fn an_allowed_request_is_checked_resumed_and_gets_the_headers() {
+    let mut host = host();
+    let (s, outcome) = request(
+        &mut host,
+        "9.9.9.9, 203.0.113.9",
+        "/api/search?q=1",
+        &[("x-user-id", "42"), ("x-user-tier", "free")],
+    );
+    assert_eq!(outcome, Outcome::Pause);
+    let (call, body) = the_call(&host);
+    assert_eq!(call.upstream, "sluice_check");
+    assert_eq!(call.timeout_ms, 25);
+    assert_eq!(
+        (call.header(":method"), call.header(":path"), call.header(":authority")),
+        (Some("POST"), Some("/v1/check"), Some("sluice-check"))
+    );
+    assert_eq!(
+        body,
+        json!({"identities": {"ip": "203.0.113.9", "user": "42", "tier": "free"}, "method": "GET", "path": "/api/search", "cost": 1})
+    );
+    host.respond_call(call.token, answer(true, 57, 47_000, 0)).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 1);
+    assert_eq!(
+        host.response_headers(s, &[(":status", "200")], false).unwrap(),
+        Outcome::Continue
+    );
+    let headers = &host.stream(s).unwrap().response_headers;
+    let now_s = host.now_ns() / 1_000_000_000;
+    assert_eq!(header(headers, "x-ratelimit-limit"), Some("100"));
+    assert_eq!(header(headers, "x-ratelimit-remaining"), Some("57"));
+    assert_eq!(
+        header(headers, "x-ratelimit-reset"),
+        Some((now_s + 47).to_string().as_str())
+    );
+    assert_eq!(
+        header(headers, "ratelimit-policy"),
+        Some("\"search-per-user\";q=100;w=60")
+    );
+    assert_eq!(header(headers, "ratelimit"), Some("\"search-per-user\";r=57;t=47"));
+    assert_eq!(header(headers, "retry-after"), None);
+    assert_eq!(host.metric("sluice_filter_requests_allowed"), Some(1));
+    assert_eq!(
+        host.histogram("sluice_filter_check_latency_ms").map(<[u64]>::len),
+        Some(1)
+    );
+    host.finish_stream(s).unwrap();
+}
+
+#[test]
+fn a_global_denial_is_a_429_with_exact_headers_and_body() {
+    let mut host = host();
+    let (_s, _) = request(&mut host, "203.0.113.9", "/api/search", &[]);
+    let (call, _) = the_call(&host);
+    let now_s = host.now_ns() / 1_000_000_000;
+    host.respond_call(call.token, answer(false, 0, 47_000, 0)).unwrap();
+    let resp = host.stream(_s).unwrap().local_response.clone().expect("429 sent");
+    assert_eq!(resp.status, 429);
+    assert_eq!(resp.header("x-ratelimit-limit"), Some("100"));
+    assert_eq!(resp.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        resp.header("x-ratelimit-reset"),
+        Some((now_s + 47).to_string().as_str())
+    );
+    assert_eq!(resp.header("ratelimit-policy"), Some("\"search-per-user\";q=100;w=60"));
+    assert_eq!(resp.header("ratelimit"), Some("\"search-per-user\";r=0;t=47"));
+    assert_eq!(resp.header("retry-after"), Some("47"));
+    assert_eq!(resp.header("content-type"), Some("application/json"));
+    assert_eq!(
+        String::from_utf8(resp.body).unwrap(),
+        r#"{"status":"error","code":429,"message":"API rate limit exceeded. Please retry after 47 seconds.","retry_after_seconds":47}"#
+    );
+    assert_eq!(
+        host.stream(_s).unwrap().request_resumes,
+        0,
+        "a denied request must never reach the upstream"
+    );
+    assert_eq!(host.metric("sluice_filter_requests_denied_global"), Some(1));
+}
+
+#[test]
+fn the_local_prefilter_answers_at_once_without_a_call() {
+    let mut cfg = config();
+    cfg["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 2, "max_keys": 100});
+    let mut host = host_with(&cfg, Flavor::Envoy);
+    for _ in 0..2 {
+        let (s, o) = request(&mut host, "1.1.1.1", "/", &[]);
+        assert_eq!(o, Outcome::Pause);
+        let (call, _) = the_call(&host);
+        host.respond_call(call.token, answer(true, 5, 1_000, 0)).unwrap();
+        host.finish_stream(s).unwrap();
+    }
+    let (_, o) = request(&mut host, "1.1.1.1", "/", &[]);
+    let Outcome::LocalResponse(resp) = o else {
+        panic!("expected a local 429, got {o:?}")
+    };
+    assert_eq!(resp.status, 429);
+    assert_eq!(resp.header("retry-after"), Some("1"));
+    assert_eq!(resp.header("ratelimit-policy"), Some("\"local\";q=1;w=1"));
+    assert!(
+        host.pending_calls().is_empty(),
+        "a local deny must not call the check service"
+    );
+    assert_eq!(host.metric("sluice_filter_requests_denied_local"), Some(1));
+    // Another client is unaffected.
+    assert_eq!(request(&mut host, "2.2.2.2", "/", &[]).1, Outcome::Pause);
+}
+
+#[test]
+fn timeouts_fail_open_with_the_fallback_bucket() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "3.3.3.3", "/", &[]);
+    host.advance(Duration::from_millis(25)).unwrap(); // the call's timeout: Envoy answers with no headers
+    assert!(host.pending_calls().is_empty());
+    assert_eq!(
+        host.stream(s).unwrap().request_resumes,
+        1,
+        "fail open resumes the request"
+    );
+    assert_eq!(host.metric("sluice_filter_requests_failed_open"), Some(1));
+}
+
+#[test]
+fn errors_fail_closed_with_a_503_when_configured() {
+    let mut cfg = config();
+    cfg["failure"]["mode"] = json!("closed");
+    let mut host = host_with(&cfg, Flavor::Envoy);
+    for response in [CallResponse::new(500, "oops"), CallResponse::new(200, "not json")] {
+        let (s, _) = request(&mut host, "4.4.4.4", "/", &[]);
+        let (call, _) = the_call(&host);
+        host.respond_call(call.token, response).unwrap();
+        let resp = host.stream(s).unwrap().local_response.clone().expect("503 sent");
+        assert_eq!(resp.status, 503);
+        assert!(String::from_utf8_lossy(&resp.body).contains("unavailable"));
+        host.finish_stream(s).unwrap();
+    }
+    assert_eq!(host.metric("sluice_filter_requests_failed_closed"), Some(2));
+}
+
+#[test]
+fn the_breaker_opens_probes_and_closes() {
+    let mut host = host(); // breaker: 3 failures, 1000ms cooldown
+    for _ in 0..3 {
+        let (s, _) = request(&mut host, "5.5.5.5", "/", &[]);
+        let (call, _) = the_call(&host);
+        host.fail_call(call.token).unwrap();
+        host.finish_stream(s).unwrap();
+    }
+    // Open: no call goes out, the failure policy answers at once.
+    let (_, o) = request(&mut host, "5.5.5.5", "/", &[]);
+    assert_eq!(o, Outcome::Continue);
+    assert!(host.pending_calls().is_empty(), "breaker open but a call went out");
+    host.advance(Duration::from_millis(1_000)).unwrap();
+    // Half-open: one probe; a second request meanwhile does not call.
+    let (probe, o) = request(&mut host, "5.5.5.5", "/", &[]);
+    assert_eq!(o, Outcome::Pause);
+    let (_, o2) = request(&mut host, "5.5.5.5", "/", &[]);
+    assert_eq!(o2, Outcome::Continue);
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, answer(true, 9, 1_000, 0)).unwrap();
+    assert_eq!(host.stream(probe).unwrap().request_resumes, 1);
+    // Closed again: calls go out.
+    assert_eq!(request(&mut host, "5.5.5.5", "/", &[]).1, Outcome::Pause);
+    assert_eq!(host.pending_calls().len(), 1);
+}
+
+#[test]
+fn shaping_delays_hold_the_request_then_forward_it() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "6.6.6.6", "/upload", &[]);
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, answer(true, 0, 1_000, 300)).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 0, "released before its delay");
+    host.advance(Duration::from_millis(290)).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 0, "released before its delay");
+    host.advance(Duration::from_millis(20)).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 1);
+    assert_eq!(host.metric("sluice_filter_requests_delayed"), Some(1));
+}
+
+#[test]
+fn spoofed_forwarding_entries_do_not_change_the_client_ip() {
+    let mut h = host(); // trusted_hops 1: the rightmost entry, added by our trusted proxy
+    request(&mut h, "6.6.6.6, 7.7.7.7, 10.1.2.3", "/", &[]);
+    assert_eq!(the_call(&h).1["identities"]["ip"], "10.1.2.3");
+    let mut h = host();
+    request(&mut h, "garbage", "/", &[]);
+    assert_eq!(
+        the_call(&h).1["identities"]["ip"],
+        "127.0.0.1",
+        "falls back to source.address"
+    );
+    let mut host = host();
+    let huge = "u".repeat(10_000);
+    request(&mut host, "1.2.3.4", "/", &[("x-user-id", &huge)]);
+    assert_eq!(
+        the_call(&host).1["identities"]["user"].as_str().map(str::len),
+        Some(256)
+    );
+}
+
+#[test]
+fn bad_configurations_are_refused_naming_the_field() {
+    let cases = [
+        (json!({}), "missing field `check`"),
+        (json!({"check": {"cluster": ""}}), "check.cluster"),
+        (json!({"check": {"cluster": "c", "timeout_ms": 0}}), "check.timeout_ms"),
+        (
+            json!({"check": {"cluster": "c"}, "local": {"rate_per_s": 0, "burst": 1}}),
+            "local.rate_per_s",
+        ),
+        (
+            json!({"check": {"cluster": "c"}, "local": {"by": "cookie", "rate_per_s": 1, "burst": 1}}),
+            "local.by",
+        ),
+        (
+            json!({"check": {"cluster": "c"}, "identities": {"ip": {"header": "bad header"}}}),
+            "identities.ip.header",
+        ),
+        (
+            json!({"check": {"cluster": "c"}, "failure": {"mode": "maybe"}}),
+            "unknown variant `maybe`",
+        ),
+        (
+            json!({"check": {"cluster": "c", "colour": 1}}),
+            "unknown field `colour`",
+        ),
+    ];
+    for (cfg, want) in cases {
+        let mut host = sluice_harness::Host::from_plugin(plugin(), Default::default()).unwrap();
+        let err = host.start(b"", cfg.to_string().as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, sluice_harness::HarnessError::StartRefused("proxy_on_configure")),
+            "{cfg}: {err}"
+        );
+        let lines: Vec<_> = host
+            .logs()
+            .iter()
+            .filter(|l| l.message.contains("configuration refused"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{cfg}: {:?}", host.logs());
+        assert!(
+            lines[0].message.contains(want),
+            "{cfg}: {} lacks {want}",
+            lines[0].message
+        );
+    }
+    let mut host = sluice_harness::Host::from_plugin(plugin(), Default::default()).unwrap();
+    assert!(host.start(b"", b"{not json").is_err());
+}
+
+#[test]
+fn a_flood_of_random_ips_keeps_vm_memory_bounded() {
+    let mut cfg = config();
+    cfg["local"]["max_keys"] = json!(1_000);
+    let mut host = host_with(&cfg, Flavor::Envoy);
+    let run = |host: &mut sluice_harness::Host, from: u32, n: u32| {
+        for i in from..from + n {
+            let ip = format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255);
+            let (s, _) = request(host, &ip, "/", &[]);
+            for c in host.pending_calls() {
+                host.fail_call(c.token).unwrap();
+            }
+            host.finish_stream(s).unwrap();
+        }
+    };
+    run(&mut host, 0, 5_000);
+    let warmed = host.memory_bytes();
+    run(&mut host, 5_000, 20_000);
+    let after = host.memory_bytes();
+    assert!(
+        after <= warmed + warmed / 4,
+        "VM memory grew from {warmed} to {after} bytes over 20,000 new IPs"
+    );
+}
+
+#[test]
+fn runs_under_nginx_semantics_without_trapping() {
+    let mut host = host_with(&config(), Flavor::Nginx);
+    let (s, o) = request(&mut host, "8.8.8.8", "/", &[]);
+    assert_eq!(o, Outcome::Pause);
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, answer(true, 1, 1_000, 120)).unwrap();
+    host.advance(Duration::from_millis(200)).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 1);
+    host.response_headers(s, &[(":status", "200")], false).unwrap();
+    host.finish_stream(s).unwrap();
+    assert!(host.unimplemented_calls().is_empty());
+}

@@ -1,0 +1,492 @@
+//! The host: one VM running one plugin, driven step by step.
+
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, Func, Instance, Linker, Module, Store, Val};
+use wasmtime_wasi::WasiCtxBuilder;
+
+use crate::abi::{Action, MetricType};
+use crate::imports;
+use crate::state::{CallReply, HostState, LocalResponse, LogRecord, PendingCall, Stream};
+use crate::{Flavor, HarnessError, HostOptions};
+
+/// What a stream step ended with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The stream goes on.
+    Continue,
+    /// The stream is held until the module resumes it or answers.
+    Pause,
+    /// The module answered; the stream ends and the upstream is never called.
+    LocalResponse(LocalResponse),
+}
+
+/// The answer to a dispatched HTTP call.
+#[derive(Debug, Clone, Default)]
+pub struct CallResponse {
+    /// Response headers, `:status` included.
+    pub headers: Vec<(String, String)>,
+    /// Response body.
+    pub body: Vec<u8>,
+}
+
+impl CallResponse {
+    /// A response with `status` and `body`.
+    pub fn new(status: u16, body: impl Into<Vec<u8>>) -> CallResponse {
+        CallResponse {
+            headers: vec![(":status".into(), status.to_string())],
+            body: body.into(),
+        }
+    }
+}
+
+/// A compiled module, to start many hosts from without compiling again.
+#[derive(Clone)]
+pub struct Plugin {
+    engine: Engine,
+    module: Module,
+}
+
+impl Plugin {
+    /// Compiles `wasm` (Cranelift; the slow part of starting a host).
+    pub fn compile(wasm: &[u8]) -> Result<Plugin, HarnessError> {
+        let engine = Engine::new(&Config::new()).map_err(HarnessError::load)?;
+        let module = Module::new(&engine, wasm).map_err(HarnessError::load)?;
+        Ok(Plugin { engine, module })
+    }
+}
+
+/// A proxy-wasm VM with one plugin: the library's entry point.
+pub struct Host {
+    store: Store<HostState>,
+    instance: Instance,
+}
+
+impl Host {
+    /// Compiles and instantiates `wasm`; call [`Host::start`] next.
+    pub fn new(wasm: &[u8], options: HostOptions) -> Result<Host, HarnessError> {
+        Host::from_plugin(&Plugin::compile(wasm)?, options)
+    }
+
+    /// Instantiates an already compiled module; call [`Host::start`] next.
+    pub fn from_plugin(plugin: &Plugin, options: HostOptions) -> Result<Host, HarnessError> {
+        let (engine, module) = (&plugin.engine, &plugin.module);
+        let mut linker: Linker<HostState> = Linker::new(engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut HostState| &mut s.wasi)
+            .map_err(HarnessError::load)?;
+        imports::register(&mut linker).map_err(HarnessError::load)?;
+        imports::stub_missing(&mut linker, module).map_err(HarnessError::load)?;
+        let state = HostState {
+            wasi: WasiCtxBuilder::new().inherit_stderr().build_p1(),
+            clock_ns: options.start_time_ns,
+            options,
+            tick_period_ms: 0,
+            next_tick_ns: 0,
+            vm_config: Vec::new(),
+            plugin_config: Vec::new(),
+            root_id: 1,
+            next_context: 1,
+            current: 1,
+            streams: Default::default(),
+            calls: Default::default(),
+            next_token: 0,
+            call_reply: None,
+            metrics: Vec::new(),
+            shared: Default::default(),
+            queues: Vec::new(),
+            logs: Vec::new(),
+            unimplemented: Vec::new(),
+            root_properties: Default::default(),
+            nginx_trap: None,
+        };
+        let mut store = Store::new(engine, state);
+        let instance = linker.instantiate(&mut store, module).map_err(HarnessError::load)?;
+        Ok(Host { store, instance })
+    }
+
+    fn func(&mut self, name: &str) -> Option<Func> {
+        self.instance.get_func(&mut self.store, name)
+    }
+
+    /// Calls export `name` with i32 arguments; `Ok(None)` if the module does not export it.
+    fn call(&mut self, name: &str, args: &[i32]) -> Result<Option<i32>, HarnessError> {
+        let Some(f) = self.func(name) else { return Ok(None) };
+        let args: Vec<Val> = args.iter().map(|&a| Val::I32(a)).collect();
+        let mut out = vec![Val::I32(0); f.ty(&self.store).results().len()];
+        f.call(&mut self.store, &args, &mut out).map_err(|e| {
+            let why = self.store.data_mut().nginx_trap.take();
+            HarnessError::Trap {
+                function: name.to_owned(),
+                message: why.unwrap_or_else(|| format!("{e:#}")),
+            }
+        })?;
+        Ok(Some(out.first().and_then(Val::i32).unwrap_or(0)))
+    }
+
+    fn with_context<R>(&mut self, id: u32, f: impl FnOnce(&mut Host) -> R) -> R {
+        self.store.data_mut().current = id;
+        f(self)
+    }
+
+    /// Starts the VM and the plugin: `proxy_on_vm_start`, then `proxy_on_configure`.
+    ///
+    /// A `false` from either is reported as [`HarnessError::StartRefused`].
+    pub fn start(&mut self, vm_config: &[u8], plugin_config: &[u8]) -> Result<(), HarnessError> {
+        if self.func("_initialize").is_some() {
+            self.call("_initialize", &[])?;
+        } else if self.func("_start").is_some() {
+            self.call("_start", &[])?;
+        }
+        let root = self.store.data().root_id as i32;
+        self.store.data_mut().vm_config = vm_config.to_vec();
+        self.store.data_mut().plugin_config = plugin_config.to_vec();
+        self.with_context(root as u32, |h| h.call("proxy_on_context_create", &[root, 0]))?;
+        if self.with_context(root as u32, |h| {
+            h.call("proxy_on_vm_start", &[root, vm_config.len() as i32])
+        })? == Some(0)
+        {
+            return Err(HarnessError::StartRefused("proxy_on_vm_start"));
+        }
+        if self.with_context(root as u32, |h| {
+            h.call("proxy_on_configure", &[root, plugin_config.len() as i32])
+        })? == Some(0)
+        {
+            return Err(HarnessError::StartRefused("proxy_on_configure"));
+        }
+        Ok(())
+    }
+
+    /// Opens an HTTP stream (a new context under the root); returns its context id.
+    pub fn new_stream(&mut self) -> Result<u32, HarnessError> {
+        let s = self.store.data_mut();
+        s.next_context += 1;
+        let id = s.next_context;
+        s.streams.insert(id, Stream::default());
+        let root = s.root_id as i32;
+        self.with_context(id, |h| h.call("proxy_on_context_create", &[id as i32, root]))?;
+        Ok(id)
+    }
+
+    /// Sets a property of a stream (`source.address`, `request.path`, …).
+    pub fn set_property(&mut self, stream: u32, path: &str, value: impl Into<Vec<u8>>) {
+        if let Some(s) = self.store.data_mut().streams.get_mut(&stream) {
+            s.properties.insert(path.to_owned(), value.into());
+        }
+    }
+
+    /// Sets a property of the root context (seen by every stream that lacks its own).
+    pub fn set_root_property(&mut self, path: &str, value: impl Into<Vec<u8>>) {
+        self.store
+            .data_mut()
+            .root_properties
+            .insert(path.to_owned(), value.into());
+    }
+
+    fn eos(&self, end_of_stream: bool) -> i32 {
+        // ngx_wasm_module always passes false in header callbacks.
+        i32::from(end_of_stream && self.store.data().options.flavor == Flavor::Envoy)
+    }
+
+    fn step(&mut self, stream: u32, hook: &str, args: &[i32], pausable: bool) -> Result<Outcome, HarnessError> {
+        let before = self.stream(stream).and_then(|s| s.local_response.clone());
+        let action = self
+            .with_context(stream, |h| h.call(hook, args))?
+            .map_or(Action::Continue, Action::from_raw);
+        let after = self.stream(stream).and_then(|s| s.local_response.clone());
+        if let Some(resp) = after.filter(|a| Some(a) != before.as_ref()) {
+            return Ok(Outcome::LocalResponse(resp));
+        }
+        Ok(match action {
+            Action::Pause if pausable || self.store.data().options.flavor == Flavor::Envoy => Outcome::Pause,
+            Action::Pause => {
+                tracing::warn!(hook, "ngx_wasm_module cannot pause here: continuing");
+                Outcome::Continue
+            }
+            Action::Continue => Outcome::Continue,
+        })
+    }
+
+    fn stream_mut(&mut self, id: u32) -> Result<&mut Stream, HarnessError> {
+        self.store
+            .data_mut()
+            .streams
+            .get_mut(&id)
+            .ok_or(HarnessError::NoSuchStream(id))
+    }
+
+    /// Delivers request headers (pseudo-headers `:method`, `:path`, `:authority` included).
+    pub fn request_headers(
+        &mut self,
+        stream: u32,
+        headers: &[(&str, &str)],
+        end_of_stream: bool,
+    ) -> Result<Outcome, HarnessError> {
+        let owned: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        {
+            let s = self.stream_mut(stream)?;
+            for (k, prop) in [
+                (":path", "request.path"),
+                (":method", "request.method"),
+                (":authority", "request.host"),
+            ] {
+                if let Some((_, v)) = owned.iter().find(|(n, _)| n == k) {
+                    s.properties
+                        .entry(prop.to_owned())
+                        .or_insert_with(|| v.clone().into_bytes());
+                }
+            }
+            s.request_headers = owned;
+        }
+        let eos = self.eos(end_of_stream);
+        self.step(
+            stream,
+            "proxy_on_request_headers",
+            &[stream as i32, headers.len() as i32, eos],
+            true,
+        )
+    }
+
+    /// Delivers a request body chunk.
+    pub fn request_body(&mut self, stream: u32, body: &[u8], end_of_stream: bool) -> Result<Outcome, HarnessError> {
+        self.stream_mut(stream)?.request_body.extend_from_slice(body);
+        let size = self.stream_mut(stream)?.request_body.len() as i32;
+        self.step(
+            stream,
+            "proxy_on_request_body",
+            &[stream as i32, size, i32::from(end_of_stream)],
+            true,
+        )
+    }
+
+    /// Delivers request trailers.
+    pub fn request_trailers(&mut self, stream: u32, trailers: &[(&str, &str)]) -> Result<Outcome, HarnessError> {
+        self.stream_mut(stream)?.request_trailers =
+            trailers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.step(
+            stream,
+            "proxy_on_request_trailers",
+            &[stream as i32, trailers.len() as i32],
+            false,
+        )
+    }
+
+    /// Delivers response headers (`:status` included).
+    pub fn response_headers(
+        &mut self,
+        stream: u32,
+        headers: &[(&str, &str)],
+        end_of_stream: bool,
+    ) -> Result<Outcome, HarnessError> {
+        self.stream_mut(stream)?.response_headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        let eos = self.eos(end_of_stream);
+        self.step(
+            stream,
+            "proxy_on_response_headers",
+            &[stream as i32, headers.len() as i32, eos],
+            false,
+        )
+    }
+
+    /// Delivers a response body chunk.
+    pub fn response_body(&mut self, stream: u32, body: &[u8], end_of_stream: bool) -> Result<Outcome, HarnessError> {
+        self.stream_mut(stream)?.response_body.extend_from_slice(body);
+        let size = self.stream_mut(stream)?.response_body.len() as i32;
+        self.step(
+            stream,
+            "proxy_on_response_body",
+            &[stream as i32, size, i32::from(end_of_stream)],
+            true,
+        )
+    }
+
+    /// Delivers response trailers.
+    pub fn response_trailers(&mut self, stream: u32, trailers: &[(&str, &str)]) -> Result<Outcome, HarnessError> {
+        self.stream_mut(stream)?.response_trailers =
+            trailers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.step(
+            stream,
+            "proxy_on_response_trailers",
+            &[stream as i32, trailers.len() as i32],
+            false,
+        )
+    }
+
+    /// Ends a stream: `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`; its calls are cancelled.
+    pub fn finish_stream(&mut self, stream: u32) -> Result<(), HarnessError> {
+        if !self.store.data().streams.contains_key(&stream) {
+            return Err(HarnessError::NoSuchStream(stream));
+        }
+        self.with_context(stream, |h| h.call("proxy_on_log", &[stream as i32]))?;
+        self.with_context(stream, |h| h.call("proxy_on_done", &[stream as i32]))?;
+        self.with_context(stream, |h| h.call("proxy_on_delete", &[stream as i32]))?;
+        let s = self.store.data_mut();
+        s.streams.remove(&stream);
+        s.calls.retain(|_, c| c.context_id != stream);
+        Ok(())
+    }
+
+    /// A stream's current data: headers as the module left them, resumes, local response.
+    pub fn stream(&self, id: u32) -> Option<&Stream> {
+        self.store.data().streams.get(&id)
+    }
+
+    /// HTTP calls dispatched and not yet answered, oldest first.
+    pub fn pending_calls(&self) -> Vec<PendingCall> {
+        self.store.data().calls.values().cloned().collect()
+    }
+
+    /// Answers call `token` (Envoy: `proxy_on_http_call_response` on the dispatching context).
+    pub fn respond_call(&mut self, token: u32, response: CallResponse) -> Result<(), HarnessError> {
+        self.deliver(
+            token,
+            CallReply {
+                headers: response.headers,
+                body: response.body,
+                trailers: Vec::new(),
+            },
+        )
+    }
+
+    /// Fails call `token` as a timeout or reset: a response with no headers and no body, as Envoy does.
+    pub fn fail_call(&mut self, token: u32) -> Result<(), HarnessError> {
+        self.deliver(token, CallReply::default())
+    }
+
+    fn deliver(&mut self, token: u32, reply: CallReply) -> Result<(), HarnessError> {
+        let call = self
+            .store
+            .data_mut()
+            .calls
+            .remove(&token)
+            .ok_or(HarnessError::NoSuchCall(token))?;
+        let (nh, nb, nt) = (
+            reply.headers.len() as i32,
+            reply.body.len() as i32,
+            reply.trailers.len() as i32,
+        );
+        self.store.data_mut().call_reply = Some(reply);
+        let ctx = call.context_id;
+        let result = self.with_context(ctx, |h| {
+            h.call("proxy_on_http_call_response", &[ctx as i32, token as i32, nh, nb, nt])
+        });
+        self.store.data_mut().call_reply = None;
+        result.map(drop)
+    }
+
+    /// The host clock, ns since the unix epoch.
+    pub fn now_ns(&self) -> u64 {
+        self.store.data().clock_ns
+    }
+
+    /// Moves the clock to `now_ns` (proxy mode: the real clock) without running ticks.
+    pub fn set_clock(&mut self, now_ns: u64) {
+        let s = self.store.data_mut();
+        s.clock_ns = s.clock_ns.max(now_ns);
+    }
+
+    /// When the next tick is due (ns), if ticks are on.
+    pub fn next_tick_ns(&self) -> Option<u64> {
+        let s = self.store.data();
+        (s.tick_period_ms > 0).then_some(s.next_tick_ns)
+    }
+
+    /// Runs the ticks due at or before the current clock.
+    pub fn run_due_ticks(&mut self) -> Result<u32, HarnessError> {
+        let mut fired = 0;
+        while let Some(due) = self.next_tick_ns().filter(|&d| d <= self.now_ns()) {
+            let root = self.store.data().root_id;
+            let period = u64::from(self.store.data().tick_period_ms) * 1_000_000;
+            self.store.data_mut().next_tick_ns = due + period.max(1);
+            self.with_context(root, |h| h.call("proxy_on_tick", &[root as i32]))?;
+            fired += 1;
+        }
+        Ok(fired)
+    }
+
+    /// Advances the virtual clock by `by`, firing each tick at its time and timing out the
+    /// calls whose deadline passes, in time order.
+    pub fn advance(&mut self, by: Duration) -> Result<(), HarnessError> {
+        let target = self.now_ns() + by.as_nanos() as u64;
+        loop {
+            let tick = self.next_tick_ns().filter(|&t| t <= target);
+            let deadline = self
+                .store
+                .data()
+                .calls
+                .values()
+                .map(|c| (c.dispatched_at_ns + u64::from(c.timeout_ms) * 1_000_000, c.token))
+                .filter(|&(d, _)| d <= target)
+                .min();
+            match (tick, deadline) {
+                (Some(t), Some((d, token))) if d <= t => {
+                    self.store.data_mut().clock_ns = d;
+                    self.fail_call(token)?;
+                }
+                (Some(t), _) => {
+                    self.store.data_mut().clock_ns = t;
+                    self.run_due_ticks()?;
+                }
+                (None, Some((d, token))) => {
+                    self.store.data_mut().clock_ns = d;
+                    self.fail_call(token)?;
+                }
+                (None, None) => break,
+            }
+        }
+        self.store.data_mut().clock_ns = target;
+        Ok(())
+    }
+
+    /// A counter's or gauge's value by name.
+    pub fn metric(&self, name: &str) -> Option<i64> {
+        self.store
+            .data()
+            .metrics
+            .iter()
+            .find(|m| m.name == name && m.kind != MetricType::Histogram)
+            .map(|m| m.value)
+    }
+
+    /// The values recorded in a histogram, by name.
+    pub fn histogram(&self, name: &str) -> Option<&[u64]> {
+        self.store
+            .data()
+            .metrics
+            .iter()
+            .find(|m| m.name == name && m.kind == MetricType::Histogram)
+            .map(|m| &m.records[..])
+    }
+
+    /// Names of every metric the module defined.
+    pub fn metric_names(&self) -> Vec<String> {
+        self.store.data().metrics.iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// Shared data by key: value and CAS.
+    pub fn shared_data(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.store.data().shared.get(key).cloned()
+    }
+
+    /// Everything the module logged.
+    pub fn logs(&self) -> &[LogRecord] {
+        &self.store.data().logs
+    }
+
+    /// Names of imported host functions the harness answered with `Unimplemented`.
+    pub fn unimplemented_calls(&self) -> &[String] {
+        &self.store.data().unimplemented
+    }
+
+    /// Size of the module's linear memory in bytes.
+    pub fn memory_bytes(&mut self) -> usize {
+        self.instance
+            .get_memory(&mut self.store, "memory")
+            .map_or(0, |m| m.data_size(&self.store))
+    }
+}

@@ -1,0 +1,1 @@
+//! Proxy mode (being written).

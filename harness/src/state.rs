@@ -1,0 +1,140 @@
+//! What the host keeps between calls: streams, calls, metrics, shared data, logs.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use wasmtime_wasi::p1::WasiP1Ctx;
+
+use crate::abi::{LogLevel, MetricType};
+use crate::HostOptions;
+
+/// A response the module sent with `proxy_send_local_response`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// Status details (Envoy's response code details).
+    pub details: String,
+    /// Headers.
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+impl LocalResponse {
+    /// The first header named `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP stream's data as the module sees and changes it.
+#[derive(Debug, Clone, Default)]
+pub struct Stream {
+    /// Request headers (after the module's changes).
+    pub request_headers: Vec<(String, String)>,
+    /// Request body.
+    pub request_body: Vec<u8>,
+    /// Request trailers.
+    pub request_trailers: Vec<(String, String)>,
+    /// Response headers (after the module's changes).
+    pub response_headers: Vec<(String, String)>,
+    /// Response body.
+    pub response_body: Vec<u8>,
+    /// Response trailers.
+    pub response_trailers: Vec<(String, String)>,
+    /// The local response, once the module sent one; the stream then ends.
+    pub local_response: Option<LocalResponse>,
+    /// `proxy_continue_stream(request)` calls so far.
+    pub request_resumes: u32,
+    /// `proxy_continue_stream(response)` calls so far.
+    pub response_resumes: u32,
+    /// Properties of this stream, by dotted path (`source.address`).
+    pub properties: HashMap<String, Vec<u8>>,
+    /// Whether `proxy_close_stream` was called.
+    pub closed: bool,
+}
+
+/// An HTTP call the module dispatched, waiting for an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingCall {
+    /// The token the module got.
+    pub token: u32,
+    /// The context that dispatched it.
+    pub context_id: u32,
+    /// The upstream: an Envoy cluster name, or `host:port` for Nginx.
+    pub upstream: String,
+    /// Request headers, pseudo-headers included.
+    pub headers: Vec<(String, String)>,
+    /// Request body.
+    pub body: Vec<u8>,
+    /// Timeout in milliseconds.
+    pub timeout_ms: u32,
+    /// Host clock (ns) when dispatched.
+    pub dispatched_at_ns: u64,
+}
+
+impl PendingCall {
+    /// The first header named `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The answer to an HTTP call, as delivered to the module.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CallReply {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub trailers: Vec<(String, String)>,
+}
+
+/// One log line the module wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Level.
+    pub level: LogLevel,
+    /// The effective context when logged.
+    pub context_id: u32,
+    /// Message.
+    pub message: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Metric {
+    pub name: String,
+    pub kind: MetricType,
+    pub value: i64,
+    pub records: Vec<u64>,
+}
+
+/// The wasmtime store's data.
+pub(crate) struct HostState {
+    pub wasi: WasiP1Ctx,
+    pub options: HostOptions,
+    pub clock_ns: u64,
+    pub tick_period_ms: u32,
+    pub next_tick_ns: u64,
+    pub vm_config: Vec<u8>,
+    pub plugin_config: Vec<u8>,
+    pub root_id: u32,
+    pub next_context: u32,
+    pub current: u32,
+    pub streams: HashMap<u32, Stream>,
+    pub calls: BTreeMap<u32, PendingCall>,
+    pub next_token: u32,
+    pub call_reply: Option<CallReply>,
+    pub metrics: Vec<Metric>,
+    pub shared: HashMap<String, (Vec<u8>, u32)>,
+    pub queues: Vec<(String, VecDeque<Vec<u8>>)>,
+    pub logs: Vec<LogRecord>,
+    pub unimplemented: Vec<String>,
+    pub root_properties: HashMap<String, Vec<u8>>,
+    /// A trap the Nginx flavor raised on purpose, for the error message.
+    pub nginx_trap: Option<String>,
+}

@@ -1,0 +1,256 @@
+//! `sluice-load`: drives HTTP load at a check service or a proxy and prints throughput and
+//! latency percentiles; with `--redis-port`, also the `redis-benchmark` ceiling for
+//! `EVALSHA` of Sluice's own script at the same concurrency.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, ValueEnum};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Load generator for Sluice: closed-loop (as fast as answers come) or at a fixed rate.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Base URL of the target, e.g. http://127.0.0.1:8081 (service) or :8080 (proxy).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    target: String,
+    /// What to send: `check` POSTs /v1/check bodies; `get` GETs --path through a proxy.
+    #[arg(long, value_enum, default_value_t = Mode::Check)]
+    mode: Mode,
+    /// Path for `get` mode.
+    #[arg(long, default_value = "/api/hello")]
+    path: String,
+    /// Concurrent keep-alive connections.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// How long to run, e.g. 10s or 500ms.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Total requests per second across connections (0: as fast as possible).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Distinct client identities to spread requests over.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// Also measure redis-benchmark's EVALSHA ceiling against this local Redis port.
+    #[arg(long)]
+    redis_port: Option<u16>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Mode {
+    Check,
+    Get,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms.parse().map(Duration::from_millis).map_err(|e| format!("{s}: {e}"));
+    }
+    if let Some(secs) = s.strip_suffix('s') {
+        return secs.parse().map(Duration::from_secs).map_err(|e| format!("{s}: {e}"));
+    }
+    Err(format!("{s:?}: write a duration like 10s or 500ms"))
+}
+
+struct Outcome {
+    latencies_us: Vec<u32>,
+    by_status: [u64; 6],
+    errors: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let uri: hyper::Uri = args.target.parse().context("--target is not a URL")?;
+    let authority = uri.authority().context("--target needs host:port")?.to_string();
+    eprintln!(
+        "sluice-load: {} connections for {:?} against {} ({:?} mode{})",
+        args.connections,
+        args.duration,
+        args.target,
+        args.mode,
+        if args.rate > 0 {
+            format!(", {} req/s", args.rate)
+        } else {
+            String::new()
+        }
+    );
+    let deadline = Instant::now() + args.duration;
+    let per_conn_interval =
+        (args.rate > 0).then(|| Duration::from_secs_f64(args.connections as f64 / args.rate as f64));
+    let mut tasks = Vec::new();
+    for c in 0..args.connections {
+        let (authority, path, mode, keys) = (authority.clone(), args.path.clone(), args.mode, args.keys.max(1));
+        tasks.push(tokio::spawn(async move {
+            run_connection(c as u64, authority, path, mode, keys, deadline, per_conn_interval).await
+        }));
+    }
+    let started = Instant::now();
+    let mut all = Outcome {
+        latencies_us: Vec::new(),
+        by_status: [0; 6],
+        errors: 0,
+    };
+    for t in tasks {
+        let o = t.await??;
+        all.latencies_us.extend(o.latencies_us);
+        for (a, b) in all.by_status.iter_mut().zip(o.by_status) {
+            *a += b;
+        }
+        all.errors += o.errors;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let n = all.latencies_us.len();
+    if n == 0 {
+        bail!("no request completed: is {} up?", args.target);
+    }
+    all.latencies_us.sort_unstable();
+    let pct = |p: f64| f64::from(all.latencies_us[((n as f64 * p) as usize).min(n - 1)]) / 1000.0;
+    println!("requests      {n} in {elapsed:.2}s, {} errors", all.errors);
+    println!("throughput    {:.0} req/s", n as f64 / elapsed);
+    println!(
+        "latency ms    p50 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
+        pct(0.5),
+        pct(0.99),
+        pct(0.999),
+        pct(1.0)
+    );
+    println!(
+        "status        2xx {}  4xx {}  429 {}  5xx {}",
+        all.by_status[2], all.by_status[4], all.by_status[0], all.by_status[5]
+    );
+    if let Some(port) = args.redis_port {
+        redis_ceiling(port, args.connections)?;
+    }
+    Ok(())
+}
+
+async fn run_connection(
+    id: u64,
+    authority: String,
+    path: String,
+    mode: Mode,
+    keys: u64,
+    deadline: Instant,
+    interval: Option<Duration>,
+) -> anyhow::Result<Outcome> {
+    let stream = TcpStream::connect(&authority)
+        .await
+        .with_context(|| format!("cannot connect to {authority}"))?;
+    stream.set_nodelay(true)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let mut out = Outcome {
+        latencies_us: Vec::with_capacity(100_000),
+        by_status: [0; 6],
+        errors: 0,
+    };
+    let mut next = Instant::now();
+    let mut i = id.wrapping_mul(7919);
+    while Instant::now() < deadline {
+        if let Some(iv) = interval {
+            tokio::time::sleep_until(next.into()).await;
+            next += iv;
+        }
+        i = i.wrapping_add(1);
+        let key = i % keys;
+        let req = match mode {
+            Mode::Check => Request::builder()
+                .method(Method::POST)
+                .uri("/v1/check")
+                .header("host", &authority)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(format!(
+                    r#"{{"identities":{{"ip":"10.{}.{}.{}"}},"method":"GET","path":"/api/load"}}"#,
+                    key >> 16 & 255,
+                    key >> 8 & 255,
+                    key & 255
+                ))))?,
+            Mode::Get => Request::builder()
+                .uri(path.as_str())
+                .header("host", &authority)
+                .header(
+                    "x-forwarded-for",
+                    format!("10.{}.{}.{}", key >> 16 & 255, key >> 8 & 255, key & 255),
+                )
+                .body(Full::new(Bytes::new()))?,
+        };
+        let started = Instant::now();
+        if sender.ready().await.is_err() {
+            out.errors += 1;
+            break;
+        }
+        match sender.send_request(req).await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let _ = resp.into_body().collect().await;
+                out.latencies_us
+                    .push(started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                let slot = if status == 429 {
+                    0
+                } else {
+                    usize::from(status / 100).min(5)
+                };
+                out.by_status[slot] += 1;
+            }
+            Err(_) => out.errors += 1,
+        }
+    }
+    Ok(out)
+}
+
+/// Loads Sluice's token-bucket script into the local Redis and runs redis-benchmark on it.
+fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
+    let script = concat!(
+        include_str!("../../../service/src/store/lua/common.lua"),
+        "\n",
+        include_str!("../../../service/src/store/lua/token_bucket.lua")
+    );
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "SCRIPT", "LOAD", script])
+        .output()
+        .context("cannot run redis-cli; install redis-tools")?;
+    let sha = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if sha.len() != 40 {
+        bail!("SCRIPT LOAD failed: {sha}");
+    }
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            &connections.to_string(),
+            "-n",
+            "200000",
+            "-r",
+            "10000",
+            "-q",
+        ])
+        .args([
+            "EVALSHA",
+            &sha,
+            "1",
+            "sluice:{bench:__rand_int__}:tb",
+            "decide",
+            "",
+            "1",
+            "1000000",
+            "1000000",
+            "1",
+            "1",
+        ])
+        .output()
+        .context("cannot run redis-benchmark; install redis-tools")?;
+    println!(
+        "redis-benchmark EVALSHA ceiling ({connections} clients): {}",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    Ok(())
+}
