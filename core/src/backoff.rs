@@ -61,7 +61,17 @@ pub trait RandomSource {
     }
 }
 
+/// Any `FnMut() -> u64` closure is a random source (e.g. one wrapping the platform's
+/// generator in an SDK).
+impl<F: FnMut() -> u64> RandomSource for F {
+    fn next_u64(&mut self) -> u64 {
+        self()
+    }
+}
+
 /// SplitMix64: a tiny, fast, well-distributed generator for jitter (not for secrets).
+/// Seed it from anything that differs between clients (a clock reading, a process id, the
+/// platform's random bytes); equal seeds give equal schedules.
 #[derive(Debug, Clone)]
 pub struct SplitMix64(pub u64);
 
@@ -75,7 +85,8 @@ impl RandomSource for SplitMix64 {
     }
 }
 
-/// The retry state of one request.
+/// The retry state of one request: create one per logical request, ask
+/// [`Backoff::next_delay`] after each failed attempt.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     policy: BackoffPolicy,
@@ -93,43 +104,58 @@ impl Backoff {
         }
     }
 
+    /// The schedule's parameters.
+    pub fn policy(&self) -> &BackoffPolicy {
+        &self.policy
+    }
+
     /// Retries granted so far.
     pub fn retries(&self) -> u32 {
         self.retries
     }
 
-    /// The delay before the next retry, or `None` to give up.
+    /// Starts over, as for a new request.
+    pub fn reset(&mut self) {
+        *self = Backoff::new(self.policy);
+    }
+
+    /// The delay in milliseconds before the next retry, or `None` to give up.
     ///
-    /// `elapsed_ms` is the time since the first attempt; `retry_after_ms` what the server
-    /// asked for (a floor). Gives up when the retries are spent or the retry would start
-    /// after `max_elapsed_ms`.
+    /// `elapsed_ms` is the time since the first attempt started; `retry_after_ms` what the
+    /// server asked for (`Retry-After`), a floor: the delay is never shorter, even beyond
+    /// `cap_ms`. Otherwise the delay is jittered ([`Jitter`]) within `[0, cap_ms]` and
+    /// within the time left before `max_elapsed_ms`, so that the retry never starts after
+    /// it. Gives up when `max_retries` retries were granted, when `max_elapsed_ms` has
+    /// passed, or when honouring `retry_after_ms` would start the retry after it.
     pub fn next_delay(
         &mut self,
         elapsed_ms: u64,
         retry_after_ms: Option<u64>,
         rng: &mut impl RandomSource,
     ) -> Option<u64> {
-        if self.retries >= self.policy.max_retries {
+        let p = self.policy;
+        if self.retries >= p.max_retries || elapsed_ms > p.max_elapsed_ms {
             return None;
         }
-        let p = &self.policy;
+        let left = p.max_elapsed_ms - elapsed_ms;
+        let floor = retry_after_ms.unwrap_or(0);
+        if floor > left {
+            return None;
+        }
+        let ceiling = p.cap_ms.min(left);
         let jittered = match p.jitter {
             Jitter::Full => {
-                let ceiling = p.base_ms.saturating_mul(1u64 << self.retries.min(62)).min(p.cap_ms);
-                rng.between(0, ceiling)
+                let exponential = p.base_ms.saturating_mul(1u64 << self.retries.min(62));
+                rng.between(0, exponential.min(ceiling))
             }
             Jitter::Decorrelated => {
                 let hi = self.previous_ms.saturating_mul(3).max(p.base_ms);
-                rng.between(p.base_ms.min(p.cap_ms), hi.min(p.cap_ms))
+                rng.between(p.base_ms.min(ceiling), hi.min(ceiling))
             }
         };
-        let delay = jittered.max(retry_after_ms.unwrap_or(0));
-        if elapsed_ms.saturating_add(delay) > p.max_elapsed_ms {
-            return None;
-        }
         self.retries += 1;
         self.previous_ms = jittered.max(p.base_ms);
-        Some(delay)
+        Some(jittered.max(floor))
     }
 }
 
@@ -162,6 +188,13 @@ mod tests {
         let mut rng = SplitMix64(1);
         assert!(b.next_delay(0, Some(5_000), &mut rng).unwrap() >= 5_000);
         assert_eq!(b.next_delay(26_000, Some(5_000), &mut rng), None);
+        // Without a floor the delay shrinks to fit the time left, then gives up.
+        assert!(b.next_delay(29_990, None, &mut rng).unwrap() <= 10);
+        assert_eq!(b.next_delay(30_001, None, &mut rng), None);
+        b.reset();
+        assert_eq!(b.retries(), 0);
+        let mut zero = || 0u64;
+        assert_eq!(b.next_delay(0, None, &mut zero), Some(0));
     }
 
     #[test]

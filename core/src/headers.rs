@@ -9,6 +9,8 @@ mod http_date;
 mod parse;
 mod structured;
 
-pub use format::{denial_body, format_headers, HeaderMode, Quota};
+pub use format::{
+    denial_body, format_headers, retry_after_secs, write_denial_body, write_headers, HeaderBuf, HeaderMode, Quota,
+};
 pub(crate) use http_date::days_from_civil;
 pub use parse::{parse_headers, RateLimitInfo};

@@ -12,3 +12,6 @@ pub mod rules;
 pub mod wire;
 
 pub use algorithm::{Algorithm, Decision, Limit, LimitError, Micros, State};
+pub use backoff::{Backoff, BackoffPolicy, Jitter, RandomSource, SplitMix64};
+pub use headers::{parse_headers, write_headers, HeaderBuf, HeaderMode, Quota, RateLimitInfo};
+pub use pacing::{Pacer, PacerConfig};

@@ -1,114 +1,313 @@
 //! Client-side pacing: when may the next request go so that the client stays under the
 //! quota the server advertises.
 //!
-//! Strategy: while the last response said requests `remaining` and fewer than that are in
-//! flight, send at once (the server granted them). When that budget is spent, send at the
-//! advertised long-run rate, one request every `window / limit` plus a 5% margin (at least
-//! 1 ms) for network jitter; without a rate, spread over the time to reset. A `Retry-After`
-//! holds everything until it passes. A new window (reset passed) restores the budget.
-//! The SDKs' queues call [`Pacer::next_send_at`] before each send and [`Pacer::on_send`]
-//! and [`Pacer::observe`] around it.
+//! An SDK's queue keeps one [`Pacer`] per quota (host, or host + policy) and, for every
+//! request: asks [`Pacer::next_send_at`], waits until then (or, on `None`, until a response
+//! arrives), sends and calls [`Pacer::on_send`], then calls [`Pacer::observe`] with the
+//! parsed response headers, or [`Pacer::on_failure`] if no response came. It asks again
+//! after every `observe`/`on_failure`, since the answer may move earlier. Retries go
+//! through the queue like any other request.
+//!
+//! # Strategy
+//!
+//! * **Nothing known yet**: the first request goes at once; the others wait for its
+//!   answer (one probe), so a burst of queued requests never floods a server whose quota
+//!   is unknown. A server that answers without rate-limit headers is not paced.
+//! * **Budget**: the pacer keeps a *lower bound* of what the server still holds. From a
+//!   response it knows `remaining` at that moment; it subtracts every request that was in
+//!   flight or sent since (they may all be counted by the server), and adds the long-run
+//!   refill `window / limit` per request (plus a `margin_percent` safety margin) when the
+//!   IETF `RateLimit-Policy` gave a window, and the whole quota once the advertised reset
+//!   has passed (a new window). For a token bucket, GCRA or fixed window seen by one client
+//!   this is a true lower bound, so a paced client is not refused. Each response gives a
+//!   new bound; the pacer keeps the higher one (an older bound may be tighter because the
+//!   refill since it is known better), and starts over from the response on a denial.
+//! * **Spreading**: within the budget, requests are spread over the time to reset, one per
+//!   `min(window / limit, reset / remaining)` — a client-side GCRA — except that up to
+//!   `max(reserve, excess)` may go back to back, `excess` being the part of `remaining`
+//!   that the spread rate would not use before the reset. So a token bucket's burst is
+//!   used at once and the rest follows at the refill rate, while a fixed window's quota is
+//!   spread over the window instead of being spent in the first second.
+//! * **Remaining 0**: wait for the refill (when the window is known) or for the reset.
+//!   Against a fixed window, the refill assumption is wrong: a busy client then sees at
+//!   most one 429 near the end of a window, whose `Retry-After` holds it until the reset.
+//! * **Retry-After**: nothing is sent before it passes.
+//!
+//! All times are the client's clock in milliseconds (any epoch, the same for every call).
+
+use serde::{Deserialize, Serialize};
 
 use crate::headers::RateLimitInfo;
 
-/// The pacing state of one bucket (host + policy, or a caller's key).
+/// Tuning of a [`Pacer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PacerConfig {
+    /// Requests that may always go back to back, within the budget, before spreading.
+    pub reserve: u64,
+    /// Added to the advertised per-request interval `window / limit`, in percent (and at
+    /// least 1 ms when not 0), against rounding and clock drift.
+    pub margin_percent: u64,
+}
+
+impl Default for PacerConfig {
+    fn default() -> Self {
+        PacerConfig {
+            reserve: 10,
+            margin_percent: 5,
+        }
+    }
+}
+
+/// The pacing state of one quota.
 #[derive(Debug, Clone, Default)]
 pub struct Pacer {
-    last: Option<Observed>,
+    config: PacerConfig,
+    /// What the last response with a quota said, and the budget bound derived from one.
+    known: Option<Known>,
+    /// Whether any response was observed.
+    answered: bool,
+    /// Requests sent and not yet answered.
     in_flight: u64,
-    last_send_ms: Option<u64>,
+    /// Requests sent, ever (marks which sends an anchor has seen).
+    sends: u64,
+    /// Nothing goes before this (`Retry-After`).
     retry_at_ms: u64,
+    /// Client-side GCRA theoretical arrival time.
+    tat_ms: u64,
 }
 
 #[derive(Debug, Clone)]
-struct Observed {
-    remaining: Option<u64>,
-    reset_at_ms: Option<u64>,
+struct Known {
+    policy: Option<String>,
+    /// The most the server was seen to hold at once: an estimate of its capacity.
+    capacity: u64,
+    /// One request's share of the long-run rate, margin included.
     interval_ms: Option<u64>,
+    /// The GCRA spacing and how many may go back to back.
+    spread_ms: u64,
+    tolerance: u64,
+    /// A lower bound of the server's budget for a request sent at `level_at_ms`, our own
+    /// sends already deducted (negative while answers are outstanding).
+    level: i64,
+    level_at_ms: u64,
+    /// The advertised reset, when the quota is whole again, and how many requests the
+    /// server may have counted by then: those in flight at the response and sent since.
+    reset_at_ms: Option<u64>,
+    reset_in_flight: u64,
+    reset_sends: u64,
+}
+
+impl Known {
+    /// The bound for a request sent at `t` (not before `level_at_ms`), and the time from
+    /// which the refill then counts.
+    fn level_at(&self, t: u64, sends: u64) -> (i64, u64) {
+        let (mut level, mut since) = (self.level, self.level_at_ms);
+        let cap = i64::try_from(self.capacity).unwrap_or(i64::MAX);
+        if let Some(i) = self.interval_ms {
+            let n = t.saturating_sub(since) / i;
+            level = level.saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
+            since = since.saturating_add(n.saturating_mul(i));
+        }
+        if level >= cap {
+            (level, since) = (cap, t.max(self.level_at_ms));
+        }
+        if self.reset_at_ms.is_some_and(|reset| t >= reset) {
+            let counted = self
+                .reset_in_flight
+                .saturating_add(sends.saturating_sub(self.reset_sends));
+            let whole = cap.saturating_sub(i64::try_from(counted).unwrap_or(i64::MAX));
+            if whole > level {
+                (level, since) = (whole, t);
+            }
+        }
+        (level, since)
+    }
+
+    /// Moves the bound to `t`.
+    fn advance(&mut self, t: u64, sends: u64) {
+        if t < self.level_at_ms {
+            return;
+        }
+        (self.level, self.level_at_ms) = self.level_at(t, sends);
+        if self.reset_at_ms.is_some_and(|reset| t >= reset) {
+            self.reset_at_ms = None; // applied: later sends are deducted from `level`
+        }
+    }
 }
 
 impl Pacer {
-    /// A pacer that knows nothing yet: the first request goes at once.
+    /// A pacer that knows nothing yet, with the default [`PacerConfig`].
     pub fn new() -> Pacer {
         Pacer::default()
     }
 
-    /// Records that a request was sent at `now_ms`.
-    pub fn on_send(&mut self, now_ms: u64) {
-        self.in_flight += 1;
-        self.last_send_ms = Some(now_ms);
+    /// A pacer with the given tuning.
+    pub fn with_config(config: PacerConfig) -> Pacer {
+        Pacer {
+            config,
+            ..Pacer::default()
+        }
     }
 
-    /// Records a response's quota, received at `now_ms`; it completes one sent request.
-    pub fn observe(&mut self, info: &RateLimitInfo, now_ms: u64) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        if let Some(retry) = info.retry_after_ms {
-            self.retry_at_ms = self.retry_at_ms.max(now_ms.saturating_add(retry));
-        }
-        if info.remaining.is_none() && info.reset_after_ms.is_none() && info.limit.is_none() {
-            return;
-        }
-        let interval_ms = match (info.limit, info.window_ms, info.remaining, info.reset_after_ms) {
-            (Some(limit), Some(window), _, _) if limit > 0 => Some(window.div_ceil(limit)),
-            (_, _, Some(remaining), Some(reset)) => Some(reset / remaining.saturating_add(1)),
-            _ => None,
-        }
-        .map(|i| i + (i / 20).max(1));
-        self.last = Some(Observed {
-            remaining: info.remaining,
-            reset_at_ms: info.reset_after_ms.map(|r| now_ms.saturating_add(r)),
-            interval_ms,
-        });
-    }
-
-    /// Records a request that ended without a response (an error): it is no longer in flight.
-    pub fn on_failure(&mut self) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-    }
-
-    /// The earliest time (unix ms) at which the next request may be sent.
-    pub fn next_send_at(&self, now_ms: u64) -> u64 {
-        let floor = now_ms.max(self.retry_at_ms);
-        let Some(obs) = &self.last else { return floor };
-        if obs.reset_at_ms.is_some_and(|reset| now_ms >= reset) {
-            return floor; // a new window: the budget is whole again
-        }
-        if obs.remaining.is_none_or(|r| r > self.in_flight) {
-            return floor;
-        }
-        match (obs.interval_ms, self.last_send_ms, obs.reset_at_ms) {
-            (Some(interval), Some(last), _) => floor.max(last.saturating_add(interval)),
-            (None, _, Some(reset)) => floor.max(reset),
-            _ => floor,
-        }
+    /// The tuning.
+    pub fn config(&self) -> &PacerConfig {
+        &self.config
     }
 
     /// Requests sent and not yet answered.
     pub fn in_flight(&self) -> u64 {
         self.in_flight
     }
+
+    /// Records that a request was sent at `now_ms`.
+    pub fn on_send(&mut self, now_ms: u64) {
+        let sends = self.sends;
+        if let Some(k) = &mut self.known {
+            k.advance(now_ms, sends);
+            k.level = k.level.saturating_sub(1);
+        }
+        self.in_flight = self.in_flight.saturating_add(1);
+        self.sends = self.sends.saturating_add(1);
+        let spread = self.known.as_ref().map_or(0, |k| k.spread_ms);
+        self.tat_ms = self.tat_ms.max(now_ms).saturating_add(spread);
+    }
+
+    /// Records a request that ended without a response (a network error or timeout).
+    pub fn on_failure(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Records a response's quota (see [`crate::headers::parse_headers`]), received at
+    /// `now_ms`; it completes one sent request.
+    pub fn observe(&mut self, info: &RateLimitInfo, now_ms: u64) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.answered = true;
+        if let Some(retry) = info.retry_after_ms {
+            self.retry_at_ms = self.retry_at_ms.max(now_ms.saturating_add(retry));
+        }
+        let Some(remaining) = info.remaining else {
+            return; // no quota in this response: keep what we knew
+        };
+        let reset_after = info.reset_after_ms;
+        let interval_ms = match (info.limit, info.window_ms) {
+            (Some(limit), Some(window)) if limit > 0 && window > 0 => Some(self.with_margin(window.div_ceil(limit))),
+            _ => None,
+        };
+        // Until the reset, `remaining` spread evenly; never slower than the refill rate.
+        let per_remaining = reset_after.filter(|_| remaining > 0).map(|r| r / remaining);
+        let spread_ms = match (interval_ms, per_remaining) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(0),
+        };
+        // What the refill rate would not use before the reset may go at once.
+        let excess = match (interval_ms, reset_after) {
+            (Some(i), Some(r)) => remaining.saturating_sub(r / i),
+            _ => 0,
+        };
+        let fresh = i64::try_from(remaining)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(self.in_flight).unwrap_or(i64::MAX));
+        let denied = info.retry_after_ms.is_some();
+        let (capacity, level, level_at_ms) = match self.known.take() {
+            // Same quota, no refusal: both bounds hold, keep the higher.
+            Some(mut k) if k.policy == info.policy && !denied => {
+                k.interval_ms = interval_ms;
+                k.advance(now_ms, self.sends);
+                let capacity = k.capacity.max(remaining.saturating_add(1));
+                if k.level >= fresh {
+                    (capacity, k.level, k.level_at_ms)
+                } else {
+                    (capacity, fresh, now_ms)
+                }
+            }
+            _ => (remaining.saturating_add(1), fresh, now_ms),
+        };
+        self.known = Some(Known {
+            policy: info.policy.clone(),
+            capacity,
+            interval_ms,
+            spread_ms,
+            tolerance: self.config.reserve.max(excess).max(1),
+            level,
+            level_at_ms,
+            reset_at_ms: reset_after.map(|r| now_ms.saturating_add(r)),
+            reset_in_flight: self.in_flight,
+            reset_sends: self.sends,
+        });
+    }
+
+    fn with_margin(&self, interval: u64) -> u64 {
+        let pct = self.config.margin_percent;
+        if pct == 0 {
+            return interval;
+        }
+        interval.saturating_add((interval.saturating_mul(pct) / 100).max(1))
+    }
+
+    /// The earliest time at which the next request may be sent: `now_ms` or later, or
+    /// `None` to wait until an in-flight request is answered. Never `None` when nothing is
+    /// in flight.
+    pub fn next_send_at(&self, now_ms: u64) -> Option<u64> {
+        let floor = now_ms.max(self.retry_at_ms);
+        let Some(k) = &self.known else {
+            return (self.answered || self.in_flight == 0).then_some(floor);
+        };
+        let gcra = self
+            .tat_ms
+            .saturating_sub(k.tolerance.saturating_sub(1).saturating_mul(k.spread_ms));
+        let from = floor.max(gcra).max(k.level_at_ms);
+        match self.budget_at(k, from) {
+            Some(t) => Some(t),
+            // Nothing in flight to learn from: try at the reset, or now.
+            None if self.in_flight == 0 => Some(k.reset_at_ms.map_or(from, |r| r.max(from))),
+            None => None,
+        }
+    }
+
+    /// How long to wait from `now_ms` before the next send (0 = now); `None` as in
+    /// [`Pacer::next_send_at`].
+    pub fn delay_ms(&self, now_ms: u64) -> Option<u64> {
+        self.next_send_at(now_ms).map(|t| t.saturating_sub(now_ms))
+    }
+
+    /// The earliest time from `t` on at which the bound allows one more request.
+    fn budget_at(&self, k: &Known, t: u64) -> Option<u64> {
+        let (level, since) = k.level_at(t, self.sends);
+        if level >= 1 {
+            return Some(t);
+        }
+        let missing = u64::try_from(1 - i128::from(level)).unwrap_or(u64::MAX);
+        let refill = k.interval_ms.map(|i| since.saturating_add(missing.saturating_mul(i)));
+        let reset = k.reset_at_ms.filter(|&r| k.level_at(r.max(t), self.sends).0 >= 1);
+        let at = match (refill, reset) {
+            (Some(x), Some(y)) => x.min(y),
+            (x, y) => x.or(y)?,
+        };
+        Some(at.max(t))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, Limit, State};
 
-    fn info(limit: u64, remaining: u64, reset_ms: u64, window_ms: u64) -> RateLimitInfo {
+    fn info(limit: u64, remaining: u64, reset_ms: u64, window_ms: Option<u64>) -> RateLimitInfo {
         RateLimitInfo {
             limit: Some(limit),
             remaining: Some(remaining),
             reset_after_ms: Some(reset_ms),
-            window_ms: Some(window_ms),
+            window_ms,
             ..Default::default()
         }
     }
 
     #[test]
-    fn unknown_quota_sends_at_once_and_retry_after_holds() {
+    fn unknown_quota_probes_once_then_retry_after_holds() {
         let mut p = Pacer::new();
-        assert_eq!(p.next_send_at(1_000), 1_000);
+        assert_eq!(p.next_send_at(1_000), Some(1_000));
         p.on_send(1_000);
+        assert_eq!(p.next_send_at(1_001), None, "one probe until the quota is known");
         p.observe(
             &RateLimitInfo {
                 retry_after_ms: Some(2_000),
@@ -116,38 +315,84 @@ mod tests {
             },
             1_010,
         );
-        assert_eq!(p.next_send_at(1_020), 3_010);
+        assert_eq!(p.next_send_at(1_020), Some(3_010));
+        // A server without quota headers is not paced.
+        p.on_send(3_010);
+        p.on_send(3_010);
+        assert_eq!(p.next_send_at(3_011), Some(3_011));
     }
 
     #[test]
-    fn budget_then_rate() {
+    fn remaining_zero_without_a_window_waits_for_the_reset_which_restores_the_quota() {
         let mut p = Pacer::new();
         p.on_send(0);
-        p.observe(&info(50, 2, 1_000, 1_000), 1);
-        assert_eq!(p.next_send_at(1), 1);
-        p.on_send(1);
-        p.on_send(1);
-        // Two in flight against two remaining: wait one interval (20ms + 1ms margin).
-        assert_eq!(p.next_send_at(2), 22);
+        p.observe(&info(5, 4, 10_000, None), 10);
+        for _ in 0..4 {
+            let t = p.next_send_at(10).unwrap();
+            p.on_send(t);
+        }
+        // Four sent against four remaining, nothing answered: only answers can tell more,
+        // or the reset.
+        assert_eq!(p.next_send_at(20), Some(10_010));
+        for _ in 0..4 {
+            p.observe(&info(5, 0, 9_990, None), 20);
+        }
+        assert_eq!(p.next_send_at(20), Some(10_010));
+        // After the reset the whole quota (5, as seen) is available again.
+        let mut sent = 0;
+        while p.next_send_at(10_010) == Some(10_010) && sent < 10 {
+            p.on_send(10_010);
+            sent += 1;
+        }
+        assert_eq!(sent, 5);
     }
 
-    /// A simulated token-bucket server (50/s, burst 10) paced by the Pacer, one request at a
-    /// time with 1ms latency: no request is ever refused, and most of the rate is used.
     #[test]
-    fn paced_client_never_exceeds_a_token_bucket() {
-        let limit = Limit::new(Algorithm::TokenBucket, 50, 1_000_000, 10, false, 0).unwrap();
-        let mut state = State::Fresh;
-        let mut pacer = Pacer::new();
-        let mut now = 0u64;
-        for _ in 0..200 {
-            now = pacer.next_send_at(now);
-            pacer.on_send(now);
-            let d = limit.decide(&mut state, (now + 1) * 1_000, 1);
-            assert!(d.allowed, "server refused a paced request at {now}ms");
-            now += 2;
-            pacer.observe(&info(50, d.remaining, d.reset_after.div_ceil(1_000), 1_000), now);
+    fn budget_goes_at_once_then_the_refill_rate() {
+        let mut p = Pacer::new();
+        p.on_send(0);
+        // 50 per second (20 ms each, 21 with the margin), 3 left, full in 60 ms.
+        p.observe(&info(50, 3, 60, Some(1_000)), 1);
+        for _ in 0..3 {
+            assert_eq!(p.next_send_at(1), Some(1));
+            p.on_send(1);
         }
-        // 200 requests: 10 from the burst, 190 at 50/s = 3.8s; pacing margin allows ~5% more.
-        assert!(now <= 4_100, "took {now}ms");
+        assert_eq!(p.next_send_at(1), Some(22));
+        p.on_send(22);
+        assert_eq!(p.next_send_at(22), Some(43));
+    }
+
+    #[test]
+    fn a_fixed_window_quota_is_spread_after_the_reserve() {
+        let mut p = Pacer::with_config(PacerConfig {
+            reserve: 3,
+            margin_percent: 5,
+        });
+        p.on_send(0);
+        // 100 per minute, 99 left for 60 s: 630 ms per request, about 4 spare at once.
+        p.observe(&info(100, 99, 60_000, Some(60_000)), 0);
+        let mut now = 0;
+        let mut at_once = 0;
+        while p.next_send_at(now) == Some(0) {
+            p.on_send(0);
+            at_once += 1;
+        }
+        assert_eq!(at_once, 4);
+        let next = p.next_send_at(now).unwrap();
+        assert!((500..=700).contains(&next), "{next}");
+        now = next;
+        p.on_send(now);
+        assert_eq!(p.next_send_at(now), Some(now + 606));
+    }
+
+    #[test]
+    fn nothing_in_flight_never_waits_for_an_answer() {
+        let mut p = Pacer::new();
+        p.on_send(0);
+        p.observe(&info(1, 0, 1_000, None), 0);
+        p.on_send(5);
+        p.on_failure();
+        assert!(p.next_send_at(6).is_some());
+        assert_eq!(p.delay_ms(6), Some(994));
     }
 }

@@ -1,7 +1,5 @@
 //! Formatting the headers and the 429 body that the filter sends.
 
-use std::fmt::Write;
-
 /// Which header families to send; the filter's `"headers"` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -41,32 +39,143 @@ fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// Appends the headers for `quota` to `out` as (name, value) pairs.
-///
-/// `Retry-After` is sent whenever `retry_after_ms` is set, at least 1 second.
-pub fn format_headers(quota: &Quota<'_>, mode: HeaderMode, out: &mut Vec<(&'static str, String)>) {
-    if matches!(mode, HeaderMode::All | HeaderMode::Legacy) {
-        out.push(("X-RateLimit-Limit", quota.limit.to_string()));
-        out.push(("X-RateLimit-Remaining", quota.remaining.to_string()));
-        let reset_at = ceil_secs(quota.now_ms.saturating_add(quota.reset_after_ms));
-        out.push(("X-RateLimit-Reset", reset_at.to_string()));
+/// The `Retry-After` seconds for a denial: `retry_after_ms` rounded up, at least 1 (a
+/// denial never says "retry after 0 seconds"). The header and the 429 body both use it.
+pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
+    ceil_secs(retry_after_ms).max(1)
+}
+
+/// The most headers one quota produces.
+const MAX_HEADERS: usize = 6;
+
+/// A reusable set of formatted headers: every value lives in one `String`, so that once
+/// warmed up, [`write_headers`] formats a full set without allocating.
+#[derive(Debug, Clone, Default)]
+pub struct HeaderBuf {
+    text: String,
+    entries: [(&'static str, usize, usize); MAX_HEADERS],
+    len: usize,
+}
+
+impl HeaderBuf {
+    /// An empty set.
+    pub fn new() -> HeaderBuf {
+        HeaderBuf {
+            text: String::with_capacity(160),
+            ..HeaderBuf::default()
+        }
     }
-    if matches!(mode, HeaderMode::All | HeaderMode::Ietf) {
-        let mut name = String::with_capacity(quota.policy.len() + 2);
-        push_sf_string(&mut name, quota.policy);
-        let mut policy = name.clone();
-        let _ = write!(policy, ";q={};w={}", quota.limit, ceil_secs(quota.window_ms));
-        out.push(("RateLimit-Policy", policy));
-        let _ = write!(name, ";r={};t={}", quota.remaining, ceil_secs(quota.reset_after_ms));
-        out.push(("RateLimit", name));
+
+    /// Forgets every header, keeping the memory.
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.len = 0;
     }
-    if let Some(retry) = quota.retry_after_ms {
-        out.push(("Retry-After", ceil_secs(retry).max(1).to_string()));
+
+    /// How many headers are held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no header is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The headers as `(name, value)` pairs, in the order of DESIGN.md.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
+        self.entries
+            .iter()
+            .take(self.len)
+            .map(|&(name, start, end)| (name, self.text.get(start..end).unwrap_or("")))
+    }
+
+    /// The value of header `name` (ASCII case-insensitive), if held.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v)
+    }
+
+    /// Appends a header whose value `write` produces.
+    fn push(&mut self, name: &'static str, write: impl FnOnce(&mut String)) {
+        let Some(entry) = self.entries.get_mut(self.len) else {
+            return;
+        };
+        let start = self.text.len();
+        write(&mut self.text);
+        *entry = (name, start, self.text.len());
+        self.len += 1;
     }
 }
 
-/// Writes `s` as a structured-field string: quoted, `"` and `\` escaped, non-printable
-/// characters dropped (they cannot appear in an sf-string).
+/// Formats the headers for `quota` into `buf` (cleared first), in the order of DESIGN.md:
+/// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (unix seconds of
+/// `now_ms + reset_after_ms`, rounded up), `RateLimit-Policy` (`"name";q=limit;w=window
+/// seconds`), `RateLimit` (`"name";r=remaining;t=reset seconds`, rounded up) and, whenever
+/// `retry_after_ms` is set, `Retry-After` ([`retry_after_secs`]: rounded up, at least 1).
+/// `mode` selects the families; `Retry-After` is sent in every mode.
+pub fn write_headers(quota: &Quota<'_>, mode: HeaderMode, buf: &mut HeaderBuf) {
+    buf.clear();
+    if matches!(mode, HeaderMode::All | HeaderMode::Legacy) {
+        let reset_at = ceil_secs(quota.now_ms.saturating_add(quota.reset_after_ms));
+        buf.push("X-RateLimit-Limit", |s| push_u64(s, quota.limit));
+        buf.push("X-RateLimit-Remaining", |s| push_u64(s, quota.remaining));
+        buf.push("X-RateLimit-Reset", |s| push_u64(s, reset_at));
+    }
+    if matches!(mode, HeaderMode::All | HeaderMode::Ietf) {
+        let window = ceil_secs(quota.window_ms);
+        buf.push("RateLimit-Policy", |s| {
+            push_item(s, quota.policy, [("q", quota.limit), ("w", window)])
+        });
+        let reset = ceil_secs(quota.reset_after_ms);
+        buf.push("RateLimit", |s| {
+            push_item(s, quota.policy, [("r", quota.remaining), ("t", reset)])
+        });
+    }
+    if let Some(retry) = quota.retry_after_ms {
+        buf.push("Retry-After", |s| push_u64(s, retry_after_secs(retry)));
+    }
+}
+
+/// Appends the headers for `quota` to `out` as owned `(name, value)` pairs: the
+/// convenience form of [`write_headers`], which allocates one `String` per header.
+pub fn format_headers(quota: &Quota<'_>, mode: HeaderMode, out: &mut Vec<(&'static str, String)>) {
+    let mut buf = HeaderBuf::new();
+    write_headers(quota, mode, &mut buf);
+    out.extend(buf.iter().map(|(name, value)| (name, value.to_owned())));
+}
+
+/// Writes a structured-field item: the policy name as a string, then `;key=value` params.
+fn push_item(out: &mut String, policy: &str, params: [(&str, u64); 2]) {
+    push_sf_string(out, policy);
+    for (key, value) in params {
+        out.push(';');
+        out.push_str(key);
+        out.push('=');
+        push_u64(out, value);
+    }
+}
+
+/// Appends the decimal digits of `n` (no formatting machinery).
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        if let Some(d) = digits.get_mut(i) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    for &d in digits.get(i..).unwrap_or(&[]) {
+        out.push(char::from(d));
+    }
+}
+
+/// Writes `s` as a structured-field string: quoted, `"` and `\` escaped, characters that
+/// cannot appear in an sf-string (controls, non-ASCII) dropped.
 fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars().filter(|c| (' '..='~').contains(c)) {
@@ -78,12 +187,23 @@ fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-/// The JSON body of a 429: `{"status":"error","code":429,"message":"...","retry_after_seconds":N}`.
+/// The JSON body of a 429:
+/// `{"status":"error","code":429,"message":"API rate limit exceeded. Please retry after N seconds.","retry_after_seconds":N}`
+/// with `N` = [`retry_after_secs`]. Appends to `out`.
+pub fn write_denial_body(retry_after_ms: u64, out: &mut String) {
+    let secs = retry_after_secs(retry_after_ms);
+    out.push_str(r#"{"status":"error","code":429,"message":"API rate limit exceeded. Please retry after "#);
+    push_u64(out, secs);
+    out.push_str(r#" seconds.","retry_after_seconds":"#);
+    push_u64(out, secs);
+    out.push('}');
+}
+
+/// The JSON body of a 429 as a new `String`; see [`write_denial_body`].
 pub fn denial_body(retry_after_ms: u64) -> String {
-    let secs = ceil_secs(retry_after_ms).max(1);
-    format!(
-        "{{\"status\":\"error\",\"code\":429,\"message\":\"API rate limit exceeded. Please retry after {secs} seconds.\",\"retry_after_seconds\":{secs}}}"
-    )
+    let mut out = String::with_capacity(112);
+    write_denial_body(retry_after_ms, &mut out);
+    out
 }
 
 #[cfg(test)]
@@ -135,6 +255,34 @@ mod tests {
             out.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
             ["RateLimit-Policy", "RateLimit"]
         );
+    }
+
+    #[test]
+    fn header_buf_is_reusable_and_numbers_are_exact() {
+        let mut buf = HeaderBuf::new();
+        let mut q = quota(Some(47_000));
+        write_headers(&q, HeaderMode::All, &mut buf);
+        assert_eq!(buf.len(), 6);
+        q.limit = u64::MAX;
+        q.remaining = 0;
+        q.retry_after_ms = None;
+        write_headers(&q, HeaderMode::Legacy, &mut buf);
+        let got: Vec<_> = buf.iter().collect();
+        assert_eq!(
+            got,
+            [
+                ("X-RateLimit-Limit", "18446744073709551615"),
+                ("X-RateLimit-Remaining", "0"),
+                ("X-RateLimit-Reset", "1774312860"),
+            ]
+        );
+        assert_eq!(buf.get("x-ratelimit-remaining"), Some("0"));
+        assert_eq!(buf.get("Retry-After"), None);
+        q.now_ms = u64::MAX;
+        q.reset_after_ms = u64::MAX;
+        write_headers(&q, HeaderMode::Legacy, &mut buf);
+        assert_eq!(buf.get("X-RateLimit-Reset"), Some("18446744073709552"));
+        assert_eq!(denial_body(0), denial_body(1_000));
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! Reading the quota a response advertises, from whichever rate-limit headers it carries.
 
+use std::borrow::Cow;
+use std::cmp::Reverse;
+
 use serde::{Deserialize, Serialize};
 
 use super::http_date::parse_http_date;
@@ -29,8 +32,9 @@ impl RateLimitInfo {
     }
 }
 
-/// Values above this are epoch seconds, below it delta seconds (`X-RateLimit-Reset`).
-const EPOCH_THRESHOLD_SECS: f64 = 1_000_000_000.0;
+/// `X-RateLimit-Reset` values at or above this many milliseconds (10⁹ s, September 2001)
+/// are epoch times; smaller ones are delta seconds.
+const EPOCH_THRESHOLD_MS: u64 = 1_000_000_000_000;
 
 /// A plain non-negative integer of at most 19 digits; `None` for anything else.
 pub(crate) fn parse_u64(s: &str) -> Option<u64> {
@@ -41,40 +45,59 @@ pub(crate) fn parse_u64(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
-/// Non-negative decimal seconds (`1.25`) as milliseconds, rounded to the nearest.
+/// Non-negative decimal seconds (`47`, `1.25`, `.5`) as milliseconds, rounded to the
+/// nearest; `None` when malformed or beyond `u64` milliseconds. Integer arithmetic only.
 fn parse_secs_ms(s: &str) -> Option<u64> {
     let s = s.trim();
     let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    if int.is_empty() && frac.is_empty() || !frac.bytes().all(|b| b.is_ascii_digit()) || frac.len() > 9 {
+    if int.is_empty() && frac.is_empty() || !frac.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let whole = if int.is_empty() { 0 } else { parse_u64(int)? };
-    let value: f64 = format!("{whole}.{frac}0").parse().ok()?;
-    let ms = (value * 1000.0).round();
-    (ms < 9.0e15).then_some(ms as u64)
+    let digit = |i: usize| frac.as_bytes().get(i).map_or(0, |b| u64::from(b - b'0'));
+    let millis = digit(0) * 100 + digit(1) * 10 + digit(2) + u64::from(digit(3) >= 5);
+    whole.checked_mul(1000)?.checked_add(millis)
 }
 
+/// The raw values of the headers of interest, before precedence is applied.
 #[derive(Default)]
 struct Raw<'a> {
     x_limit: Option<u64>,
     x_remaining: Option<u64>,
+    x_used: Option<u64>,
     x_reset: Option<&'a str>,
     x_reset_after: Option<u64>,
     draft_limit: Option<u64>,
     draft_remaining: Option<u64>,
     draft_reset: Option<u64>,
-    ratelimit: Option<&'a str>,
-    policy: Option<&'a str>,
+    ratelimit: Option<Cow<'a, str>>,
+    policy: Option<Cow<'a, str>>,
     retry_after: Option<&'a str>,
+}
+
+/// Joins a repeated list field's lines with `, ` (RFC 9110 §5.3); allocates only then.
+fn append_line<'a>(slot: &mut Option<Cow<'a, str>>, value: &'a str) {
+    *slot = Some(match slot.take() {
+        None => Cow::Borrowed(value),
+        Some(previous) => Cow::Owned(format!("{previous}, {value}")),
+    });
 }
 
 /// Reads the quota from response headers, given the client's clock in unix milliseconds.
 ///
-/// Precedence: the IETF fields win over `X-RateLimit-*` when both are valid;
-/// `X-RateLimit-Reset-After` wins over `X-RateLimit-Reset`; `Retry-After` always sets
-/// `retry_after_ms`; of several IETF policies the most restrictive (least remaining, then
-/// longest reset) is reported. `status` is accepted for symmetry with callers and future
-/// rules; the headers alone decide today.
+/// Reads `X-RateLimit-Limit`/`-Remaining`/`-Reset`/`-Reset-After`/`-Used`, the older
+/// drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined `RateLimit: limit=…`, the
+/// IETF `RateLimit` and `RateLimit-Policy`, and `Retry-After` (seconds or HTTP-date).
+/// Names are case-insensitive; values are trimmed; a malformed or overflowing value is
+/// ignored as if absent. Precedence: the IETF fields win over the older draft's, which win
+/// over `X-RateLimit-*`, field by field, when valid; `X-RateLimit-Reset-After` wins over
+/// `X-RateLimit-Reset`, which is epoch seconds at or above 10⁹ and delta seconds below;
+/// `Retry-After` always sets `retry_after_ms` (a past date gives 0). Of several IETF
+/// policies the most restrictive (least remaining, then longest reset) is reported. A
+/// repeated single-value header keeps its last value; repeated `RateLimit` or
+/// `RateLimit-Policy` lines are joined as one list.
+///
+/// `status` is accepted for symmetry with callers; the headers alone decide today.
 pub fn parse_headers<'a, I>(_status: u16, headers: I, now_ms: u64) -> RateLimitInfo
 where
     I: IntoIterator<Item = (&'a str, &'a str)>,
@@ -82,33 +105,43 @@ where
     let mut raw = Raw::default();
     for (name, value) in headers {
         let value = value.trim();
-        let slot = |n: &str| name.eq_ignore_ascii_case(n);
-        if slot("x-ratelimit-limit") {
+        // Every name of interest is 9 to 23 bytes long: skip the others cheaply.
+        if !(9..=23).contains(&name.len()) {
+            continue;
+        }
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        if is("x-ratelimit-limit") {
             raw.x_limit = parse_u64(value);
-        } else if slot("x-ratelimit-remaining") {
+        } else if is("x-ratelimit-remaining") {
             raw.x_remaining = parse_u64(value);
-        } else if slot("x-ratelimit-reset") {
+        } else if is("x-ratelimit-reset") {
             raw.x_reset = Some(value);
-        } else if slot("x-ratelimit-reset-after") {
+        } else if is("x-ratelimit-reset-after") {
             raw.x_reset_after = parse_secs_ms(value);
-        } else if slot("ratelimit-limit") {
+        } else if is("x-ratelimit-used") {
+            raw.x_used = parse_u64(value);
+        } else if is("ratelimit-limit") {
             raw.draft_limit = parse_u64(value);
-        } else if slot("ratelimit-remaining") {
+        } else if is("ratelimit-remaining") {
             raw.draft_remaining = parse_u64(value);
-        } else if slot("ratelimit-reset") {
+        } else if is("ratelimit-reset") {
             raw.draft_reset = parse_u64(value);
-        } else if slot("ratelimit") {
-            raw.ratelimit = Some(value);
-        } else if slot("ratelimit-policy") {
-            raw.policy = Some(value);
-        } else if slot("retry-after") {
+        } else if is("ratelimit") {
+            append_line(&mut raw.ratelimit, value);
+        } else if is("ratelimit-policy") {
+            append_line(&mut raw.policy, value);
+        } else if is("retry-after") {
             raw.retry_after = Some(value);
         }
     }
 
+    let used_remaining = match (raw.x_limit, raw.x_used) {
+        (Some(limit), Some(used)) => limit.checked_sub(used),
+        _ => None,
+    };
     let mut info = RateLimitInfo {
         limit: raw.x_limit,
-        remaining: raw.x_remaining,
+        remaining: raw.x_remaining.or(used_remaining),
         reset_after_ms: raw
             .x_reset_after
             .or_else(|| raw.x_reset.and_then(|r| reset_to_ms(r, now_ms))),
@@ -119,11 +152,11 @@ where
         &mut info,
         raw.draft_limit,
         raw.draft_remaining,
-        raw.draft_reset.map(|s| s.saturating_mul(1000)),
+        raw.draft_reset.and_then(|s| s.checked_mul(1000)),
     );
-    if let Some(value) = raw.ratelimit {
-        if value.trim_start().starts_with('"') || !value.contains('=') || value.contains(';') {
-            read_ietf(&mut info, value, raw.policy);
+    if let Some(value) = raw.ratelimit.as_deref() {
+        if value.starts_with('"') || !value.contains('=') || value.contains(';') {
+            read_ietf(&mut info, value, raw.policy.as_deref());
         } else {
             read_combined(&mut info, value);
         }
@@ -132,31 +165,31 @@ where
     info
 }
 
+/// Replaces the fields that `limit`, `remaining` and `reset_ms` give.
 fn override_with(info: &mut RateLimitInfo, limit: Option<u64>, remaining: Option<u64>, reset_ms: Option<u64>) {
-    if limit.is_some() || remaining.is_some() || reset_ms.is_some() {
-        info.limit = limit.or(info.limit);
-        info.remaining = remaining.or(info.remaining);
-        info.reset_after_ms = reset_ms.or(info.reset_after_ms);
-    }
+    info.limit = limit.or(info.limit);
+    info.remaining = remaining.or(info.remaining);
+    info.reset_after_ms = reset_ms.or(info.reset_after_ms);
 }
 
 /// `X-RateLimit-Reset`: epoch seconds or delta seconds, told apart by magnitude.
 fn reset_to_ms(value: &str, now_ms: u64) -> Option<u64> {
     let ms = parse_secs_ms(value)?;
-    if ms as f64 / 1000.0 >= EPOCH_THRESHOLD_SECS {
-        Some(ms.saturating_sub(now_ms))
+    Some(if ms >= EPOCH_THRESHOLD_MS {
+        ms.saturating_sub(now_ms)
     } else {
-        Some(ms)
-    }
+        ms
+    })
 }
 
-/// `Retry-After`: delta seconds or an HTTP-date (a date in the past means now).
+/// `Retry-After`: delta seconds (fractions tolerated) or an HTTP-date; a date in the past
+/// means now.
 fn retry_after_ms(value: &str, now_ms: u64) -> Option<u64> {
-    if let Some(secs) = parse_u64(value) {
-        return secs.checked_mul(1000);
+    if value.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return parse_secs_ms(value);
     }
     let at = parse_http_date(value)?;
-    Some(at.saturating_mul(1000).saturating_sub(now_ms))
+    Some(at.checked_mul(1000)?.saturating_sub(now_ms))
 }
 
 /// The older draft's combined form: `limit=100, remaining=50, reset=5`.
@@ -173,50 +206,104 @@ fn read_combined(info: &mut RateLimitInfo, value: &str) {
     override_with(info, limit, remaining, reset.and_then(|s| s.checked_mul(1000)));
 }
 
-/// One advertised policy, joined from `RateLimit` and `RateLimit-Policy`.
-struct Advertised {
-    name: String,
-    remaining: u64,
-    reset_ms: Option<u64>,
-    quota: Option<u64>,
-    window_ms: Option<u64>,
-}
-
 /// The IETF fields: `RateLimit: "p";r=50;t=30` and `RateLimit-Policy: "p";q=100;w=60`.
 fn read_ietf(info: &mut RateLimitInfo, value: &str, policy: Option<&str>) {
     let Some(items) = structured::parse_list(value) else {
         return;
     };
-    let policies: Vec<Item<'_>> = policy.and_then(structured::parse_list).unwrap_or_default();
-    let mut best: Option<Advertised> = None;
+    // (remaining, reset) of the most restrictive member so far, and the member.
+    let mut best: Option<(u64, Option<u64>, &Item<'_>)> = None;
     for item in &items {
         let (Ok(Some(remaining)), Ok(reset)) = (item.int("r"), item.int("t")) else {
             return; // a malformed member makes the whole field unusable
         };
-        let declared = policies.iter().find(|p| p.name == item.name);
-        let quota = declared.and_then(|p| p.int("q").ok().flatten());
-        let window_ms = declared
-            .and_then(|p| p.int("w").ok().flatten())
-            .and_then(|w| w.checked_mul(1000));
-        let candidate = Advertised {
-            name: item.name.clone(),
-            remaining,
-            reset_ms: reset.and_then(|t| t.checked_mul(1000)),
-            quota,
-            window_ms,
-        };
-        let tighter = best.as_ref().is_none_or(|b| {
-            (candidate.remaining, std::cmp::Reverse(candidate.reset_ms)) < (b.remaining, std::cmp::Reverse(b.reset_ms))
-        });
+        let reset_ms = reset.and_then(|t| t.checked_mul(1000));
+        let tighter = best.is_none_or(|(r, t, _)| (remaining, Reverse(reset_ms)) < (r, Reverse(t)));
         if tighter {
-            best = Some(candidate);
+            best = Some((remaining, reset_ms, item));
         }
     }
-    if let Some(b) = best {
-        info.remaining = Some(b.remaining);
-        info.reset_after_ms = b.reset_ms.or(info.reset_after_ms);
-        info.limit = b.quota.or(info.limit);
-        info.window_ms = b.window_ms;
-        info.policy = Some(b.name);
+    let Some((remaining, reset_ms, item)) = best else {
+        return;
+    };
+    let policies = policy.and_then(structured::parse_list).unwrap_or_default();
+    let declared = policies.iter().find(|p| p.name == item.name);
+    let param = |key: &str| declared.and_then(|p| p.int(key).ok().flatten());
+    info.remaining = Some(remaining);
+    info.reset_after_ms = reset_ms.or(info.reset_after_ms);
+    info.limit = param("q").or(info.limit);
+    info.window_ms = param("w").and_then(|w| w.checked_mul(1000));
+    info.policy = Some(item.name.to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(headers: &[(&str, &str)]) -> RateLimitInfo {
+        parse_headers(200, headers.iter().copied(), 1_774_312_800_000)
+    }
+
+    #[test]
+    fn decimal_seconds_round_to_the_millisecond_without_overflow() {
+        assert_eq!(parse_secs_ms("1.25"), Some(1_250));
+        assert_eq!(parse_secs_ms(".0005"), Some(1));
+        assert_eq!(parse_secs_ms("2."), Some(2_000));
+        assert_eq!(parse_secs_ms("1.99999999999999999999"), Some(2_000));
+        assert_eq!(parse_secs_ms("18446744073709551"), Some(18_446_744_073_709_551_000));
+        assert_eq!(parse_secs_ms("18446744073709552"), None);
+        for bad in ["", ".", "-1", "1e3", "1.2.3", "١"] {
+            assert_eq!(parse_secs_ms(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn used_gives_remaining_when_remaining_is_missing() {
+        let info = parse(&[("X-RateLimit-Limit", "60"), ("X-RateLimit-Used", "15")]);
+        assert_eq!(info.remaining, Some(45));
+        let info = parse(&[("X-RateLimit-Limit", "60"), ("X-RateLimit-Used", "61")]);
+        assert_eq!(info.remaining, None);
+    }
+
+    #[test]
+    fn repeated_ratelimit_lines_form_one_list() {
+        let info = parse(&[
+            ("RateLimit-Policy", r#""burst";q=10;w=1"#),
+            ("RateLimit", r#""burst";r=9;t=1"#),
+            ("RateLimit-Policy", r#""day";q=1000;w=86400"#),
+            ("RateLimit", r#""day";r=3;t=600"#),
+        ]);
+        assert_eq!(info.policy.as_deref(), Some("day"));
+        assert_eq!(
+            (info.limit, info.remaining, info.window_ms),
+            (Some(1_000), Some(3), Some(86_400_000))
+        );
+    }
+
+    #[test]
+    fn ietf_wins_over_x_ratelimit_field_by_field() {
+        let info = parse(&[
+            ("X-RateLimit-Limit", "500"),
+            ("X-RateLimit-Remaining", "400"),
+            ("X-RateLimit-Reset", "90"),
+            ("RateLimit", r#""p";r=7"#),
+        ]);
+        // No RateLimit-Policy and no `t`: limit and reset fall back to X-RateLimit.
+        assert_eq!(
+            (info.limit, info.remaining, info.reset_after_ms),
+            (Some(500), Some(7), Some(90_000))
+        );
+        assert_eq!((info.policy.as_deref(), info.window_ms), (Some("p"), None));
+    }
+
+    #[test]
+    fn retry_after_tolerates_fractions_and_rejects_junk() {
+        assert_eq!(parse(&[("Retry-After", "1.5")]).retry_after_ms, Some(1_500));
+        assert_eq!(parse(&[("Retry-After", "-3")]).retry_after_ms, None);
+        assert_eq!(
+            parse(&[("Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT")]).retry_after_ms,
+            Some(253_402_300_799_000 - 1_774_312_800_000)
+        );
+        assert!(parse(&[("Retry-After", "Mon, 23 Mar 2026 23:40:00 UTC")]).is_empty());
     }
 }

@@ -1,0 +1,329 @@
+//! A client paced by [`Pacer`] against simulated servers: a token bucket (never refused)
+//! and a fixed window (at most one refusal per window and connection), with the quota
+//! passed exactly or through the real headers (whole seconds, rounded up).
+
+use std::collections::VecDeque;
+
+use proptest::prelude::*;
+use sluice_core::headers::{format_headers, parse_headers, HeaderMode, Quota, RateLimitInfo};
+use sluice_core::pacing::{Pacer, PacerConfig};
+
+/// The server's answer to one request.
+struct Answer {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+    retry_after_ms: u64,
+}
+
+trait Server {
+    fn decide(&mut self, now_ms: u64) -> Answer;
+    fn window_ms(&self) -> u64;
+}
+
+/// `limit` per `window_ms`, holding up to `burst`; tokens kept in units of 1/`window_ms`.
+struct TokenBucket {
+    limit: u64,
+    window_ms: u64,
+    burst: u64,
+    units: u64,
+    last_ms: u64,
+}
+
+impl TokenBucket {
+    fn new(limit: u64, window_ms: u64, burst: u64) -> Self {
+        TokenBucket {
+            limit,
+            window_ms,
+            burst,
+            units: burst * window_ms,
+            last_ms: 0,
+        }
+    }
+}
+
+impl Server for TokenBucket {
+    fn decide(&mut self, now_ms: u64) -> Answer {
+        let full = self.burst * self.window_ms;
+        self.units = (self.units + (now_ms - self.last_ms) * self.limit).min(full);
+        self.last_ms = now_ms;
+        let allowed = self.units >= self.window_ms;
+        let retry_after_ms = if allowed {
+            0
+        } else {
+            (self.window_ms - self.units).div_ceil(self.limit)
+        };
+        if allowed {
+            self.units -= self.window_ms;
+        }
+        Answer {
+            allowed,
+            limit: self.limit,
+            remaining: self.units / self.window_ms,
+            reset_after_ms: (full - self.units).div_ceil(self.limit),
+            retry_after_ms,
+        }
+    }
+    fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+}
+
+/// At most `limit` per aligned window of `window_ms`.
+struct FixedWindow {
+    limit: u64,
+    window_ms: u64,
+    window: u64,
+    count: u64,
+}
+
+impl Server for FixedWindow {
+    fn decide(&mut self, now_ms: u64) -> Answer {
+        let window = now_ms / self.window_ms;
+        if window != self.window {
+            (self.window, self.count) = (window, 0);
+        }
+        let allowed = self.count < self.limit;
+        self.count += u64::from(allowed);
+        let reset = (window + 1) * self.window_ms - now_ms;
+        Answer {
+            allowed,
+            limit: self.limit,
+            remaining: self.limit - self.count,
+            reset_after_ms: reset,
+            retry_after_ms: if allowed { 0 } else { reset },
+        }
+    }
+    fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+}
+
+/// What the client reads from an answer decided at `decided_ms` and received at `now_ms`.
+fn read(answer: &Answer, server: &dyn Server, decided_ms: u64, now_ms: u64, via_headers: bool) -> RateLimitInfo {
+    let retry = (!answer.allowed).then_some(answer.retry_after_ms);
+    if !via_headers {
+        return RateLimitInfo {
+            limit: Some(answer.limit),
+            remaining: Some(answer.remaining),
+            reset_after_ms: Some(answer.reset_after_ms),
+            retry_after_ms: retry,
+            policy: Some("p".to_owned()),
+            window_ms: Some(server.window_ms()),
+        };
+    }
+    let quota = Quota {
+        policy: "p",
+        limit: answer.limit,
+        remaining: answer.remaining,
+        reset_after_ms: answer.reset_after_ms,
+        window_ms: server.window_ms(),
+        retry_after_ms: retry,
+        now_ms: decided_ms,
+    };
+    let mut headers = Vec::new();
+    format_headers(&quota, HeaderMode::All, &mut headers);
+    let status = if answer.allowed { 200 } else { 429 };
+    parse_headers(status, headers.iter().map(|(n, v)| (*n, v.as_str())), now_ms)
+}
+
+#[derive(Debug)]
+struct Outcome {
+    /// Server times of the admitted requests.
+    admitted_ms: Vec<u64>,
+    denials: u64,
+}
+
+/// `n` requests queued at time 0, at most `concurrency` in flight, `latency_ms` each way.
+fn simulate(
+    server: &mut dyn Server,
+    pacer: &mut Pacer,
+    n: u64,
+    concurrency: u64,
+    latency_ms: u64,
+    via_headers: bool,
+) -> Outcome {
+    let mut responses: VecDeque<(u64, Answer, u64)> = VecDeque::new();
+    let (mut queued, mut now) = (n, 0u64);
+    let mut out = Outcome {
+        admitted_ms: Vec::new(),
+        denials: 0,
+    };
+    while (out.admitted_ms.len() as u64) < n {
+        while responses.front().is_some_and(|r| r.0 <= now) {
+            let (at, answer, decided) = responses.pop_front().expect("front");
+            pacer.observe(&read(&answer, server, decided, at, via_headers), at);
+            if answer.allowed {
+                out.admitted_ms.push(decided);
+            } else {
+                out.denials += 1;
+                queued += 1;
+            }
+        }
+        if out.admitted_ms.len() as u64 == n {
+            break;
+        }
+        let mut wake = u64::MAX;
+        while queued > 0 && pacer.in_flight() < concurrency {
+            match pacer.next_send_at(now) {
+                Some(t) if t <= now => {
+                    pacer.on_send(now);
+                    queued -= 1;
+                    let decided = now + latency_ms;
+                    responses.push_back((decided + latency_ms, server.decide(decided), decided));
+                }
+                Some(t) => {
+                    wake = t;
+                    break;
+                }
+                None => break,
+            }
+        }
+        let next = wake.min(responses.front().map_or(u64::MAX, |r| r.0));
+        assert!(next != u64::MAX, "deadlock at {now}ms: {pacer:?}");
+        assert!(next < 10_000_000, "no progress: {pacer:?}");
+        now = now.max(next);
+    }
+    out
+}
+
+/// The brief's scenario: 100 requests at a server allowing 50/s with a burst of 10.
+#[test]
+fn hundred_requests_at_50_per_second_burst_10() {
+    for (concurrency, latency, via_headers) in [(1, 1, true), (10, 5, true), (100, 20, true), (10, 5, false)] {
+        let mut server = TokenBucket::new(50, 1_000, 10);
+        let mut pacer = Pacer::new();
+        let out = simulate(&mut server, &mut pacer, 100, concurrency, latency, via_headers);
+        let first = out.admitted_ms.first().copied().unwrap_or(0);
+        let span = out.admitted_ms.last().copied().unwrap_or(0) - first;
+        // What the server would have admitted over the same span: the burst, then 50/s.
+        let allowed = 10.0 + 50.0 * span as f64 / 1000.0;
+        let share = 100.0 / allowed;
+        eprintln!(
+            "concurrency {concurrency}, latency {latency}ms, headers {via_headers}: {} refusals, {span}ms, {:.1}% of the allowed rate",
+            out.denials,
+            share * 100.0
+        );
+        assert!(out.denials <= 1, "{concurrency}/{latency}ms: {} refusals", out.denials);
+        assert!(
+            share >= 0.9,
+            "{concurrency}/{latency}ms: {:.1}% of the allowed rate ({span}ms)",
+            share * 100.0
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A token bucket never refuses a paced client, whatever its parameters, the latency
+    /// and the concurrency, and the client keeps most of the long-run rate.
+    #[test]
+    fn token_bucket_never_refuses_a_paced_client(
+        limit in 1u64..200,
+        window_s in 1u64..4,
+        burst in 1u64..40,
+        n in 1u64..150,
+        concurrency in 1u64..20,
+        latency in 0u64..50,
+        via_headers in any::<bool>(),
+        reserve in 0u64..20,
+        margin_percent in 0u64..20,
+    ) {
+        let window_ms = window_s * 1_000;
+        let mut server = TokenBucket::new(limit, window_ms, burst);
+        let mut pacer = Pacer::with_config(PacerConfig { reserve, margin_percent });
+        let out = simulate(&mut server, &mut pacer, n, concurrency, latency, via_headers);
+        prop_assert_eq!(out.denials, 0);
+        // Never more than the bucket allows over the span (the server enforces it; this
+        // checks the simulation) ...
+        let span = out.admitted_ms.last().copied().unwrap_or(0) - out.admitted_ms.first().copied().unwrap_or(0);
+        prop_assert!(n as f64 <= burst as f64 + limit as f64 * span as f64 / window_ms as f64 + 1.0);
+        // ... and, past the burst, at least half the rate even one request at a time.
+        if n > 2 * burst && latency * 2 * limit < window_ms / 4 {
+            let rate = (n - burst) as f64 / span.max(1) as f64;
+            prop_assert!(rate >= 0.5 * limit as f64 / window_ms as f64, "rate {rate}");
+        }
+    }
+
+    /// A fixed window refuses a paced client at most once per window and connection (the
+    /// pacer assumes a refill that a fixed window does not give, then honours Retry-After).
+    #[test]
+    fn fixed_window_refuses_at_most_once_per_window_and_connection(
+        limit in 1u64..100,
+        window_s in 1u64..4,
+        n in 1u64..200,
+        concurrency in 1u64..8,
+        latency in 0u64..50,
+        via_headers in any::<bool>(),
+    ) {
+        let window_ms = window_s * 1_000;
+        let mut server = FixedWindow { limit, window_ms, window: 0, count: 0 };
+        let mut pacer = Pacer::new();
+        let out = simulate(&mut server, &mut pacer, n, concurrency, latency, via_headers);
+        let windows = out.admitted_ms.last().copied().unwrap_or(0) / window_ms + 1;
+        prop_assert!(out.denials <= windows * concurrency, "{} refusals over {windows} windows", out.denials);
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send,
+    Fail,
+    Observe(RateLimitInfo),
+    Wait(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let num = || prop_oneof![any::<u64>(), 0u64..100, 0u64..100_000, Just(u64::MAX)];
+    let info = (
+        proptest::option::of(num()),
+        proptest::option::of(num()),
+        proptest::option::of(num()),
+        proptest::option::of(num()),
+        proptest::option::of(prop_oneof![Just("a".to_owned()), Just("b".to_owned())]),
+        proptest::option::of(num()),
+    )
+        .prop_map(
+            |(limit, remaining, reset_after_ms, retry_after_ms, policy, window_ms)| RateLimitInfo {
+                limit,
+                remaining,
+                reset_after_ms,
+                retry_after_ms,
+                policy,
+                window_ms,
+            },
+        );
+    prop_oneof![
+        Just(Op::Send),
+        Just(Op::Fail),
+        info.prop_map(Op::Observe),
+        num().prop_map(Op::Wait)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    /// Any sequence of calls with any values: no panic, never earlier than now, and never
+    /// "wait for an answer" with nothing in flight.
+    #[test]
+    fn pacer_never_panics_or_deadlocks(ops in proptest::collection::vec(op(), 0..40), start in any::<u64>()) {
+        let mut pacer = Pacer::new();
+        let mut now = start;
+        for op in ops {
+            match op {
+                Op::Send => pacer.on_send(now),
+                Op::Fail => pacer.on_failure(),
+                Op::Observe(info) => pacer.observe(&info, now),
+                Op::Wait(ms) => now = now.saturating_add(ms),
+            }
+            match pacer.next_send_at(now) {
+                Some(t) => prop_assert!(t >= now),
+                None => prop_assert!(pacer.in_flight() > 0),
+            }
+            let _ = pacer.delay_ms(now);
+        }
+    }
+}
