@@ -169,15 +169,18 @@ fn push_u64(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in digits.get(i..).unwrap_or(&[]) {
-        out.push(char::from(d));
-    }
+    out.push_str(std::str::from_utf8(digits.get(i..).unwrap_or(&[])).unwrap_or(""));
 }
 
 /// Writes `s` as a structured-field string: quoted, `"` and `\` escaped, characters that
 /// cannot appear in an sf-string (controls, non-ASCII) dropped.
 fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
+    if s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+        out.push_str(s); // the usual case: nothing to escape or drop
+        out.push('"');
+        return;
+    }
     for c in s.chars().filter(|c| (' '..='~').contains(c)) {
         if c == '"' || c == '\\' {
             out.push('\\');

@@ -6,11 +6,16 @@ const MONTHS: [&str; 12] = [
 
 /// Parses an HTTP-date into unix seconds; `None` if it is not one.
 pub(super) fn parse_http_date(s: &str) -> Option<u64> {
-    let parts: Vec<&str> = s.split([' ', ',', '-']).filter(|p| !p.is_empty()).collect();
+    let mut parts = [""; 6];
+    let mut n = 0;
+    for part in s.split([' ', ',', '-']).filter(|p| !p.is_empty()) {
+        *parts.get_mut(n)? = part;
+        n += 1;
+    }
     // IMF-fixdate "Sun, 06 Nov 1994 08:49:37 GMT" and RFC 850 "Sunday, 06-Nov-94 08:49:37 GMT"
     // both give [weekday, day, month, year, time, GMT]; asctime "Sun Nov  6 08:49:37 1994"
     // gives [weekday, month, day, time, year].
-    let (day, month, year, time) = match parts.as_slice() {
+    let (day, month, year, time) = match parts.get(..n)? {
         [_, day, month, year, time, zone] if zone.eq_ignore_ascii_case("gmt") => (day, month, year, time),
         [_, month, day, time, year] => (day, month, year, time),
         _ => return None,

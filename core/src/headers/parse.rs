@@ -36,19 +36,23 @@ impl RateLimitInfo {
 /// are epoch times; smaller ones are delta seconds.
 const EPOCH_THRESHOLD_MS: u64 = 1_000_000_000_000;
 
-/// A plain non-negative integer of at most 19 digits; `None` for anything else.
+/// A plain non-negative decimal integer that fits in `u64`; `None` for anything else.
 pub(crate) fn parse_u64(s: &str) -> Option<u64> {
-    let s = s.trim();
-    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
+    let digits = s.trim_ascii().as_bytes();
+    if digits.is_empty() || digits.len() > 20 {
         return None;
     }
-    s.parse().ok()
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+            .flatten()
+    })
 }
 
 /// Non-negative decimal seconds (`47`, `1.25`, `.5`) as milliseconds, rounded to the
 /// nearest; `None` when malformed or beyond `u64` milliseconds. Integer arithmetic only.
 fn parse_secs_ms(s: &str) -> Option<u64> {
-    let s = s.trim();
+    let s = s.trim_ascii();
     let (int, frac) = s.split_once('.').unwrap_or((s, ""));
     if int.is_empty() && frac.is_empty() || !frac.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -104,34 +108,28 @@ where
 {
     let mut raw = Raw::default();
     for (name, value) in headers {
-        let value = value.trim();
-        // Every name of interest is 9 to 23 bytes long: skip the others cheaply.
-        if !(9..=23).contains(&name.len()) {
+        let value = value.trim_ascii();
+        // Every name of interest is 9 to 23 bytes long: lower-case it on the stack once.
+        let mut lower = [0u8; 23];
+        let Some(lower) = lower.get_mut(..name.len()).filter(|l| l.len() >= 9) else {
             continue;
+        };
+        for (l, b) in lower.iter_mut().zip(name.bytes()) {
+            *l = b.to_ascii_lowercase();
         }
-        let is = |n: &str| name.eq_ignore_ascii_case(n);
-        if is("x-ratelimit-limit") {
-            raw.x_limit = parse_u64(value);
-        } else if is("x-ratelimit-remaining") {
-            raw.x_remaining = parse_u64(value);
-        } else if is("x-ratelimit-reset") {
-            raw.x_reset = Some(value);
-        } else if is("x-ratelimit-reset-after") {
-            raw.x_reset_after = parse_secs_ms(value);
-        } else if is("x-ratelimit-used") {
-            raw.x_used = parse_u64(value);
-        } else if is("ratelimit-limit") {
-            raw.draft_limit = parse_u64(value);
-        } else if is("ratelimit-remaining") {
-            raw.draft_remaining = parse_u64(value);
-        } else if is("ratelimit-reset") {
-            raw.draft_reset = parse_u64(value);
-        } else if is("ratelimit") {
-            append_line(&mut raw.ratelimit, value);
-        } else if is("ratelimit-policy") {
-            append_line(&mut raw.policy, value);
-        } else if is("retry-after") {
-            raw.retry_after = Some(value);
+        match &*lower {
+            b"x-ratelimit-limit" => raw.x_limit = parse_u64(value),
+            b"x-ratelimit-remaining" => raw.x_remaining = parse_u64(value),
+            b"x-ratelimit-reset" => raw.x_reset = Some(value),
+            b"x-ratelimit-reset-after" => raw.x_reset_after = parse_secs_ms(value),
+            b"x-ratelimit-used" => raw.x_used = parse_u64(value),
+            b"ratelimit-limit" => raw.draft_limit = parse_u64(value),
+            b"ratelimit-remaining" => raw.draft_remaining = parse_u64(value),
+            b"ratelimit-reset" => raw.draft_reset = parse_u64(value),
+            b"ratelimit" => append_line(&mut raw.ratelimit, value),
+            b"ratelimit-policy" => append_line(&mut raw.policy, value),
+            b"retry-after" => raw.retry_after = Some(value),
+            _ => {}
         }
     }
 
@@ -196,10 +194,10 @@ fn retry_after_ms(value: &str, now_ms: u64) -> Option<u64> {
 fn read_combined(info: &mut RateLimitInfo, value: &str) {
     let (mut limit, mut remaining, mut reset) = (None, None, None);
     for part in value.split([',', ';']) {
-        match part.trim().split_once('=') {
-            Some((k, v)) if k.trim().eq_ignore_ascii_case("limit") => limit = parse_u64(v),
-            Some((k, v)) if k.trim().eq_ignore_ascii_case("remaining") => remaining = parse_u64(v),
-            Some((k, v)) if k.trim().eq_ignore_ascii_case("reset") => reset = parse_u64(v),
+        match part.trim_ascii().split_once('=') {
+            Some((k, v)) if k.trim_ascii().eq_ignore_ascii_case("limit") => limit = parse_u64(v),
+            Some((k, v)) if k.trim_ascii().eq_ignore_ascii_case("remaining") => remaining = parse_u64(v),
+            Some((k, v)) if k.trim_ascii().eq_ignore_ascii_case("reset") => reset = parse_u64(v),
             _ => {}
         }
     }
@@ -208,32 +206,44 @@ fn read_combined(info: &mut RateLimitInfo, value: &str) {
 
 /// The IETF fields: `RateLimit: "p";r=50;t=30` and `RateLimit-Policy: "p";q=100;w=60`.
 fn read_ietf(info: &mut RateLimitInfo, value: &str, policy: Option<&str>) {
-    let Some(items) = structured::parse_list(value) else {
-        return;
-    };
     // (remaining, reset) of the most restrictive member so far, and the member.
-    let mut best: Option<(u64, Option<u64>, &Item<'_>)> = None;
-    for item in &items {
-        let (Ok(Some(remaining)), Ok(reset)) = (item.int("r"), item.int("t")) else {
+    let mut best: Option<(u64, Option<u64>, Item<'_>)> = None;
+    for item in structured::list(value) {
+        let Ok(item) = item else {
             return; // a malformed member makes the whole field unusable
         };
+        let (Ok(Some(remaining)), Ok(reset)) = (item.int("r"), item.int("t")) else {
+            return;
+        };
         let reset_ms = reset.and_then(|t| t.checked_mul(1000));
-        let tighter = best.is_none_or(|(r, t, _)| (remaining, Reverse(reset_ms)) < (r, Reverse(t)));
-        if tighter {
+        if best
+            .as_ref()
+            .is_none_or(|(r, t, _)| (remaining, Reverse(reset_ms)) < (*r, Reverse(*t)))
+        {
             best = Some((remaining, reset_ms, item));
         }
     }
     let Some((remaining, reset_ms, item)) = best else {
         return;
     };
-    let policies = policy.and_then(structured::parse_list).unwrap_or_default();
-    let declared = policies.iter().find(|p| p.name == item.name);
-    let param = |key: &str| declared.and_then(|p| p.int(key).ok().flatten());
+    // Its declaration, unless the policy field is malformed.
+    let mut declared = None;
+    for p in structured::list(policy.unwrap_or("")) {
+        match p {
+            Ok(p) if p.name == item.name => declared = Some(p),
+            Ok(_) => {}
+            Err(()) => {
+                declared = None;
+                break;
+            }
+        }
+    }
+    let param = |key: &str| declared.as_ref().and_then(|p| p.int(key).ok().flatten());
     info.remaining = Some(remaining);
     info.reset_after_ms = reset_ms.or(info.reset_after_ms);
     info.limit = param("q").or(info.limit);
     info.window_ms = param("w").and_then(|w| w.checked_mul(1000));
-    info.policy = Some(item.name.to_string());
+    info.policy = Some(item.name.into_owned());
 }
 
 #[cfg(test)]

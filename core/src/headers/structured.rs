@@ -1,114 +1,208 @@
-//! A small reader for the structured-field lists of the IETF `RateLimit` headers:
-//! `"name";q=100;w=60, "other";q=5;w=1`. Only what those headers need: items that are
-//! strings or tokens, and their parameters as raw text. Allocates one `Vec` per list (and
-//! a `String` for a name with escapes), nothing else.
+//! A small reader for the structured-field lists (RFC 8941) of the IETF `RateLimit`
+//! headers: `"name";q=100;w=60, "other";q=5;w=1`. Only what those headers need: members
+//! that are strings or tokens, and the integer parameters `q`, `w`, `r` and `t` (others
+//! are checked for syntax and skipped). One pass over the bytes, allocation-free (but for
+//! a name with escapes). Lenient where it costs nothing: spaces around `;` and `=`.
 
 use std::borrow::Cow;
 
-/// One list member: its bare item (string unquoted) and its raw `;key=value` parameters.
+/// The parameters this reader keeps.
+const KEYS: [&str; 4] = ["q", "w", "r", "t"];
+
+/// One list member: its bare item (string unquoted) and its `q`, `w`, `r`, `t` parameters
+/// (`Err` when present but not a non-negative integer; the last one wins if repeated).
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Item<'a> {
     pub name: Cow<'a, str>,
-    /// Everything after the bare item, validated: `;k=v;k2=v2`.
-    params: &'a str,
+    params: [Option<Result<u64, ()>>; 4],
 }
 
 impl Item<'_> {
-    /// The parameter `key` as a non-negative integer. `Err` if present but malformed.
+    /// The parameter `key` (one of `q`, `w`, `r`, `t`) as a non-negative integer. `Err` if
+    /// present but malformed.
     pub fn int(&self, key: &str) -> Result<Option<u64>, ()> {
-        let found = TopLevel::new(self.params, ';')
-            .filter_map(param)
-            .find(|(k, _)| *k == key);
-        match found {
-            None => Ok(None),
-            Some((_, v)) => super::parse::parse_u64(v).map(Some).ok_or(()),
+        let slot = KEYS.iter().position(|k| *k == key).and_then(|i| self.params.get(i));
+        slot.copied().flatten().transpose()
+    }
+}
+
+/// A position in a field value.
+struct Cursor<'a> {
+    s: &'a str,
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.s.as_bytes().get(self.pos).copied()
+    }
+
+    fn skip_ows(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t')) {
+            self.pos += 1;
         }
     }
-}
 
-/// The pieces of a string between `sep` characters outside quoted strings and byte
-/// sequences (`:base64:`).
-struct TopLevel<'a> {
-    rest: Option<&'a str>,
-    sep: char,
-}
-
-impl<'a> TopLevel<'a> {
-    fn new(s: &'a str, sep: char) -> Self {
-        TopLevel { rest: Some(s), sep }
-    }
-}
-
-impl<'a> Iterator for TopLevel<'a> {
-    type Item = &'a str;
-
-    fn next(&mut self) -> Option<&'a str> {
-        let s = self.rest?;
-        let (mut in_string, mut in_bytes, mut escaped) = (false, false, false);
-        for (i, c) in s.char_indices() {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' if in_string => escaped = true,
-                '"' if !in_bytes => in_string = !in_string,
-                ':' if !in_string => in_bytes = !in_bytes,
-                c if c == self.sep && !in_string && !in_bytes => {
-                    self.rest = s.get(i + c.len_utf8()..);
-                    return s.get(..i);
-                }
-                _ => {}
-            }
-        }
-        self.rest = None;
-        Some(s)
-    }
-}
-
-/// A `key=value` (or bare `key`, meaning `?1`) parameter; `None` if the key is empty.
-fn param(p: &str) -> Option<(&str, &str)> {
-    let p = p.trim();
-    match p.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Some((k.trim(), v.trim())),
-        None if !p.is_empty() => Some((p, "?1")),
-        _ => None,
-    }
-}
-
-/// Parses a list; `None` if any member is malformed (the whole field is then ignored).
-pub(super) fn parse_list(s: &str) -> Option<Vec<Item<'_>>> {
-    TopLevel::new(s, ',').map(|m| parse_item(m.trim())).collect()
-}
-
-fn parse_item(s: &str) -> Option<Item<'_>> {
-    let (bare, params) = match TopLevel::new(s, ';').next() {
-        Some(bare) => (bare.trim(), s.get(bare.len()..).unwrap_or("")),
-        None => return None,
-    };
-    let name = if let Some(inner) = bare.strip_prefix('"') {
-        let inner = inner.strip_suffix('"')?;
-        if inner.contains('\\') {
-            let mut out = String::with_capacity(inner.len());
-            let mut chars = inner.chars();
-            while let Some(c) = chars.next() {
-                out.push(if c == '\\' { chars.next()? } else { c });
-            }
-            Cow::Owned(out)
+    /// Consumes `[OWS] ";" [OWS]` if next; otherwise moves nothing.
+    fn semicolon(&mut self) -> bool {
+        let save = self.pos;
+        self.skip_ows();
+        if self.peek() == Some(b';') {
+            self.pos += 1;
+            self.skip_ows();
+            true
         } else {
-            Cow::Borrowed(inner)
+            self.pos = save;
+            false
         }
-    } else if !bare.is_empty()
-        && bare
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "*-_.:/%&!#$'+^`|~".contains(c))
-    {
-        Cow::Borrowed(bare)
-    } else {
+    }
+
+    /// The bytes from here while `keep` holds. Stops only at ASCII bytes, so the slice
+    /// always falls on character boundaries.
+    fn take_while(&mut self, keep: impl Fn(u8) -> bool) -> &'a str {
+        let start = self.pos;
+        while self.peek().is_some_and(&keep) {
+            self.pos += 1;
+        }
+        self.s.get(start..self.pos).unwrap_or("")
+    }
+
+    /// At `"`: the string's raw inside and whether it has escapes; `None` if unterminated.
+    fn string(&mut self) -> Option<(&'a str, bool)> {
+        let start = self.pos + 1;
+        let mut escaped = false;
+        let mut i = start;
+        loop {
+            match self.s.as_bytes().get(i)? {
+                b'\\' => {
+                    escaped = true;
+                    i += 2;
+                }
+                b'"' => {
+                    self.pos = i + 1;
+                    return Some((self.s.get(start..i)?, escaped));
+                }
+                _ => i += 1,
+            }
+        }
+    }
+
+    /// At `:`: a byte sequence `:base64:`, colons included; `None` if unterminated.
+    fn byte_sequence(&mut self) -> Option<&'a str> {
+        let start = self.pos;
+        let len = self.s.as_bytes().get(start + 1..)?.iter().position(|&b| b == b':')?;
+        self.pos = start + len + 2;
+        self.s.get(start..self.pos)
+    }
+}
+
+/// A token's characters (RFC 9110 tchar, plus `:` and `/` as RFC 8941 allows).
+fn is_token_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b)
+}
+
+/// One `key[=value]` parameter (a bare key means `?1`); `None` if malformed.
+fn param<'a>(c: &mut Cursor<'a>) -> Option<(&'a str, &'a str)> {
+    let key = c.take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'*'));
+    if key.is_empty() {
         return None;
+    }
+    let save = c.pos;
+    c.skip_ows();
+    if c.peek() != Some(b'=') {
+        c.pos = save;
+        return Some((key, "?1"));
+    }
+    c.pos += 1;
+    c.skip_ows();
+    let value = match c.peek()? {
+        b'"' => {
+            let start = c.pos;
+            c.string()?;
+            c.s.get(start..c.pos)?
+        }
+        b':' => c.byte_sequence()?,
+        _ => c.take_while(|b| !matches!(b, b';' | b',' | b' ' | b'\t' | b'"')),
     };
-    // Every parameter must be well formed; the first piece is the bare item itself.
-    if !TopLevel::new(params, ';').skip(1).all(|p| param(p).is_some()) {
-        return None;
+    (!value.is_empty()).then_some((key, value))
+}
+
+/// One list member.
+fn item<'a>(c: &mut Cursor<'a>) -> Option<Item<'a>> {
+    let name = match c.peek()? {
+        b'"' => match c.string()? {
+            (raw, false) => Cow::Borrowed(raw),
+            (raw, true) => {
+                let mut out = String::with_capacity(raw.len());
+                let mut chars = raw.chars();
+                while let Some(ch) = chars.next() {
+                    out.push(if ch == '\\' { chars.next()? } else { ch });
+                }
+                Cow::Owned(out)
+            }
+        },
+        b if b.is_ascii_alphabetic() || b == b'*' => Cow::Borrowed(c.take_while(is_token_char)),
+        _ => return None,
+    };
+    let mut params = [None; 4];
+    while c.semicolon() {
+        let (key, value) = param(c)?;
+        let slot = KEYS.iter().position(|k| *k == key).and_then(|i| params.get_mut(i));
+        if let Some(slot) = slot {
+            *slot = Some(super::parse::parse_u64(value).ok_or(()));
+        }
     }
     Some(Item { name, params })
+}
+
+/// The members of a list, in order; an `Err` (then the end) where a member is malformed,
+/// which makes the whole field unusable.
+pub(super) struct List<'a> {
+    c: Cursor<'a>,
+    done: bool,
+}
+
+/// Reads the list `s` lazily.
+pub(super) fn list(s: &str) -> List<'_> {
+    let mut c = Cursor { s, pos: 0 };
+    c.skip_ows();
+    let done = c.peek().is_none();
+    List { c, done }
+}
+
+impl<'a> Iterator for List<'a> {
+    type Item = Result<Item<'a>, ()>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let member = item(&mut self.c).and_then(|member| {
+            self.c.skip_ows();
+            match self.c.peek() {
+                None => {
+                    self.done = true;
+                    Some(member)
+                }
+                Some(b',') => {
+                    self.c.pos += 1;
+                    self.c.skip_ows();
+                    self.c.peek().map(|_| member) // a trailing comma is malformed
+                }
+                Some(_) => None,
+            }
+        });
+        if member.is_none() {
+            self.done = true;
+        }
+        Some(member.ok_or(()))
+    }
+}
+
+/// Parses a whole list; `None` if any member is malformed.
+#[cfg(test)]
+fn parse_list(s: &str) -> Option<Vec<Item<'_>>> {
+    list(s).collect::<Result<_, _>>().ok()
 }
 
 #[cfg(test)]
@@ -124,17 +218,36 @@ mod tests {
         assert_eq!(items[1].name, "da\"ily");
         assert_eq!(items[1].int("q"), Ok(Some(1000)));
         assert_eq!(items[1].int("w"), Ok(None));
-        let tokens = parse_list("default;r=5, other").unwrap();
+        let tokens = parse_list("default;r=5 ; t = 2, other;flag").unwrap();
         assert_eq!((tokens[0].name.as_ref(), tokens[0].int("r")), ("default", Ok(Some(5))));
-        assert_eq!((tokens[1].name.as_ref(), tokens[1].int("r")), ("other", Ok(None)));
+        assert_eq!(tokens[0].int("t"), Ok(Some(2)));
+        assert_eq!((tokens[1].name.as_ref(), tokens[1].int("flag")), ("other", Ok(None)));
+        assert_eq!(parse_list(r#""p";r=1;r=2"#).unwrap()[0].int("r"), Ok(Some(2)));
+        assert_eq!(parse_list(r#""p";q=1;Q=x;qq=y"#).unwrap()[0].int("q"), Ok(Some(1)));
+        assert_eq!(parse_list(r#""p";k="a;b,c";r=3"#).unwrap()[0].int("r"), Ok(Some(3)));
+        assert_eq!(parse_list("  ").unwrap(), []);
+        let mut members = list(r#""a";r=1, ?"#);
+        assert!(members.next().unwrap().is_ok());
+        assert_eq!(members.next(), Some(Err(())));
+        assert_eq!(members.next(), None);
     }
 
     #[test]
     fn malformed_items_fail_the_list() {
-        assert!(parse_list(r#""open"#).is_none());
-        assert!(parse_list(r#""a";=3"#).is_none());
-        assert!(parse_list(r#""a";r=1;;t=2"#).is_none());
-        assert!(parse_list(r#""a", "#).is_none());
-        assert_eq!(parse_list(r#""a";r="#).unwrap()[0].int("r"), Err(()));
+        for bad in [
+            r#""open"#,
+            r#""a";=3"#,
+            r#""a";r=1;;t=2"#,
+            r#""a", "#,
+            r#""a";r="#,
+            r#""a";b=:open"#,
+            r#""a" "b""#,
+            r#""a\"#,
+            "1abc",
+            "é",
+        ] {
+            assert!(parse_list(bad).is_none(), "{bad}");
+        }
+        assert_eq!(parse_list(r#""a";r=x"#).unwrap()[0].int("r"), Err(()));
     }
 }
