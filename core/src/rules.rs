@@ -3,17 +3,26 @@
 //! A [`RuleSet`] is built once per (re)load: durations are parsed, globs compiled and every
 //! rule's [`Limit`](crate::Limit) validated, so that matching a request costs no parsing
 //! and no allocation. Errors name the rule and the field to fix.
+//!
+//! Defaults of the rule file: `path = "*"`, `methods` = every method, no `tier`,
+//! `burst = 0` (capacity = `limit`), `failure = "open"`, `shaping = false`,
+//! `max_delay = "0ms"` (required, and non-zero, when `shaping = true`; ignored otherwise),
+//! `shadow = false`.
 
 mod duration;
 mod error;
 mod file;
 mod glob;
+mod key;
 mod set;
 mod timestamp;
+mod validate;
 
-pub use duration::{format_duration, parse_duration};
+pub use duration::{format_duration, parse_duration, MAX_DURATION_MS};
 pub use error::RulesError;
 pub use file::{OverrideSpec, RuleFile, RuleSpec};
 pub use glob::Glob;
-pub use set::{limit_key, FailureMode, Identity, Override, Rule, RuleSet};
-pub use timestamp::{format_rfc3339, parse_rfc3339};
+pub use key::limit_key;
+pub use set::{Override, RuleSet};
+pub use timestamp::{format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
+pub use validate::{FailureMode, Identity, Rule, MAX_RULE_NAME_BYTES};

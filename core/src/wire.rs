@@ -15,6 +15,15 @@ pub const MAX_IDENTITY_BYTES: usize = 256;
 pub const MAX_COST: u64 = 1_000_000;
 /// Longest path, in bytes.
 pub const MAX_PATH_BYTES: usize = 4096;
+/// Longest method, in bytes.
+pub const MAX_METHOD_BYTES: usize = 16;
+
+/// Whether `s` is a non-empty HTTP token (RFC 9110 `tchar`s), as methods and header names are.
+pub(crate) fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
 
 /// A check request that cannot be used; the message names the field.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -25,31 +34,70 @@ fn one() -> u64 {
     1
 }
 
+/// Deserializers that put the field's name in front of a type error.
+mod named {
+    use std::collections::BTreeMap;
+
+    use serde::de::{Deserialize, Deserializer, Error};
+
+    fn field<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D, name: &str) -> Result<T, D::Error> {
+        T::deserialize(d).map_err(|e| D::Error::custom(format_args!("field `{name}`: {e}")))
+    }
+    pub fn identities<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+        field(d, "identities")
+    }
+    pub fn method<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        field(d, "method")
+    }
+    pub fn path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        field(d, "path")
+    }
+    pub fn cost<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        field(d, "cost")
+    }
+}
+
 /// `POST /v1/check` request body.
+///
+/// `{"identities": {"ip": "203.0.113.9", "user": "42"}, "method": "GET", "path": "/api/search", "cost": 1}`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckRequest {
-    /// Identity name (`ip`, `user`, `api_key`, `tier`, `header:<name>`) → value.
+    /// Identity name (`ip`, `user`, `api_key`, `tier`, `header:<name>`) → value; at most
+    /// [`MAX_IDENTITIES`], keys 1 to [`MAX_IDENTITY_BYTES`] bytes, values at most that.
+    #[serde(deserialize_with = "named::identities")]
     pub identities: BTreeMap<String, String>,
-    /// HTTP method of the request being limited.
+    /// HTTP method of the request being limited: an HTTP token of 1 to [`MAX_METHOD_BYTES`] bytes.
+    #[serde(deserialize_with = "named::method")]
     pub method: String,
-    /// Path of the request being limited.
+    /// Path of the request being limited: 1 to [`MAX_PATH_BYTES`] bytes.
+    #[serde(deserialize_with = "named::path")]
     pub path: String,
-    /// The request's weight, 1..=1,000,000; default 1.
-    #[serde(default = "one")]
+    /// The request's weight, 1..=[`MAX_COST`]; default 1.
+    #[serde(default = "one", deserialize_with = "named::cost")]
     pub cost: u64,
 }
 
 impl CheckRequest {
-    /// Parses and validates a request body.
+    /// Parses and validates a request body (a JSON object; see [`CheckRequest::validate`]).
+    ///
+    /// Every error message starts `invalid check request: ` for JSON problems (naming the
+    /// field where there is one, or listing the expected fields for an unknown one) and
+    /// names the field and the limit otherwise.
     pub fn from_json(body: &[u8]) -> Result<CheckRequest, WireError> {
+        if !matches!(body.trim_ascii_start().first(), Some(b'{') | None) {
+            return Err(WireError("invalid check request: expected a JSON object".into()));
+        }
         let req: CheckRequest =
             serde_json::from_slice(body).map_err(|e| WireError(format!("invalid check request: {e}")))?;
         req.validate()?;
         Ok(req)
     }
 
-    /// Checks the limits on sizes and ranges.
+    /// Checks the limits on sizes and ranges: at most [`MAX_IDENTITIES`] identities, keys 1
+    /// to [`MAX_IDENTITY_BYTES`] bytes and values at most that, the method an HTTP token of
+    /// at most [`MAX_METHOD_BYTES`] bytes, the path 1 to [`MAX_PATH_BYTES`] bytes and the cost
+    /// in 1..=[`MAX_COST`].
     pub fn validate(&self) -> Result<(), WireError> {
         if self.identities.len() > MAX_IDENTITIES {
             return Err(WireError(format!(
@@ -58,9 +106,12 @@ impl CheckRequest {
             )));
         }
         for (k, v) in &self.identities {
-            if k.is_empty() || k.len() > MAX_IDENTITY_BYTES {
+            if k.is_empty() {
+                return Err(WireError("identity key is empty".into()));
+            }
+            if k.len() > MAX_IDENTITY_BYTES {
                 return Err(WireError(format!(
-                    "identity key `{}` is {} bytes; must be 1 to {MAX_IDENTITY_BYTES}",
+                    "identity key `{}…` is {} bytes; at most {MAX_IDENTITY_BYTES}",
                     truncate(k),
                     k.len()
                 )));
@@ -73,9 +124,9 @@ impl CheckRequest {
                 )));
             }
         }
-        if self.method.is_empty() || self.method.len() > 16 || !self.method.bytes().all(|b| b.is_ascii_alphabetic()) {
+        if self.method.len() > MAX_METHOD_BYTES || !is_token(&self.method) {
             return Err(WireError(format!(
-                "method `{}` is not an HTTP method",
+                "method `{}` is not an HTTP method: 1 to {MAX_METHOD_BYTES} token characters",
                 truncate(&self.method)
             )));
         }
@@ -101,7 +152,8 @@ fn truncate(s: &str) -> &str {
 }
 
 /// One rule's part in a decision.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RuleResult {
     /// The rule's name.
     pub name: String,
@@ -226,7 +278,7 @@ impl CheckResponse {
             response.limit = h.decision.limit;
             response.remaining = h.decision.remaining;
             response.reset_after_ms = ms(h.decision.reset_after);
-            response.reset_at = (now_ms + response.reset_after_ms).div_ceil(1000);
+            response.reset_at = now_ms.saturating_add(response.reset_after_ms).div_ceil(1000);
             response.policy = Some(h.rule.to_owned());
             response.window_ms = h.window_ms;
         }

@@ -1,18 +1,11 @@
-//! The rule file: parsing, validation messages, matching and overrides.
+//! The rule file: parsing, defaults, every validation message, syntax errors, round trips.
 
-use std::collections::BTreeMap;
-
-use proptest::prelude::*;
-use sluice_core::rules::{limit_key, Override, RuleSet, RulesError};
+use sluice_core::rules::{FailureMode, Identity, RuleSet, RulesError};
 use sluice_core::Algorithm;
 
-fn ids(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-}
-
-fn example() -> RuleSet {
+fn example_text() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
-    RuleSet::from_toml(&std::fs::read_to_string(path).unwrap()).unwrap()
+    std::fs::read_to_string(path).unwrap()
 }
 
 fn err(toml: &str) -> String {
@@ -21,178 +14,233 @@ fn err(toml: &str) -> String {
 
 const BASE: &str = "[[rule]]\nname = \"r\"\nby = \"ip\"\nalgorithm = \"gcra\"\nlimit = 10\nwindow = \"1s\"\n";
 
+/// BASE with `line` appended to the rule.
+fn with(line: &str) -> String {
+    format!("{BASE}{line}\n")
+}
+
+const OVERRIDE: &str = "[[override]]\nrule = \"r\"\nidentity = \"1\"\nlimit = 5\nuntil = \"2030-01-01T00:00:00Z\"\n";
+
 #[test]
 fn example_file_parses_with_every_algorithm_and_round_trips() {
-    let set = example();
+    let set = RuleSet::from_toml(&example_text()).unwrap();
     let algorithms: Vec<Algorithm> = set.rules().iter().map(|r| r.limit.algorithm()).collect();
     for a in Algorithm::ALL {
         assert!(algorithms.contains(&a), "{a} missing from examples/rules.toml");
     }
+    assert!(set.rules().iter().any(|r| r.shadow));
+    assert!(set.rules().iter().any(|r| r.limit.shaping()));
+    assert!(set.rules().iter().any(|r| r.tier.as_deref() == Some("free")));
+    assert!(set.rules().iter().any(|r| r.tier.as_deref() == Some("pro")));
+    assert_eq!(set.overrides().count(), 1);
+    let per_ip = set.rule("per-ip").unwrap();
+    assert_eq!((per_ip.limit.limit(), per_ip.window_ms), (5, 10_000));
     let again = RuleSet::from_toml(&set.to_toml()).unwrap();
     assert_eq!(again.to_toml(), set.to_toml());
     assert_eq!(again.overrides().count(), 1);
+    let from_json = RuleSet::from_json(&set.to_json()).unwrap();
+    assert_eq!(from_json.to_toml(), set.to_toml());
+}
+
+#[test]
+fn defaults_are_as_documented() {
+    let set = RuleSet::from_toml(BASE).unwrap();
+    let r = &set.rules()[0];
+    assert_eq!(r.path.as_str(), "*");
+    assert!(r.methods.is_empty());
+    assert_eq!(r.tier, None);
+    assert_eq!(r.limit.capacity(), 10, "burst 0 means capacity = limit");
+    assert_eq!(r.failure, FailureMode::Open);
+    assert!(!r.limit.shaping());
+    assert_eq!(r.limit.max_delay(), 0);
+    assert!(!r.shadow);
+    assert_eq!(r.by, Identity::Ip);
+    assert_eq!(r.window_ms, 1_000);
+    assert_eq!(r.limit.window(), 1_000_000, "windows are held in microseconds");
+    // Defaults are left out when written back.
+    assert_eq!(set.to_toml().trim(), BASE.trim());
+}
+
+#[test]
+fn every_field_is_read() {
+    let set = RuleSet::from_toml(
+        r#"
+[[rule]]
+name      = "all"
+by        = "header:X-Client-Id"
+path      = "/api/upload*"
+methods   = ["post", "PUT"]
+tier      = "pro"
+algorithm = "leaky_bucket"
+limit     = 10
+window    = "1m"
+burst     = 4
+failure   = "closed"
+shaping   = true
+max_delay = "2s"
+shadow    = true
+"#,
+    )
+    .unwrap();
+    let r = &set.rules()[0];
+    assert_eq!(r.by, Identity::Header("header:x-client-id".into()));
+    assert_eq!(r.by.key(), "header:x-client-id");
+    assert_eq!(r.methods, ["POST", "PUT"]);
+    assert_eq!(r.tier.as_deref(), Some("pro"));
+    assert_eq!(r.limit.algorithm(), Algorithm::LeakyBucket);
+    assert_eq!((r.limit.limit(), r.limit.capacity(), r.window_ms), (10, 4, 60_000));
+    assert_eq!(r.failure, FailureMode::Closed);
+    assert!(r.limit.shaping() && r.shadow);
+    assert_eq!(r.limit.max_delay(), 2_000_000);
+    // What was written comes back, field for field.
+    let again = RuleSet::from_toml(&set.to_toml()).unwrap();
+    assert_eq!(again.to_toml(), set.to_toml());
+    assert!(set.to_toml().contains("header:X-Client-Id"));
+    for name in ["ip", "user", "api_key", "tier", "global"] {
+        let set = RuleSet::from_toml(&BASE.replace("\"ip\"", &format!("{name:?}"))).unwrap();
+        assert_eq!(set.rules()[0].by.key(), name);
+    }
 }
 
 #[test]
 fn validation_errors_name_rule_and_field() {
-    let cases = [
+    let cases: Vec<(String, &str)> = vec![
+        (BASE.replace("name = \"r\"", "name = \"\""), "rule #1: field name: must not be empty"),
+        (BASE.replace("name = \"r\"", "name = \"  \""), "rule #1: field name: must not be empty"),
+        (BASE.replace("name = \"r\"", &format!("name = \"{}\"", "n".repeat(129))), "field name: must be at most 128"),
+        (BASE.replace("name = \"r\"", "name = \"a\\tb\""), "field name: must be at most 128 bytes of printable"),
+        (format!("{BASE}{BASE}"), "rule \"r\": field name: another rule has the same name"),
+        (BASE.replace("\"ip\"", "\"cookie\""), "rule \"r\": field by: \"cookie\" is not an identity"),
+        (BASE.replace("\"ip\"", "\"header:\""), "rule \"r\": field by: \"header:\": header name"),
+        (BASE.replace("\"ip\"", "\"header:x y\""), "rule \"r\": field by:"),
+        (BASE.replace("\"ip\"", "\"IP\""), "rule \"r\": field by:"),
+        (with("path = \"\""), "rule \"r\": field path: must not be empty"),
+        (with(&format!("path = \"/{}\"", "a".repeat(4096))), "rule \"r\": field path: is 4097 bytes"),
+        (with("methods = [\"G T\"]"), "rule \"r\": field methods: \"G T\" is not an HTTP method"),
+        (with("methods = [\"\"]"), "rule \"r\": field methods: \"\" is not an HTTP method"),
+        (with("methods = [\"VERYLONGMETHODNAME\"]"), "rule \"r\": field methods:"),
+        (with("tier = \"\""), "rule \"r\": field tier: must be 1 to 256 bytes"),
         (
             BASE.replace("gcra", "gcrA"),
-            "rule \"r\": field algorithm: unknown algorithm \"gcrA\"",
+            "rule \"r\": field algorithm: unknown algorithm \"gcrA\": expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter, gcra",
         ),
+        (BASE.replace("\"1s\"", "\"1\""), "rule \"r\": field window: \"1\" has no unit"),
+        (BASE.replace("\"1s\"", "\"0s\""), "rule \"r\": field window: must be at least 1ms"),
+        (BASE.replace("\"1s\"", "\"1w\""), "rule \"r\": field window: \"1w\" has unknown unit"),
+        (BASE.replace("\"1s\"", "\"366d\""), "rule \"r\": field window: \"366d\" is too long"),
+        (BASE.replace("\"1s\"", "\"99999999999999999999ms\""), "rule \"r\": field window:"),
+        (BASE.replace("limit = 10", "limit = 0"), "rule \"r\": field limit: limit must be at least 1"),
         (
-            BASE.replace("\"1s\"", "\"1\""),
-            "rule \"r\": field window: \"1\" has no unit",
-        ),
-        (
-            BASE.replace("limit = 10", "limit = 0"),
-            "rule \"r\": field limit: limit must be at least 1",
-        ),
-        (BASE.replace("\"ip\"", "\"cookie\""), "rule \"r\": field by:"),
-        (
-            BASE.replace("name = \"r\"", "name = \"\""),
-            "rule #1: field name: must not be empty",
-        ),
-        (
-            format!("{BASE}shaping = true\n"),
-            "rule \"r\": field shaping: only leaky_bucket",
-        ),
-        (format!("{BASE}failure = \"maybe\"\n"), "rule \"r\": field failure"),
-        (format!("{BASE}methods = [\"G T\"]\n"), "rule \"r\": field methods"),
-        (
-            format!("{BASE}{BASE}"),
-            "rule \"r\": field name: another rule has the same name",
+            BASE.replace("limit = 10", "limit = 2000").replace("\"1s\"", "\"1ms\""),
+            "rule \"r\": field limit: limit 2000 per 1ms is more than one request per microsecond",
         ),
         (
             BASE.replace("limit = 10", "limit = 4000000000")
                 .replace("gcra", "sliding_window_counter")
                 .replace("1s", "1d"),
-            "rule \"r\": field limit:",
+            "rule \"r\": field limit: limit is too large",
         ),
+        (with("burst = 9007199254740992"), "rule \"r\": field burst: burst is too large"),
         (
-            format!(
-                "{BASE}[[override]]\nrule = \"nope\"\nidentity = \"1\"\nlimit = 5\nuntil = \"2030-01-01T00:00:00Z\"\n"
-            ),
-            "override #1 (rule \"nope\"",
+            BASE.replace("gcra", "fixed_window") + "burst = 5\n",
+            "rule \"r\": field burst: fixed_window has no burst",
         ),
+        (with("failure = \"maybe\""), "rule \"r\": field failure: \"maybe\" is not \"open\" or \"closed\""),
+        (with("shaping = true\nmax_delay = \"1s\""), "rule \"r\": field shaping: only leaky_bucket can shape, not gcra"),
         (
-            format!("{BASE}[[override]]\nrule = \"r\"\nidentity = \"1\"\nlimit = 5\nuntil = \"tomorrow\"\n"),
-            "field until",
+            BASE.replace("gcra", "leaky_bucket") + "shaping = true\n",
+            "rule \"r\": field max_delay: shaping = true needs",
+        ),
+        (with("max_delay = \"soon\""), "rule \"r\": field max_delay: \"soon\" is not a duration"),
+        (with("max_delay = \"2\""), "rule \"r\": field max_delay: \"2\" has no unit"),
+        (format!("{BASE}{}", OVERRIDE.replace("\"r\"", "\"nope\"")), "override #1 (rule \"nope\", identity \"1\"): field rule: no rule has this name"),
+        (format!("{BASE}{}", OVERRIDE.replace("2030-01-01T00:00:00Z", "tomorrow")), "override #1 (rule \"r\", identity \"1\"): field until: \"tomorrow\" is not an RFC 3339"),
+        (format!("{BASE}{}", OVERRIDE.replace("2030-01-01", "2030-02-30")), "override #1 (rule \"r\", identity \"1\"): field until"),
+        (format!("{BASE}{}", OVERRIDE.replace("limit = 5", "limit = 0")), "override #1 (rule \"r\", identity \"1\"): field limit: limit must be at least 1"),
+        (format!("{BASE}{}", OVERRIDE.replace("identity = \"1\"", "identity = \"\"")), "override #1 (rule \"r\", identity \"\"): field identity: must be 1 to 256 bytes"),
+        (format!("{BASE}{OVERRIDE}{OVERRIDE}"), "override #2 (rule \"r\", identity \"1\"): field identity: another override has the same rule and identity"),
+        (
+            format!("{}{OVERRIDE}", BASE.replace("\"ip\"", "\"global\"")),
+            "override #1 (rule \"r\", identity \"1\"): field identity: the rule limits by global",
         ),
     ];
     for (toml, want) in cases {
         let got = err(&toml);
-        assert!(got.contains(want), "got: {got}\nwanted: {want}");
+        assert!(got.contains(want), "got:    {got}\nwanted: {want}");
+    }
+}
+
+#[test]
+fn unnamed_rules_are_named_by_position() {
+    let text = format!("{BASE}[[rule]]\nname = \"\"\nby = \"ip\"\nalgorithm = \"gcra\"\nlimit = 0\nwindow = \"1s\"\n");
+    assert_eq!(err(&text), "rule #2: field name: must not be empty");
+    match RuleSet::from_toml(&BASE.replace("limit = 10", "limit = 0")).unwrap_err() {
+        RulesError::Rule { rule, field, .. } => assert_eq!((rule.as_str(), field), ("\"r\"", "limit")),
+        other => panic!("{other:?}"),
     }
 }
 
 #[test]
 fn syntax_errors_and_unknown_fields_report_the_line() {
-    let got = err(&format!("{BASE}colour = \"red\"\n"));
+    let got = err(&with("colour = \"red\""));
     assert!(
-        got.starts_with("line 7:") && got.contains("unknown field `colour`"),
+        got.starts_with("line 7:") && got.contains("unknown field `colour`") && got.contains("expected one of"),
         "{got}"
     );
+    assert!(got.contains("colour = \"red\""), "the offending line is quoted: {got}");
     let got = err("[[rule]\nname = 1");
     assert!(got.starts_with("line 1:"), "{got}");
+    let got = err(&BASE.replace("limit = 10", "limit = \"ten\""));
+    assert!(got.starts_with("line 5:") && got.contains("limit = \"ten\""), "{got}");
+    let got = err(&BASE.replace("limit = 10", "limit = -1"));
+    assert!(got.starts_with("line 5:"), "{got}");
+    let got = err(&format!("{BASE}[[rules]]\n"));
+    assert!(
+        got.starts_with("line 7:") && got.contains("unknown field `rules`"),
+        "{got}"
+    );
+    let got = err(&format!(
+        "{BASE}{}",
+        OVERRIDE.replace("limit = 5", "limit = 5\nuntill = 1")
+    ));
+    assert!(
+        got.starts_with("line 11:") && got.contains("unknown field `untill`"),
+        "{got}"
+    );
     assert!(matches!(
         RuleSet::from_toml("[[rule]]\nname=\"x\""),
         Err(RulesError::Syntax { .. })
     ));
+    let missing = err("[[rule]]\nname=\"x\"\nby=\"ip\"\nlimit=1\nwindow=\"1s\"\n");
+    assert!(missing.contains("missing field `algorithm`"), "{missing}");
 }
 
 #[test]
-fn matching_follows_identity_path_method_and_tier() {
-    let set = example();
-    let names = |i: &BTreeMap<String, String>, m: &str, p: &str| -> Vec<String> {
-        set.matching(i, m, p)
-            .map(|(r, id)| format!("{}={id}", r.name))
-            .collect()
-    };
-    assert_eq!(
-        names(&ids(&[("ip", "1.2.3.4")]), "GET", "/"),
-        ["per-ip=1.2.3.4", "global-dry-run=global"]
-    );
-    assert_eq!(
-        names(&ids(&[("user", "7"), ("tier", "free")]), "get", "/api/search/x"),
-        ["search-per-user=7", "free-tier=7", "global-dry-run=global"]
-    );
-    assert_eq!(
-        names(&ids(&[("user", "7"), ("tier", "pro")]), "POST", "/api/search"),
-        ["pro-tier=7", "global-dry-run=global"]
-    );
-    assert_eq!(
-        names(&ids(&[("user", "7")]), "PUT", "/api/upload/1"),
-        ["uploads-shaped=7", "global-dry-run=global"]
-    );
-}
-
-#[test]
-fn overrides_apply_until_their_end_exactly() {
-    let mut set = example();
-    let rule = set
-        .rules()
-        .iter()
-        .find(|r| r.name == "search-per-user")
-        .unwrap()
-        .clone();
-    let until = 1_924_905_600_000; // 2030-12-31T00:00:00Z
-    assert_eq!(set.limit_for(&rule, "42", until - 1).limit(), 1000);
-    assert_eq!(set.limit_for(&rule, "42", until).limit(), 100);
-    assert_eq!(set.limit_for(&rule, "43", 0).limit(), 100);
-    set.add_override(Override {
-        rule: "search-per-user".into(),
-        identity: "43".into(),
-        limit: 7,
-        until_ms: 5_000,
-    })
-    .unwrap();
-    assert_eq!(set.limit_for(&rule, "43", 4_999).limit(), 7);
-    set.expire_overrides(5_000);
-    assert_eq!(set.overrides().count(), 1);
-    assert!(set.remove_override("search-per-user", "42"));
-    assert_eq!(set.limit_for(&rule, "42", 0).limit(), 100);
-    let bad = set.add_override(Override {
-        rule: "search-per-user".into(),
-        identity: "1".into(),
-        limit: 0,
-        until_ms: 9,
-    });
-    assert!(bad.unwrap_err().to_string().contains("field limit"));
-}
-
-#[test]
-fn limit_keys_keep_one_hash_tag() {
-    assert_eq!(limit_key("per-ip", "1.2.3.4"), "sluice:{per-ip:1.2.3.4}");
-    assert_eq!(limit_key("r", "a}b{c"), "sluice:{r:a)b(c}");
+fn empty_files_have_no_rules() {
+    assert!(RuleSet::from_toml("").unwrap().rules().is_empty());
+    assert!(RuleSet::from_toml("# nothing yet\n").unwrap().rules().is_empty());
+    let empty = RuleSet::default();
+    assert!(RuleSet::from_toml(&empty.to_toml()).unwrap().rules().is_empty());
 }
 
 #[test]
 fn json_rules_are_accepted_too() {
     let set = RuleSet::from_json(
-        r#"{"rule":[{"name":"j","by":"global","algorithm":"fixed_window","limit":3,"window":"1s"}]}"#,
+        r#"{"rule":[{"name":"j","by":"global","algorithm":"fixed_window","limit":3,"window":"1s"}],
+            "override":[{"rule":"j","identity":"global","limit":9,"until":"2030-01-01T00:00:00+02:00"}]}"#,
     )
     .unwrap();
     assert_eq!(set.rules()[0].name, "j");
-    assert!(RuleSet::from_json(r#"{"rule":[{"name":"j","x":1}]}"#)
+    assert_eq!(set.overrides().next().unwrap().until_ms, 1_893_448_800_000);
+    let got = RuleSet::from_json(r#"{"rule":[{"name":"j","x":1}]}"#)
         .unwrap_err()
-        .to_string()
-        .contains("unknown field `x`"));
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1_000))]
-
-    #[test]
-    fn rule_parsing_never_panics(text in any::<String>(), mutated in "[a-z_=\"\\[\\] 0-9\n.:-]{0,200}") {
-        let _ = RuleSet::from_toml(&text);
-        let _ = RuleSet::from_toml(&format!("{BASE}{mutated}"));
-        let _ = RuleSet::from_json(&text);
-    }
-
-    #[test]
-    fn check_request_parsing_never_panics(body in any::<Vec<u8>>(), text in "\\{\"identities\":\\{[^}]{0,40}\\},\"method\":\"[A-Z]{0,5}\",\"path\":\"[^\"]{0,10}\",\"cost\":-?[0-9]{0,22}\\}") {
-        let _ = sluice_core::wire::CheckRequest::from_json(&body);
-        let _ = sluice_core::wire::CheckRequest::from_json(text.as_bytes());
-    }
+        .to_string();
+    assert!(got.contains("unknown field `x`"), "{got}");
+    let got = RuleSet::from_json("{\n\"rule\": [\n{").unwrap_err().to_string();
+    assert!(got.starts_with("line 3:"), "{got}");
+    let got =
+        RuleSet::from_json(r#"{"rule":[{"name":"j","by":"ip","algorithm":"fixed_window","limit":0,"window":"1s"}]}"#)
+            .unwrap_err()
+            .to_string();
+    assert_eq!(got, "rule \"j\": field limit: limit must be at least 1");
 }

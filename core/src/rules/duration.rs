@@ -1,6 +1,11 @@
 //! Durations of the rule file: an integer and a unit, `500ms`, `1s`, `1m`, `1h`, `1d`.
 
-/// Parses a duration into milliseconds.
+/// The longest duration [`parse_duration`] accepts: 365 days, in milliseconds.
+pub const MAX_DURATION_MS: u64 = 365 * 86_400_000;
+
+/// Parses a duration into milliseconds: a whole number and a unit (`ms`, `s`, `m`, `h`,
+/// `d`), e.g. `500ms` or `1m`; surrounding whitespace is ignored. `0s` parses to 0 (callers
+/// reject it where it means nothing); more than [`MAX_DURATION_MS`] is an error.
 pub fn parse_duration(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
@@ -27,11 +32,12 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(scale))
-        .filter(|&ms| ms <= 365 * 86_400_000)
+        .filter(|&ms| ms <= MAX_DURATION_MS)
         .ok_or_else(|| format!("{s:?} is too long: at most 365d"))
 }
 
-/// Formats milliseconds in the largest unit that divides them exactly.
+/// Formats milliseconds in the largest unit that divides them exactly (`90000` → `90s`,
+/// `0` → `0ms`); [`parse_duration`] reads it back.
 pub fn format_duration(ms: u64) -> String {
     for (scale, unit) in [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")] {
         if ms != 0 && ms % scale == 0 {

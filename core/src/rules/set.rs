@@ -1,127 +1,43 @@
 //! A validated rule set: rules ready to match, and the overrides in force.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write;
 
-use super::duration::parse_duration;
 use super::file::{OverrideSpec, RuleFile, RuleSpec};
-use super::glob::Glob;
-use super::timestamp::parse_rfc3339;
+use super::timestamp::{format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
+use super::validate::{limit_error_field, rule_label, validate_rule, Identity, Rule};
 use super::RulesError;
-use crate::algorithm::{Algorithm, Limit, LimitError, MICROS_PER_MS};
+use crate::algorithm::Limit;
+use crate::wire::MAX_IDENTITY_BYTES;
 
-/// What a rule limits by.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Identity {
-    /// The client IP.
-    Ip,
-    /// The authenticated user.
-    User,
-    /// The API key.
-    ApiKey,
-    /// The plan tier.
-    Tier,
-    /// Any other identity the proxy extracts, named `header:<name>` on the wire.
-    Header(String),
-    /// One bucket for everyone.
-    Global,
-}
-
-impl Identity {
-    fn parse(s: &str) -> Result<Identity, String> {
-        Ok(match s {
-            "ip" => Identity::Ip,
-            "user" => Identity::User,
-            "api_key" => Identity::ApiKey,
-            "tier" => Identity::Tier,
-            "global" => Identity::Global,
-            _ => match s.strip_prefix("header:") {
-                Some(name) if !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic()) => {
-                    Identity::Header(format!("header:{}", name.to_ascii_lowercase()))
-                }
-                _ => {
-                    return Err(format!(
-                        "{s:?} is not an identity: use ip, user, api_key, tier, header:<name> or global"
-                    ))
-                }
-            },
-        })
-    }
-
-    /// The key of this identity in a check request's `identities`.
-    pub fn key(&self) -> &str {
-        match self {
-            Identity::Ip => "ip",
-            Identity::User => "user",
-            Identity::ApiKey => "api_key",
-            Identity::Tier => "tier",
-            Identity::Header(key) => key,
-            Identity::Global => "global",
-        }
-    }
-}
-
-/// What a rule does when the counter store is unreachable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureMode {
-    /// Decide from a local fallback bucket.
-    Open,
-    /// Deny.
-    Closed,
-}
-
-/// One validated rule.
-#[derive(Debug, Clone)]
-pub struct Rule {
-    /// Unique name; the policy name in headers.
-    pub name: String,
-    /// What it limits by.
-    pub by: Identity,
-    /// Path glob.
-    pub path: Glob,
-    /// Upper-case methods; empty means all.
-    pub methods: Vec<String>,
-    /// Required tier, if any.
-    pub tier: Option<String>,
-    /// The validated limit.
-    pub limit: Limit,
-    /// The window in milliseconds (for headers).
-    pub window_ms: u64,
-    /// Store-failure policy.
-    pub failure: FailureMode,
-    /// Count, never deny.
-    pub shadow: bool,
-}
-
-impl Rule {
-    fn applies(&self, identities: &BTreeMap<String, String>, method: &str, path: &str) -> bool {
-        (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
-            && self.tier.as_ref().is_none_or(|t| identities.get("tier") == Some(t))
-            && self.path.matches(path)
-    }
-}
-
-/// A temporary limit for one identity under one rule.
+/// A temporary limit for one identity under one rule (`[[override]]`, or the admin API).
+///
+/// The override keeps the rule's algorithm, window, shaping and `max_delay` and replaces
+/// its `limit`. The burst keeps the rule's burst-to-limit ratio: a rule with `burst = 0`
+/// (capacity = limit) gets capacity = the override's limit; a rule with `burst = b` gets
+/// `b × override_limit / limit`, rounded down, at least 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Override {
-    /// The rule it applies to.
+    /// The name of the rule it applies to.
     pub rule: String,
-    /// The identity value.
+    /// The identity value (e.g. the user id; `global` for a `by = "global"` rule).
     pub identity: String,
-    /// The replacing limit.
+    /// The replacing limit, in cost units per the rule's window.
     pub limit: u64,
-    /// When it ends, unix ms.
+    /// When it ends, unix milliseconds: it applies while `now < until_ms`.
     pub until_ms: u64,
 }
 
 #[derive(Debug, Clone)]
 struct ActiveOverride {
     limit: Limit,
-    until_ms: u64,
     spec: Override,
 }
 
 /// Rules in evaluation order plus the overrides in force.
+///
+/// Built once per (re)load with [`RuleSet::from_toml`] or [`RuleSet::from_json`]; the
+/// service then calls [`RuleSet::matching`] and [`RuleSet::limit_for`] per request, which
+/// neither parse nor allocate. The default set has no rules.
 #[derive(Debug, Clone, Default)]
 pub struct RuleSet {
     rules: Vec<Rule>,
@@ -130,30 +46,43 @@ pub struct RuleSet {
     overrides: HashMap<String, HashMap<String, ActiveOverride>>,
 }
 
-fn rule_label(spec: &RuleSpec, index: usize) -> String {
-    if spec.name.is_empty() {
-        format!("#{}", index + 1)
-    } else {
-        format!("{:?}", spec.name)
-    }
+/// 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
-    text.get(..offset)
-        .map_or(1, |t| t.lines().count().max(1) + usize::from(t.ends_with('\n')))
+/// The text of line `line` (1-based), trimmed and cut to a readable length.
+fn line_text(text: &str, line: usize) -> &str {
+    let l = text.lines().nth(line.saturating_sub(1)).unwrap_or("").trim();
+    let mut end = l.len().min(80);
+    while !l.is_char_boundary(end) {
+        end -= 1;
+    }
+    &l[..end]
 }
 
 impl RuleSet {
-    /// Parses and validates a TOML rule file.
+    /// Parses and validates a TOML rule file (`[[rule]]` and `[[override]]` tables).
+    ///
+    /// Syntax errors, wrong types and unknown fields are [`RulesError::Syntax`] with the
+    /// line; invalid values are [`RulesError::Rule`] / [`RulesError::Override`] naming the
+    /// rule and the field.
     pub fn from_toml(text: &str) -> Result<RuleSet, RulesError> {
-        let file: RuleFile = toml::from_str(text).map_err(|e| RulesError::Syntax {
-            line: e.span().map_or(1, |s| line_of(text, s.start)),
-            message: e.message().to_owned(),
+        let file: RuleFile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(1, |s| line_of(text, s.start));
+            let mut message = e.message().trim_end().to_owned();
+            let snippet = line_text(text, line);
+            if e.span().is_some() && !snippet.is_empty() {
+                message = format!("{message} (at `{snippet}`)");
+            }
+            RulesError::Syntax { line, message }
         })?;
         RuleSet::from_file(file)
     }
 
-    /// Parses and validates the same structure as JSON (`{"rule": [...], "override": [...]}`).
+    /// Parses and validates the same structure as JSON:
+    /// `{"rule": [{...}, ...], "override": [{...}, ...]}`, with the same field names and values.
     pub fn from_json(text: &str) -> Result<RuleSet, RulesError> {
         let file: RuleFile = serde_json::from_str(text).map_err(|e| RulesError::Syntax {
             line: e.line().max(1),
@@ -164,10 +93,10 @@ impl RuleSet {
 
     /// Validates a parsed file.
     pub fn from_file(file: RuleFile) -> Result<RuleSet, RulesError> {
-        let mut rules = Vec::with_capacity(file.rules.len());
+        let mut rules: Vec<Rule> = Vec::with_capacity(file.rules.len());
         for (i, spec) in file.rules.iter().enumerate() {
             let rule = validate_rule(spec, i)?;
-            if rules.iter().any(|r: &Rule| r.name == rule.name) {
+            if rules.iter().any(|r| r.name == rule.name) {
                 return Err(RulesError::Rule {
                     rule: rule_label(spec, i),
                     field: "name",
@@ -182,13 +111,20 @@ impl RuleSet {
             overrides: HashMap::new(),
         };
         for (i, o) in file.overrides.iter().enumerate() {
-            let until_ms = parse_rfc3339(&o.until).map_err(|message| RulesError::Override {
+            let fail = |field, message: String| RulesError::Override {
                 index: i + 1,
                 rule: o.rule.clone(),
                 identity: o.identity.clone(),
-                field: "until",
+                field,
                 message,
-            })?;
+            };
+            let until_ms = parse_rfc3339(&o.until).map_err(|m| fail("until", m))?;
+            if set.override_of(&o.rule, &o.identity).is_some() {
+                return Err(fail(
+                    "identity",
+                    "another override has the same rule and identity".into(),
+                ));
+            }
             let spec = Override {
                 rule: o.rule.clone(),
                 identity: o.identity.clone(),
@@ -200,40 +136,64 @@ impl RuleSet {
         Ok(set)
     }
 
-    /// The rule file this set was built from, overrides included, as TOML.
-    pub fn to_toml(&self) -> String {
-        let mut overrides: Vec<&ActiveOverride> = self.overrides.values().flat_map(HashMap::values).collect();
-        overrides.sort_by(|a, b| (&a.spec.rule, &a.spec.identity).cmp(&(&b.spec.rule, &b.spec.identity)));
-        let file = RuleFile {
+    /// The rule file this set was built from, with the overrides currently held (file ones
+    /// and those added at run time, sorted by rule then identity).
+    fn to_file(&self) -> RuleFile {
+        let mut overrides: Vec<&Override> = self.overrides().collect();
+        overrides.sort_by(|a, b| (&a.rule, &a.identity).cmp(&(&b.rule, &b.identity)));
+        RuleFile {
             rules: self.specs.clone(),
             overrides: overrides
                 .into_iter()
                 .map(|o| OverrideSpec {
-                    rule: o.spec.rule.clone(),
-                    identity: o.spec.identity.clone(),
-                    limit: o.spec.limit,
-                    until: super::format_rfc3339(o.spec.until_ms),
+                    rule: o.rule.clone(),
+                    identity: o.identity.clone(),
+                    limit: o.limit,
+                    until: format_rfc3339(o.until_ms),
                 })
                 .collect(),
-        };
-        toml::to_string(&file).unwrap_or_else(|e| {
-            let mut s = String::new();
-            let _ = write!(s, "# cannot serialise rules: {e}");
-            s
-        })
+        }
     }
 
-    /// The rules in evaluation order.
+    /// The set as a TOML rule file that [`RuleSet::from_toml`] reads back to the same set:
+    /// the rules as written (defaults left out) and the overrides held.
+    pub fn to_toml(&self) -> String {
+        // Serialising plain strings, integers, booleans and arrays of tables cannot fail.
+        toml::to_string(&self.to_file()).unwrap_or_default()
+    }
+
+    /// The set as JSON that [`RuleSet::from_json`] reads back to the same set.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.to_file()).unwrap_or_default()
+    }
+
+    /// The rules in evaluation (file) order.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
     }
 
-    /// The overrides in force or pending expiry.
+    /// The rule named `name`.
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name == name)
+    }
+
+    /// The overrides held, in no particular order, including ended ones not yet dropped by
+    /// [`RuleSet::expire_overrides`].
     pub fn overrides(&self) -> impl Iterator<Item = &Override> {
         self.overrides.values().flat_map(HashMap::values).map(|o| &o.spec)
     }
 
-    /// The rules that apply to a request, each with the identity value it limits by.
+    fn override_of(&self, rule: &str, identity: &str) -> Option<&ActiveOverride> {
+        self.overrides.get(rule)?.get(identity)
+    }
+
+    /// The rules that apply to a request, in rule-file order, each with the identity value
+    /// it limits by.
+    ///
+    /// A rule applies when the request carries its identity (a missing or empty value skips
+    /// the rule; `global` rules always apply, with identity `"global"`), its path glob
+    /// matches `path`, its methods (if any) contain `method` (ignoring case), and, when it
+    /// names a `tier`, the request's `tier` identity equals it. Allocates nothing.
     pub fn matching<'a>(
         &'a self,
         identities: &'a BTreeMap<String, String>,
@@ -241,39 +201,46 @@ impl RuleSet {
         path: &'a str,
     ) -> impl Iterator<Item = (&'a Rule, &'a str)> + 'a {
         self.rules.iter().filter_map(move |rule| {
-            let identity = match &rule.by {
-                Identity::Global => "global",
-                by => identities.get(by.key())?.as_str(),
-            };
+            let identity = rule.identity_in(identities)?;
             rule.applies(identities, method, path).then_some((rule, identity))
         })
     }
 
-    /// The limit for `identity` under `rule` at `now_ms`: an unexpired override's, else the rule's.
+    /// The limit for `identity` under `rule` at `now_ms` (unix ms): the override's while
+    /// `now_ms < until_ms`, else the rule's own. Allocates nothing.
     pub fn limit_for(&self, rule: &Rule, identity: &str, now_ms: u64) -> Limit {
         if self.overrides.is_empty() {
             return rule.limit;
         }
-        match self.overrides.get(&rule.name).and_then(|m| m.get(identity)) {
-            Some(o) if now_ms < o.until_ms => o.limit,
+        match self.override_of(&rule.name, identity) {
+            Some(o) if now_ms < o.spec.until_ms => o.limit,
             _ => rule.limit,
         }
     }
 
-    /// Adds or replaces an override, validated against its rule.
+    /// Adds an override, or replaces the one for the same rule and identity, after checking
+    /// it: the rule exists, the identity is 1 to 256 bytes (`global` for a global rule),
+    /// `until_ms` is at most [`MAX_TIMESTAMP_MS`] and the limit is valid for the rule.
     pub fn add_override(&mut self, o: Override) -> Result<(), RulesError> {
         self.insert_override(o, 0)
     }
 
     /// Removes the override for (`rule`, `identity`); whether there was one.
     pub fn remove_override(&mut self, rule: &str, identity: &str) -> bool {
-        self.overrides.get_mut(rule).and_then(|m| m.remove(identity)).is_some()
+        let Some(m) = self.overrides.get_mut(rule) else {
+            return false;
+        };
+        let removed = m.remove(identity).is_some();
+        if m.is_empty() {
+            self.overrides.remove(rule);
+        }
+        removed
     }
 
-    /// Drops overrides that ended before `now_ms`.
+    /// Drops overrides that have ended at `now_ms` (`until_ms <= now_ms`).
     pub fn expire_overrides(&mut self, now_ms: u64) {
         for m in self.overrides.values_mut() {
-            m.retain(|_, o| o.until_ms > now_ms);
+            m.retain(|_, o| o.spec.until_ms > now_ms);
         }
         self.overrides.retain(|_, m| !m.is_empty());
     }
@@ -286,19 +253,30 @@ impl RuleSet {
             field,
             message,
         };
-        let Some(rule) = self.rules.iter().find(|r| r.name == o.rule) else {
+        let Some(rule) = self.rule(&o.rule) else {
             return Err(fail("rule", "no rule has this name".into()));
         };
-        if o.identity.is_empty() || o.identity.len() > 256 {
-            return Err(fail("identity", "must be 1 to 256 bytes".into()));
+        if o.identity.is_empty() || o.identity.len() > MAX_IDENTITY_BYTES {
+            return Err(fail("identity", format!("must be 1 to {MAX_IDENTITY_BYTES} bytes")));
+        }
+        if rule.by == Identity::Global && o.identity != "global" {
+            return Err(fail(
+                "identity",
+                "the rule limits by global: its only identity is \"global\"".into(),
+            ));
+        }
+        if o.until_ms > MAX_TIMESTAMP_MS {
+            return Err(fail(
+                "until",
+                format!("{} is after 9999-12-31T23:59:59.999Z", o.until_ms),
+            ));
         }
         let base = rule.limit;
-        // The override scales the burst with the limit, so a rule whose burst is twice its
-        // limit keeps that shape.
         let burst = if base.capacity() == base.limit() {
             0
         } else {
-            (u128::from(base.capacity()) * u128::from(o.limit) / u128::from(base.limit())).max(1) as u64
+            let scaled = u128::from(base.capacity()) * u128::from(o.limit) / u128::from(base.limit());
+            u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
         };
         let limit = Limit::new(
             base.algorithm(),
@@ -308,100 +286,18 @@ impl RuleSet {
             base.shaping(),
             base.max_delay(),
         )
-        .map_err(|e| fail("limit", e.to_string()))?;
-        let active = ActiveOverride {
-            limit,
-            until_ms: o.until_ms,
-            spec: o.clone(),
-        };
+        .map_err(|e| {
+            // The override has no burst of its own: a too-large scaled burst means its limit is too large.
+            let field = match limit_error_field(&e) {
+                "burst" => "limit",
+                f => f,
+            };
+            fail(field, e.to_string())
+        })?;
         self.overrides
             .entry(o.rule.clone())
             .or_default()
-            .insert(o.identity.clone(), active);
+            .insert(o.identity.clone(), ActiveOverride { limit, spec: o });
         Ok(())
     }
-}
-
-fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, RulesError> {
-    let fail = |field, message: String| RulesError::Rule {
-        rule: rule_label(spec, index),
-        field,
-        message,
-    };
-    if spec.name.trim().is_empty() {
-        return Err(fail("name", "must not be empty".into()));
-    }
-    if spec.name.len() > 128 || spec.name.chars().any(char::is_control) {
-        return Err(fail("name", "must be at most 128 printable characters".into()));
-    }
-    let by = Identity::parse(&spec.by).map_err(|m| fail("by", m))?;
-    let algorithm: Algorithm = spec
-        .algorithm
-        .parse()
-        .map_err(|e: crate::algorithm::UnknownAlgorithm| fail("algorithm", e.to_string()))?;
-    let window_ms = parse_duration(&spec.window).map_err(|m| fail("window", m))?;
-    if window_ms == 0 {
-        return Err(fail("window", "must be at least 1ms".into()));
-    }
-    let max_delay_ms = parse_duration(&spec.max_delay).map_err(|m| fail("max_delay", m))?;
-    if spec.shaping && algorithm != Algorithm::LeakyBucket {
-        return Err(fail("shaping", format!("only leaky_bucket can shape, not {algorithm}")));
-    }
-    let failure = match spec.failure.as_str() {
-        "open" => FailureMode::Open,
-        "closed" => FailureMode::Closed,
-        other => return Err(fail("failure", format!("{other:?} is not open or closed"))),
-    };
-    let mut methods = Vec::with_capacity(spec.methods.len());
-    for m in &spec.methods {
-        if m.is_empty() || m.len() > 16 || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
-            return Err(fail("methods", format!("{m:?} is not an HTTP method")));
-        }
-        methods.push(m.to_ascii_uppercase());
-    }
-    let limit = Limit::new(
-        algorithm,
-        spec.limit,
-        window_ms * MICROS_PER_MS,
-        spec.burst,
-        spec.shaping,
-        max_delay_ms * MICROS_PER_MS,
-    )
-    .map_err(|e| {
-        let field = match &e {
-            LimitError::ZeroLimit | LimitError::TooFast { .. } => "limit",
-            LimitError::BadWindow => "window",
-            LimitError::TooLarge { field, .. } => field,
-        };
-        fail(field, e.to_string())
-    })?;
-    Ok(Rule {
-        name: spec.name.clone(),
-        by,
-        path: Glob::new(&spec.path),
-        methods,
-        tier: spec.tier.clone(),
-        limit,
-        window_ms,
-        failure,
-        shadow: spec.shadow,
-    })
-}
-
-/// The hash-tagged key prefix of one limit: `sluice:{<rule>:<identity>}`.
-///
-/// Braces in names are replaced so that a client's identity cannot move the hash tag;
-/// stores append `:<suffix>`.
-pub fn limit_key(rule: &str, identity: &str) -> String {
-    let mut key = String::with_capacity(rule.len() + identity.len() + 10);
-    key.push_str("sluice:{");
-    for c in rule.chars().chain(std::iter::once(':')).chain(identity.chars()) {
-        key.push(match c {
-            '{' => '(',
-            '}' => ')',
-            c => c,
-        });
-    }
-    key.push('}');
-    key
 }

@@ -1,0 +1,244 @@
+//! One `[[rule]]` checked field by field and turned into a ready-to-match [`Rule`].
+
+use std::collections::BTreeMap;
+
+use super::duration::parse_duration;
+use super::file::RuleSpec;
+use super::glob::Glob;
+use super::RulesError;
+use crate::algorithm::{Algorithm, Limit, LimitError, UnknownAlgorithm, MICROS_PER_MS};
+use crate::wire::{is_token, MAX_IDENTITY_BYTES, MAX_METHOD_BYTES, MAX_PATH_BYTES};
+
+/// Longest rule name, in bytes.
+pub const MAX_RULE_NAME_BYTES: usize = 128;
+
+/// What a rule limits by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// The client IP (`ip`).
+    Ip,
+    /// The authenticated user (`user`).
+    User,
+    /// The API key (`api_key`).
+    ApiKey,
+    /// The plan tier (`tier`).
+    Tier,
+    /// Any other identity the proxy extracts; holds the whole lower-cased key,
+    /// `header:<name>`, as it appears in a check request's `identities`.
+    Header(String),
+    /// One bucket for everyone (`global`); its identity value is `"global"`.
+    Global,
+}
+
+impl Identity {
+    /// Parses the `by` field: `ip`, `user`, `api_key`, `tier`, `header:<name>` or `global`.
+    ///
+    /// The header name must be an HTTP token; it is lower-cased.
+    pub fn parse(s: &str) -> Result<Identity, String> {
+        Ok(match s {
+            "ip" => Identity::Ip,
+            "user" => Identity::User,
+            "api_key" => Identity::ApiKey,
+            "tier" => Identity::Tier,
+            "global" => Identity::Global,
+            _ => match s.strip_prefix("header:") {
+                Some(name) if is_token(name) && s.len() <= MAX_IDENTITY_BYTES => {
+                    Identity::Header(format!("header:{}", name.to_ascii_lowercase()))
+                }
+                Some(name) => {
+                    return Err(format!(
+                        "{s:?}: header name {name:?} must be an HTTP token (letters, digits, -, _ ...) \
+                         and the whole identity at most {MAX_IDENTITY_BYTES} bytes"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "{s:?} is not an identity: use ip, user, api_key, tier, header:<name> or global"
+                    ))
+                }
+            },
+        })
+    }
+
+    /// The key of this identity in a check request's `identities` (`global` for [`Identity::Global`]).
+    pub fn key(&self) -> &str {
+        match self {
+            Identity::Ip => "ip",
+            Identity::User => "user",
+            Identity::ApiKey => "api_key",
+            Identity::Tier => "tier",
+            Identity::Header(key) => key,
+            Identity::Global => "global",
+        }
+    }
+}
+
+/// What a rule does when the counter store is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Decide from a node-local fallback bucket (`failure = "open"`, the default).
+    Open,
+    /// Deny (`failure = "closed"`).
+    Closed,
+}
+
+/// One validated rule, ready to match: its glob is compiled and its [`Limit`] built.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// Unique name; the policy name in headers and the first part of its limit keys.
+    pub name: String,
+    /// What it limits by.
+    pub by: Identity,
+    /// Path glob.
+    pub path: Glob,
+    /// Upper-case methods; empty means every method.
+    pub methods: Vec<String>,
+    /// Required tier, if any.
+    pub tier: Option<String>,
+    /// The validated limit (windows in microseconds).
+    pub limit: Limit,
+    /// The window in milliseconds (for headers and the wire).
+    pub window_ms: u64,
+    /// Store-failure policy.
+    pub failure: FailureMode,
+    /// Count, never deny.
+    pub shadow: bool,
+}
+
+impl Rule {
+    /// The identity value this rule limits `identities` by, or `None` when the request does
+    /// not carry it (an empty value counts as absent). `global` rules always get `"global"`.
+    pub fn identity_in<'a>(&self, identities: &'a BTreeMap<String, String>) -> Option<&'a str> {
+        match &self.by {
+            Identity::Global => Some("global"),
+            by => identities.get(by.key()).map(String::as_str).filter(|v| !v.is_empty()),
+        }
+    }
+
+    /// Whether the path, method and tier conditions hold (the identity is checked apart).
+    pub fn applies(&self, identities: &BTreeMap<String, String>, method: &str, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
+            && self.tier.as_ref().is_none_or(|t| identities.get("tier") == Some(t))
+            && self.path.matches(path)
+    }
+}
+
+/// How errors name a rule: its name in quotes, or `#<n>` (1-based) when it has none.
+pub(crate) fn rule_label(spec: &RuleSpec, index: usize) -> String {
+    if spec.name.trim().is_empty() {
+        format!("#{}", index + 1)
+    } else {
+        format!("{:?}", spec.name)
+    }
+}
+
+/// The rule-file field a [`LimitError`] is about.
+pub(crate) fn limit_error_field(e: &LimitError) -> &'static str {
+    match e {
+        LimitError::ZeroLimit | LimitError::TooFast { .. } => "limit",
+        LimitError::BadWindow => "window",
+        LimitError::TooLarge { field, .. } => field,
+    }
+}
+
+/// Checks every field of the rule at `index` (0-based) and builds it.
+pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, RulesError> {
+    let fail = |field, message: String| RulesError::Rule {
+        rule: rule_label(spec, index),
+        field,
+        message,
+    };
+    if spec.name.trim().is_empty() {
+        return Err(fail("name", "must not be empty".into()));
+    }
+    if spec.name.len() > MAX_RULE_NAME_BYTES || spec.name.chars().any(char::is_control) {
+        return Err(fail(
+            "name",
+            format!("must be at most {MAX_RULE_NAME_BYTES} bytes of printable characters"),
+        ));
+    }
+    let by = Identity::parse(&spec.by).map_err(|m| fail("by", m))?;
+    if spec.path.is_empty() {
+        return Err(fail(
+            "path",
+            "must not be empty; use \"*\" (the default) for every path".into(),
+        ));
+    }
+    if spec.path.len() > MAX_PATH_BYTES {
+        return Err(fail(
+            "path",
+            format!("is {} bytes; at most {MAX_PATH_BYTES}", spec.path.len()),
+        ));
+    }
+    let mut methods = Vec::with_capacity(spec.methods.len());
+    for m in &spec.methods {
+        if m.len() > MAX_METHOD_BYTES || !is_token(m) {
+            return Err(fail(
+                "methods",
+                format!("{m:?} is not an HTTP method (a token of 1 to {MAX_METHOD_BYTES} bytes)"),
+            ));
+        }
+        methods.push(m.to_ascii_uppercase());
+    }
+    if let Some(tier) = &spec.tier {
+        if tier.is_empty() || tier.len() > MAX_IDENTITY_BYTES {
+            return Err(fail(
+                "tier",
+                format!("must be 1 to {MAX_IDENTITY_BYTES} bytes; leave it out to apply to every tier"),
+            ));
+        }
+    }
+    let algorithm: Algorithm = spec
+        .algorithm
+        .parse()
+        .map_err(|e: UnknownAlgorithm| fail("algorithm", e.to_string()))?;
+    let window_ms = parse_duration(&spec.window).map_err(|m| fail("window", m))?;
+    if window_ms == 0 {
+        return Err(fail("window", "must be at least 1ms".into()));
+    }
+    let uses_burst = matches!(
+        algorithm,
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket
+    );
+    if spec.burst != 0 && !uses_burst {
+        return Err(fail(
+            "burst",
+            format!("{algorithm} has no burst; only token_bucket, gcra and leaky_bucket do (leave it out or 0)"),
+        ));
+    }
+    let failure = match spec.failure.as_str() {
+        "open" => FailureMode::Open,
+        "closed" => FailureMode::Closed,
+        other => return Err(fail("failure", format!("{other:?} is not \"open\" or \"closed\""))),
+    };
+    if spec.shaping && algorithm != Algorithm::LeakyBucket {
+        return Err(fail("shaping", format!("only leaky_bucket can shape, not {algorithm}")));
+    }
+    let max_delay_ms = parse_duration(&spec.max_delay).map_err(|m| fail("max_delay", m))?;
+    if spec.shaping && max_delay_ms == 0 {
+        return Err(fail(
+            "max_delay",
+            "shaping = true needs how long a request may be held, e.g. max_delay = \"2s\"".into(),
+        ));
+    }
+    let limit = Limit::new(
+        algorithm,
+        spec.limit,
+        window_ms * MICROS_PER_MS,
+        spec.burst,
+        spec.shaping,
+        max_delay_ms * MICROS_PER_MS,
+    )
+    .map_err(|e| fail(limit_error_field(&e), e.to_string()))?;
+    Ok(Rule {
+        name: spec.name.clone(),
+        by,
+        path: Glob::new(&spec.path),
+        methods,
+        tier: spec.tier.clone(),
+        limit,
+        window_ms,
+        failure,
+        shadow: spec.shadow,
+    })
+}

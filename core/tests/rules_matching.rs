@@ -1,0 +1,294 @@
+//! Matching requests to rules, overrides over time, and limit keys.
+
+use std::collections::BTreeMap;
+
+use sluice_core::rules::{limit_key, Override, RuleSet, MAX_TIMESTAMP_MS};
+
+fn ids(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn example() -> RuleSet {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
+    RuleSet::from_toml(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn names(set: &RuleSet, i: &[(&str, &str)], m: &str, p: &str) -> Vec<String> {
+    let i = ids(i);
+    set.matching(&i, m, p)
+        .map(|(r, id)| format!("{}={id}", r.name))
+        .collect()
+}
+
+const RULES: &str = r#"
+[[rule]]
+name = "ip"
+by = "ip"
+algorithm = "gcra"
+limit = 10
+window = "1s"
+
+[[rule]]
+name = "search-get"
+by = "user"
+path = "/api/search*"
+methods = ["GET", "head"]
+algorithm = "sliding_window_counter"
+limit = 100
+window = "1m"
+
+[[rule]]
+name = "free"
+by = "user"
+tier = "free"
+algorithm = "fixed_window"
+limit = 1000
+window = "1d"
+
+[[rule]]
+name = "client"
+by = "header:X-Client"
+path = "/v?/*"
+algorithm = "token_bucket"
+limit = 5
+window = "1s"
+
+[[rule]]
+name = "everyone"
+by = "global"
+algorithm = "sliding_window_log"
+limit = 100
+window = "1s"
+shadow = true
+"#;
+
+#[test]
+fn missing_identity_skips_the_rule_and_global_always_matches() {
+    let set = RuleSet::from_toml(RULES).unwrap();
+    assert_eq!(names(&set, &[], "GET", "/api/search"), ["everyone=global"]);
+    assert_eq!(
+        names(&set, &[("ip", "")], "GET", "/"),
+        ["everyone=global"],
+        "empty = absent"
+    );
+    assert_eq!(
+        names(&set, &[("ip", "1.2.3.4")], "GET", "/"),
+        ["ip=1.2.3.4", "everyone=global"]
+    );
+    // A request's own "global" identity is not what a global rule uses.
+    assert_eq!(names(&set, &[("global", "x")], "GET", "/"), ["everyone=global"]);
+}
+
+#[test]
+fn methods_match_ignoring_case_and_paths_by_glob() {
+    let set = RuleSet::from_toml(RULES).unwrap();
+    let u = [("user", "7")];
+    assert_eq!(
+        names(&set, &u, "GET", "/api/search"),
+        ["search-get=7", "everyone=global"]
+    );
+    assert_eq!(
+        names(&set, &u, "get", "/api/search?q=1"),
+        ["search-get=7", "everyone=global"]
+    );
+    assert_eq!(
+        names(&set, &u, "HEAD", "/api/search/x"),
+        ["search-get=7", "everyone=global"]
+    );
+    assert_eq!(names(&set, &u, "POST", "/api/search"), ["everyone=global"]);
+    assert_eq!(names(&set, &u, "GET", "/api/searc"), ["everyone=global"]);
+    assert_eq!(
+        names(&set, &u, "GET", "/x/api/search"),
+        ["everyone=global"],
+        "globs are anchored"
+    );
+}
+
+#[test]
+fn tier_rules_need_the_tier_identity_to_equal_theirs() {
+    let set = RuleSet::from_toml(RULES).unwrap();
+    assert_eq!(
+        names(&set, &[("user", "7"), ("tier", "free")], "PUT", "/"),
+        ["free=7", "everyone=global"]
+    );
+    assert_eq!(
+        names(&set, &[("user", "7"), ("tier", "pro")], "PUT", "/"),
+        ["everyone=global"]
+    );
+    assert_eq!(
+        names(&set, &[("user", "7"), ("tier", "Free")], "PUT", "/"),
+        ["everyone=global"]
+    );
+    assert_eq!(names(&set, &[("user", "7")], "PUT", "/"), ["everyone=global"]);
+    assert_eq!(
+        names(&set, &[("tier", "free")], "PUT", "/"),
+        ["everyone=global"],
+        "no user identity"
+    );
+}
+
+#[test]
+fn header_identities_use_the_lower_cased_key() {
+    let set = RuleSet::from_toml(RULES).unwrap();
+    assert_eq!(
+        names(&set, &[("header:x-client", "c1")], "GET", "/v1/a"),
+        ["client=c1", "everyone=global"]
+    );
+    assert_eq!(
+        names(&set, &[("header:x-client", "c1")], "GET", "/v10/a"),
+        ["everyone=global"]
+    );
+    assert_eq!(
+        names(&set, &[("header:X-Client", "c1")], "GET", "/v1/a"),
+        ["everyone=global"]
+    );
+}
+
+#[test]
+fn every_rule_matches_in_file_order() {
+    let set = RuleSet::from_toml(RULES).unwrap();
+    assert_eq!(
+        names(
+            &set,
+            &[
+                ("ip", "1.2.3.4"),
+                ("user", "7"),
+                ("tier", "free"),
+                ("header:x-client", "c")
+            ],
+            "GET",
+            "/v2/x"
+        ),
+        ["ip=1.2.3.4", "free=7", "client=c", "everyone=global"]
+    );
+}
+
+#[test]
+fn example_rules_match_as_the_demo_expects() {
+    let set = example();
+    assert_eq!(
+        names(&set, &[("ip", "1.2.3.4")], "GET", "/"),
+        ["per-ip=1.2.3.4", "global-dry-run=global"]
+    );
+    assert_eq!(
+        names(&set, &[("user", "7"), ("tier", "free")], "get", "/api/search/x"),
+        ["search-per-user=7", "free-tier=7", "global-dry-run=global"]
+    );
+    assert_eq!(
+        names(&set, &[("user", "7"), ("tier", "pro")], "POST", "/api/search"),
+        ["pro-tier=7", "global-dry-run=global"]
+    );
+    assert_eq!(
+        names(&set, &[("user", "7")], "PUT", "/api/upload/1"),
+        ["uploads-shaped=7", "global-dry-run=global"]
+    );
+    assert_eq!(
+        names(&set, &[("api_key", "k")], "GET", "/"),
+        ["per-api-key=k", "global-dry-run=global"]
+    );
+}
+
+#[test]
+fn overrides_apply_until_their_end_exactly() {
+    let mut set = example();
+    let rule = set.rule("search-per-user").unwrap().clone();
+    let until = 1_924_905_600_000; // 2030-12-31T00:00:00Z in examples/rules.toml
+    assert_eq!(set.limit_for(&rule, "42", until - 1).limit(), 1000);
+    assert_eq!(set.limit_for(&rule, "42", until).limit(), 100);
+    assert_eq!(set.limit_for(&rule, "43", 0).limit(), 100);
+    let other = set.rule("per-ip").unwrap().clone();
+    assert_eq!(set.limit_for(&other, "42", 0).limit(), 5, "overrides are per rule");
+    set.add_override(Override {
+        rule: "search-per-user".into(),
+        identity: "43".into(),
+        limit: 7,
+        until_ms: 5_000,
+    })
+    .unwrap();
+    assert_eq!(set.limit_for(&rule, "43", 4_999).limit(), 7);
+    assert_eq!(set.limit_for(&rule, "43", 5_000).limit(), 100);
+    assert_eq!(set.overrides().count(), 2);
+    set.expire_overrides(4_999);
+    assert_eq!(set.overrides().count(), 2);
+    set.expire_overrides(5_000);
+    assert_eq!(set.overrides().count(), 1);
+    assert!(set.remove_override("search-per-user", "42"));
+    assert!(!set.remove_override("search-per-user", "42"));
+    assert!(!set.remove_override("nope", "42"));
+    assert_eq!(set.limit_for(&rule, "42", 0).limit(), 100);
+    assert_eq!(set.overrides().count(), 0);
+}
+
+#[test]
+fn overrides_keep_algorithm_window_and_burst_ratio() {
+    let mut set = example();
+    let add = |set: &mut RuleSet, rule: &str, limit| {
+        set.add_override(Override {
+            rule: rule.into(),
+            identity: "x".into(),
+            limit,
+            until_ms: MAX_TIMESTAMP_MS,
+        })
+    };
+    // api-key: gcra, 600 per minute, burst 50 → ×2 keeps burst/limit: 100.
+    add(&mut set, "per-api-key", 1200).unwrap();
+    let rule = set.rule("per-api-key").unwrap().clone();
+    let o = set.limit_for(&rule, "x", 0);
+    assert_eq!(
+        (o.algorithm(), o.window(), o.limit(), o.capacity()),
+        (rule.limit.algorithm(), rule.limit.window(), 1200, 100)
+    );
+    // Scaled down, the burst stays at least 1.
+    add(&mut set, "per-api-key", 1).unwrap();
+    assert_eq!(set.limit_for(&rule, "x", 0).capacity(), 1);
+    // burst 0 (= limit) stays = limit; shaping and max_delay are kept.
+    add(&mut set, "uploads-shaped", 20).unwrap();
+    let up = set.rule("uploads-shaped").unwrap().clone();
+    let o = set.limit_for(&up, "x", 0);
+    assert!(o.shaping());
+    assert_eq!((o.max_delay(), o.capacity()), (up.limit.max_delay(), 4));
+    add(&mut set, "per-ip", 50).unwrap();
+    let ip = set.rule("per-ip").unwrap().clone();
+    assert_eq!(set.limit_for(&ip, "x", 0).capacity(), 50);
+    // Adding again replaces.
+    add(&mut set, "per-ip", 60).unwrap();
+    assert_eq!(set.limit_for(&ip, "x", 0).limit(), 60);
+}
+
+#[test]
+fn run_time_overrides_are_validated_and_written_back() {
+    let mut set = example();
+    let o = |rule: &str, identity: &str, limit, until_ms| Override {
+        rule: rule.into(),
+        identity: identity.into(),
+        limit,
+        until_ms,
+    };
+    let msg = |r: Result<(), sluice_core::rules::RulesError>| r.unwrap_err().to_string();
+    assert!(msg(set.add_override(o("nope", "1", 5, 9))).contains("field rule: no rule has this name"));
+    assert!(msg(set.add_override(o("per-ip", "1", 0, 9))).contains("field limit: limit must be at least 1"));
+    assert!(msg(set.add_override(o("per-ip", "1", u64::MAX, 9))).contains("field limit:"));
+    assert!(msg(set.add_override(o("per-ip", "", 5, 9))).contains("field identity"));
+    assert!(msg(set.add_override(o("per-ip", &"x".repeat(257), 5, 9))).contains("field identity"));
+    assert!(msg(set.add_override(o("per-ip", "1", 5, MAX_TIMESTAMP_MS + 1))).contains("field until"));
+    assert!(msg(set.add_override(o("global-dry-run", "1", 5, 9))).contains("field identity"));
+    set.add_override(o("global-dry-run", "global", 50_000, 1_798_675_200_250))
+        .unwrap();
+    set.add_override(o("per-ip", "203.0.113.9", 50, MAX_TIMESTAMP_MS))
+        .unwrap();
+    let text = set.to_toml();
+    assert!(text.contains("until = \"2026-12-31T00:00:00.250Z\""), "{text}");
+    let again = RuleSet::from_toml(&text).unwrap();
+    assert_eq!(again.overrides().count(), 3);
+    assert_eq!(again.to_toml(), text);
+    let g = again.rule("global-dry-run").unwrap();
+    assert_eq!(again.limit_for(g, "global", 1_798_675_200_249).limit(), 50_000);
+    assert_eq!(again.limit_for(g, "global", 1_798_675_200_250).limit(), 10_000);
+}
+
+#[test]
+fn limit_keys_keep_one_hash_tag() {
+    assert_eq!(limit_key("per-ip", "1.2.3.4"), "sluice:{per-ip:1.2.3.4}");
+    assert_eq!(limit_key("r", "a}b{c"), "sluice:{r:a%7Db%7Bc}");
+    assert_ne!(limit_key("a:b", "c"), limit_key("a", "b:c"));
+}
