@@ -1,1 +1,406 @@
-//! Proxy mode (being written).
+//! Proxy mode: a real HTTP/1.1 proxy that runs a module on every request.
+//!
+//! One thread owns the VM (as each Envoy worker owns one); the network side runs on tokio
+//! and talks to it by messages, so a request paused on a check call never blocks others.
+//! Calls the module dispatches go over real HTTP to the named clusters with their timeouts;
+//! a failed or timed-out call is delivered with no headers, as Envoy does. The clock is real,
+//! and ticks fire on time.
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::oneshot;
+
+use crate::{CallResponse, Flavor, HarnessError, Host, HostOptions, Outcome};
+
+/// How to run the proxy.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// The module.
+    pub wasm: Vec<u8>,
+    /// The plugin configuration handed to `proxy_on_configure`.
+    pub plugin_config: Vec<u8>,
+    /// Where requests the module lets through go.
+    pub upstream: SocketAddr,
+    /// Cluster name → address for dispatched calls (Nginx flavour: `host:port` works as is).
+    pub clusters: HashMap<String, SocketAddr>,
+    /// Which host to imitate.
+    pub flavor: Flavor,
+}
+
+type Headers = Vec<(String, String)>;
+
+enum Verdict {
+    Forward {
+        stream: u32,
+        headers: Headers,
+    },
+    Respond {
+        status: u16,
+        headers: Headers,
+        body: Vec<u8>,
+    },
+}
+
+enum Cmd {
+    Request {
+        headers: Headers,
+        peer: SocketAddr,
+        reply: oneshot::Sender<Verdict>,
+    },
+    Response {
+        stream: u32,
+        headers: Headers,
+        reply: oneshot::Sender<Headers>,
+    },
+    Abort {
+        stream: u32,
+    },
+    CallDone {
+        token: u32,
+        response: Option<CallResponse>,
+    },
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Runs the proxy on `listener` until the process ends.
+pub async fn serve(config: ProxyConfig, listener: tokio::net::TcpListener) -> Result<(), HarnessError> {
+    let (tx, rx) = mpsc::channel::<Cmd>();
+    let options = HostOptions {
+        flavor: config.flavor,
+        clusters: config.clusters.keys().cloned().collect(),
+        start_time_ns: now_ns(),
+    };
+    let mut host = Host::new(&config.wasm, options)?;
+    host.start(b"", &config.plugin_config)?;
+    let runtime = tokio::runtime::Handle::current();
+    let clusters = config.clusters.clone();
+    let vm_tx = tx.clone();
+    std::thread::Builder::new()
+        .name("wasm-vm".into())
+        .spawn(move || vm_loop(host, rx, vm_tx, clusters, runtime))
+        .map_err(|e| HarnessError::Load(format!("cannot start the VM thread: {e}")))?;
+
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (tx, client, upstream) = (tx.clone(), client.clone(), config.upstream);
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |req| handle(req, peer, tx.clone(), client.clone(), upstream));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn text(status: u16, msg: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(format!("{msg}\n"))));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+    r
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    vm: mpsc::Sender<Cmd>,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    upstream: SocketAddr,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/".to_owned(), |p| p.as_str().to_owned());
+    let authority = parts
+        .headers
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost")
+        .to_owned();
+    let mut headers: Headers = vec![
+        (":method".into(), parts.method.to_string()),
+        (":path".into(), path),
+        (":authority".into(), authority),
+    ];
+    for (k, v) in &parts.headers {
+        if let Ok(v) = v.to_str() {
+            headers.push((k.as_str().to_owned(), v.to_owned()));
+        }
+    }
+    let (reply, verdict) = oneshot::channel();
+    if vm.send(Cmd::Request { headers, peer, reply }).is_err() {
+        return Ok(text(503, "the wasm VM stopped"));
+    }
+    let (stream, headers) = match verdict.await {
+        Ok(Verdict::Forward { stream, headers }) => (stream, headers),
+        Ok(Verdict::Respond { status, headers, body }) => {
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+            for (k, v) in headers {
+                if let (Ok(k), Ok(v)) = (
+                    hyper::header::HeaderName::try_from(k),
+                    hyper::header::HeaderValue::try_from(v),
+                ) {
+                    r.headers_mut().append(k, v);
+                }
+            }
+            return Ok(r);
+        }
+        Err(_) => return Ok(text(500, "the wasm VM dropped the request")),
+    };
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let mut builder = Request::builder().method(parts.method.clone());
+    let mut path = "/".to_owned();
+    for (k, v) in &headers {
+        match k.as_str() {
+            ":path" => path = v.clone(),
+            ":method" | ":authority" | ":scheme" => {}
+            _ => builder = builder.header(k.as_str(), v.as_str()),
+        }
+    }
+    let upstream_req = match builder.uri(format!("http://{upstream}{path}")).body(Full::new(body)) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = vm.send(Cmd::Abort { stream });
+            return Ok(text(400, &format!("cannot forward: {e}")));
+        }
+    };
+    let resp = match client.request(upstream_req).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = vm.send(Cmd::Abort { stream });
+            return Ok(text(502, &format!("upstream {upstream} failed: {e}")));
+        }
+    };
+    let (rparts, rbody) = resp.into_parts();
+    let rbody = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let mut rheaders: Headers = vec![(":status".into(), rparts.status.as_u16().to_string())];
+    for (k, v) in &rparts.headers {
+        if let Ok(v) = v.to_str() {
+            rheaders.push((k.as_str().to_owned(), v.to_owned()));
+        }
+    }
+    let (reply, changed) = oneshot::channel();
+    let rheaders = if vm
+        .send(Cmd::Response {
+            stream,
+            headers: rheaders.clone(),
+            reply,
+        })
+        .is_ok()
+    {
+        changed.await.unwrap_or(rheaders)
+    } else {
+        rheaders
+    };
+    let mut r = Response::new(Full::new(rbody));
+    *r.status_mut() = rparts.status;
+    for (k, v) in rheaders {
+        if k.starts_with(':') {
+            continue;
+        }
+        if let (Ok(k), Ok(v)) = (
+            hyper::header::HeaderName::try_from(k),
+            hyper::header::HeaderValue::try_from(v),
+        ) {
+            r.headers_mut().append(k, v);
+        }
+    }
+    Ok(r)
+}
+
+/// The VM thread: owns the host, applies commands, fires ticks, starts calls.
+fn vm_loop(
+    mut host: Host,
+    rx: mpsc::Receiver<Cmd>,
+    tx: mpsc::Sender<Cmd>,
+    clusters: HashMap<String, SocketAddr>,
+    runtime: tokio::runtime::Handle,
+) {
+    let mut waiting: HashMap<u32, oneshot::Sender<Verdict>> = HashMap::new();
+    let mut calling: HashSet<u32> = HashSet::new();
+    loop {
+        let wait = host
+            .next_tick_ns()
+            .map(|t| Duration::from_nanos(t.saturating_sub(now_ns())));
+        let cmd = match wait {
+            Some(w) => match rx.recv_timeout(w) {
+                Ok(c) => Some(c),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+            None => match rx.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return,
+            },
+        };
+        host.set_clock(now_ns());
+        if let Err(e) = host.run_due_ticks() {
+            tracing::error!("tick failed: {e}");
+        }
+        match cmd {
+            Some(Cmd::Request { headers, peer, reply }) => {
+                let outcome = host.new_stream().and_then(|s| {
+                    host.set_property(s, "source.address", peer.to_string());
+                    let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    host.request_headers(s, &refs, false).map(|o| (s, o))
+                });
+                match outcome {
+                    Ok((s, Outcome::Continue)) => {
+                        let headers = host.stream(s).map(|st| st.request_headers.clone()).unwrap_or_default();
+                        let _ = reply.send(Verdict::Forward { stream: s, headers });
+                    }
+                    Ok((s, Outcome::LocalResponse(r))) => {
+                        let _ = reply.send(Verdict::Respond {
+                            status: r.status,
+                            headers: r.headers,
+                            body: r.body,
+                        });
+                        let _ = host.finish_stream(s);
+                    }
+                    Ok((s, Outcome::Pause)) => {
+                        waiting.insert(s, reply);
+                    }
+                    Err(e) => {
+                        tracing::error!("module failed on request headers: {e}");
+                        let _ = reply.send(Verdict::Respond {
+                            status: 500,
+                            headers: vec![],
+                            body: b"wasm module failed\n".to_vec(),
+                        });
+                    }
+                }
+            }
+            Some(Cmd::Response { stream, headers, reply }) => {
+                let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let changed = match host.response_headers(stream, &refs, false) {
+                    Ok(_) => host
+                        .stream(stream)
+                        .map(|s| s.response_headers.clone())
+                        .unwrap_or(headers),
+                    Err(e) => {
+                        tracing::error!("module failed on response headers: {e}");
+                        headers
+                    }
+                };
+                let _ = reply.send(changed);
+                let _ = host.finish_stream(stream);
+            }
+            Some(Cmd::Abort { stream }) => {
+                waiting.remove(&stream);
+                let _ = host.finish_stream(stream);
+            }
+            Some(Cmd::CallDone { token, response }) => {
+                calling.remove(&token);
+                let result = match response {
+                    Some(r) => host.respond_call(token, r),
+                    None => host.fail_call(token),
+                };
+                if let Err(e) = result {
+                    tracing::debug!("call {token} not delivered: {e}");
+                }
+            }
+            None => {}
+        }
+        // Streams the module resumed or answered since.
+        let ready: Vec<u32> = waiting
+            .keys()
+            .copied()
+            .filter(|s| {
+                host.stream(*s)
+                    .is_none_or(|st| st.request_resumes > 0 || st.local_response.is_some())
+            })
+            .collect();
+        for s in ready {
+            let Some(reply) = waiting.remove(&s) else { continue };
+            match host.stream(s).cloned() {
+                Some(st) if st.local_response.is_some() => {
+                    if let Some(r) = st.local_response {
+                        let _ = reply.send(Verdict::Respond {
+                            status: r.status,
+                            headers: r.headers,
+                            body: r.body,
+                        });
+                    }
+                    let _ = host.finish_stream(s);
+                }
+                Some(st) => {
+                    let _ = reply.send(Verdict::Forward {
+                        stream: s,
+                        headers: st.request_headers,
+                    });
+                }
+                None => {}
+            }
+        }
+        for call in host.pending_calls() {
+            if !calling.insert(call.token) {
+                continue;
+            }
+            let addr = clusters
+                .get(&call.upstream)
+                .copied()
+                .or_else(|| call.upstream.parse().ok());
+            let tx = tx.clone();
+            runtime.spawn(async move {
+                let timeout = Duration::from_millis(u64::from(call.timeout_ms));
+                let response = match addr {
+                    Some(addr) => tokio::time::timeout(timeout, perform(addr, &call.headers, call.body))
+                        .await
+                        .ok()
+                        .flatten(),
+                    None => None,
+                };
+                let _ = tx.send(Cmd::CallDone {
+                    token: call.token,
+                    response,
+                });
+            });
+        }
+    }
+}
+
+/// One dispatched call over a fresh HTTP/1.1 connection; `None` on any failure.
+async fn perform(addr: SocketAddr, headers: &[(String, String)], body: Vec<u8>) -> Option<CallResponse> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(conn);
+    let mut builder = Request::builder();
+    for (k, v) in headers {
+        builder = match k.as_str() {
+            ":method" => builder.method(v.as_str()),
+            ":path" => builder.uri(v.as_str()),
+            ":authority" => builder.header("host", v.as_str()),
+            _ => builder.header(k.as_str(), v.as_str()),
+        };
+    }
+    let resp = sender
+        .send_request(builder.body(Full::new(Bytes::from(body))).ok()?)
+        .await
+        .ok()?;
+    let mut out = vec![(":status".to_owned(), resp.status().as_u16().to_string())];
+    for (k, v) in resp.headers() {
+        out.push((k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()));
+    }
+    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
+    Some(CallResponse { headers: out, body })
+}
