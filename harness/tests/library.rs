@@ -1,0 +1,269 @@
+//! The harness as a test library, driven through a module written with the proxy-wasm Rust
+//! SDK (harness/probe-module): every supported host function and Envoy's stream semantics.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{header, host, host_with, request};
+use sluice_harness::abi::LogLevel;
+use sluice_harness::{CallResponse, Flavor, HarnessError, Host, HostOptions, Outcome};
+
+fn logged(host: &Host, level: LogLevel, needle: &str) -> bool {
+    host.logs().iter().any(|l| l.level == level && l.message.contains(needle))
+}
+
+#[test]
+fn start_runs_vm_start_and_configure_with_their_configurations() {
+    let host = host_with("tick=250", HostOptions::default());
+    assert!(logged(&host, LogLevel::Info, "probe vm started (9 bytes): vm-config"));
+    assert!(logged(&host, LogLevel::Info, "probe configured: tick=250"));
+    assert_eq!(host.next_tick_ns(), Some(host.now_ns() + 250_000_000));
+}
+
+#[test]
+fn configure_returning_false_is_a_failed_start() {
+    let mut host = Host::from_plugin(common::plugin(), HostOptions::default()).unwrap();
+    let err = host.start(b"", b"fail").unwrap_err();
+    assert!(matches!(err, HarnessError::StartRefused("proxy_on_configure")), "{err}");
+    assert!(logged(&host, LogLevel::Error, "probe refuses its configuration"));
+}
+
+#[test]
+fn streams_get_their_own_context_ids_and_share_the_root() {
+    let mut host = host();
+    let (a, oa) = request(&mut host, "shared", &[]);
+    let (b, ob) = request(&mut host, "shared", &[]);
+    assert_eq!((oa, ob), (Outcome::Continue, Outcome::Continue));
+    assert_ne!(a, b);
+    assert!(a > 1 && b > 1, "context 1 is the root's");
+    assert_eq!(header(&host, a, "x-context-id"), Some(a.to_string()));
+    assert_eq!(header(&host, b, "x-context-id"), Some(b.to_string()));
+    // One VM: the second stream sees the first one's shared data, via CAS.
+    assert_eq!(header(&host, a, "x-shared").as_deref(), Some("1"));
+    assert_eq!(header(&host, b, "x-shared").as_deref(), Some("2"));
+    let (value, cas) = host.shared_data("probe_counter").unwrap();
+    assert_eq!(value, b"2");
+    assert!(cas >= 2);
+}
+
+#[test]
+fn header_map_functions_get_replace_remove_add_and_set_all() {
+    let mut host = host();
+    let (s, _) = request(
+        &mut host,
+        "headers",
+        &[("x-get", "got it"), ("x-replace", "old"), ("x-remove", "bye")],
+    );
+    let st = host.stream(s).unwrap();
+    assert_eq!(header(&host, s, "x-got").as_deref(), Some("got it"));
+    assert_eq!(header(&host, s, "x-replace").as_deref(), Some("replaced"));
+    assert_eq!(header(&host, s, "x-remove"), None);
+    assert_eq!(header(&host, s, "x-count-arg").as_deref(), Some("7"));
+    assert_eq!(header(&host, s, "x-end-of-stream").as_deref(), Some("false"));
+    assert_eq!(header(&host, s, ":path").as_deref(), Some("/probe?q=1"));
+    assert!(st.request_headers.iter().any(|(k, _)| k == "x-context-id"));
+
+    let (s, _) = request(&mut host, "set-all", &[("x-drop", "1"), ("x-keep", "2")]);
+    assert_eq!(header(&host, s, "x-drop"), None);
+    assert_eq!(header(&host, s, "x-keep").as_deref(), Some("2"));
+    assert_eq!(header(&host, s, "x-set-all").as_deref(), Some("yes"));
+    assert_eq!(header(&host, s, ":method").as_deref(), Some("GET"));
+}
+
+#[test]
+fn a_local_response_ends_the_stream() {
+    let mut host = host();
+    let (s, outcome) = request(&mut host, "respond", &[]);
+    let Outcome::LocalResponse(r) = outcome else {
+        panic!("expected a local response, got {outcome:?}");
+    };
+    assert_eq!(r.status, 418);
+    assert_eq!(r.header("x-probe"), Some("teapot"));
+    assert_eq!(r.body, b"short and stout");
+    assert_eq!(host.stream(s).unwrap().request_resumes, 0);
+    assert!(host.pending_calls().is_empty());
+}
+
+#[test]
+fn a_dispatched_call_pauses_until_its_response_then_resumes() {
+    let mut host = host();
+    let (s, outcome) = request(&mut host, "call", &[("x-timeout-ms", "300")]);
+    assert_eq!(outcome, Outcome::Pause);
+    let calls = host.pending_calls();
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    assert_eq!(call.upstream, "backend");
+    assert_eq!(call.context_id, s);
+    assert_eq!(call.timeout_ms, 300);
+    assert_eq!(call.header(":method"), Some("POST"));
+    assert_eq!(call.header(":path"), Some("/probe"));
+    assert_eq!(call.body, b"ping");
+
+    // Time passing short of the timeout resumes nothing: only continue_stream does.
+    host.advance(Duration::from_millis(299)).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 0);
+
+    let mut answer = CallResponse::new(201, "pong");
+    answer.headers.push(("x-backend".into(), "yes".into()));
+    host.respond_call(call.token, answer).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 1);
+    assert_eq!(header(&host, s, "x-call-status").as_deref(), Some("201"));
+    assert_eq!(header(&host, s, "x-call-headers").as_deref(), Some("2"));
+    assert_eq!(header(&host, s, "x-call-body").as_deref(), Some("pong"));
+    assert!(host.pending_calls().is_empty());
+    assert!(matches!(host.respond_call(call.token, CallResponse::new(200, "")), Err(HarnessError::NoSuchCall(_))));
+}
+
+#[test]
+fn a_call_that_times_out_arrives_with_no_headers() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "call", &[("x-timeout-ms", "50")]);
+    host.advance(Duration::from_millis(49)).unwrap();
+    assert!(host.stream(s).unwrap().local_response.is_none());
+    host.advance(Duration::from_millis(1)).unwrap();
+    let r = host.stream(s).unwrap().local_response.clone().expect("answered");
+    assert_eq!((r.status, r.body.as_slice()), (504, &b"call timed out"[..]));
+    assert_eq!(host.stream(s).unwrap().request_resumes, 0);
+    assert!(host.pending_calls().is_empty());
+}
+
+#[test]
+fn a_call_to_an_unknown_cluster_is_refused() {
+    let mut host = host();
+    let (s, outcome) = request(&mut host, "bad-cluster", &[]);
+    assert_eq!(outcome, Outcome::Continue);
+    assert_eq!(header(&host, s, "x-call-error").as_deref(), Some("BadArgument"));
+    assert!(host.pending_calls().is_empty());
+}
+
+#[test]
+fn finishing_a_stream_cancels_its_calls_and_runs_on_log() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "call", &[]);
+    assert_eq!(host.pending_calls().len(), 1);
+    host.finish_stream(s).unwrap();
+    assert!(host.pending_calls().is_empty());
+    assert!(host.stream(s).is_none());
+    assert!(logged(&host, LogLevel::Debug, &format!("probe stream {s} done")));
+    assert!(matches!(host.finish_stream(s), Err(HarnessError::NoSuchStream(_))));
+}
+
+#[test]
+fn ticks_follow_the_virtual_clock_and_can_resume_streams() {
+    let mut host = host_with("tick=100", HostOptions::default());
+    let (s, outcome) = request(&mut host, "pause", &[]);
+    assert_eq!(outcome, Outcome::Pause);
+    host.advance(Duration::from_millis(99)).unwrap();
+    assert_eq!(host.metric("probe_ticks"), Some(0));
+    assert_eq!(host.stream(s).unwrap().request_resumes, 0);
+    host.advance(Duration::from_millis(1)).unwrap();
+    assert_eq!(host.metric("probe_ticks"), Some(1));
+    assert_eq!(host.stream(s).unwrap().request_resumes, 1);
+    host.advance(Duration::from_millis(1000)).unwrap();
+    assert_eq!(host.metric("probe_ticks"), Some(11));
+    assert_eq!(host.stream(s).unwrap().request_resumes, 1, "resumed once");
+}
+
+#[test]
+fn the_module_reads_the_virtual_clock() {
+    let mut host = host();
+    let (a, _) = request(&mut host, "time", &[]);
+    let t0: u128 = header(&host, a, "x-now-ns").unwrap().parse().unwrap();
+    assert_eq!(t0, u128::from(host.now_ns()));
+    host.advance(Duration::from_millis(1500)).unwrap();
+    let (b, _) = request(&mut host, "time", &[]);
+    let t1: u128 = header(&host, b, "x-now-ns").unwrap().parse().unwrap();
+    assert_eq!(t1 - t0, 1_500_000_000);
+}
+
+#[test]
+fn properties_come_from_the_request_and_can_be_set() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "props", &[]);
+    assert_eq!(header(&host, s, "x-source").as_deref(), Some("192.0.2.7:4242"));
+    assert_eq!(header(&host, s, "x-path").as_deref(), Some("/probe?q=1"));
+    assert_eq!(header(&host, s, "x-method").as_deref(), Some("GET"));
+    assert_eq!(header(&host, s, "x-mark").as_deref(), Some("set by the module"));
+    assert_eq!(header(&host, s, "x-log-level").as_deref(), Some("Trace"));
+}
+
+#[test]
+fn shared_queues_register_resolve_enqueue_and_dequeue() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "queue", &[]);
+    assert_eq!(header(&host, s, "x-queue"), Some(format!("true:hello from {s}")));
+}
+
+#[test]
+fn metrics_are_defined_incremented_recorded_and_read() {
+    let mut host = host();
+    for _ in 0..3 {
+        request(&mut host, "metrics", &[]);
+    }
+    let (s, _) = request(&mut host, "metrics", &[("x-extra", "1")]);
+    assert_eq!(header(&host, s, "x-metric").as_deref(), Some("4"));
+    assert_eq!(host.metric("probe_requests"), Some(4));
+    assert_eq!(host.metric("probe_gauge"), Some(42));
+    assert_eq!(host.histogram("probe_header_count"), Some(&[4, 4, 4, 5][..]));
+    let mut names = host.metric_names();
+    names.sort();
+    assert_eq!(names, ["probe_gauge", "probe_header_count", "probe_requests", "probe_ticks"]);
+}
+
+#[test]
+fn an_unsupported_host_function_answers_unimplemented_and_is_logged() {
+    let mut host = host();
+    let (s, outcome) = request(&mut host, "unimplemented", &[]);
+    assert_eq!(outcome, Outcome::Continue, "the module did not trap");
+    assert_eq!(header(&host, s, "x-status").as_deref(), Some("12"));
+    assert_eq!(host.unimplemented_calls(), ["proxy_probe_missing_function"]);
+}
+
+#[test]
+fn logs_carry_level_and_context() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "log", &[]);
+    let record = host.logs().iter().find(|l| l.message.contains("says hello")).unwrap();
+    assert_eq!(record.level, LogLevel::Warn);
+    assert_eq!(record.context_id, s);
+}
+
+#[test]
+fn bodies_are_buffered_until_end_of_stream_and_can_be_replaced() {
+    let mut host = host();
+    let (s, _) = request(&mut host, "body", &[]);
+    assert_eq!(host.request_body(s, b"hello ", false).unwrap(), Outcome::Pause);
+    assert_eq!(host.request_body(s, b"world", true).unwrap(), Outcome::Continue);
+    assert_eq!(host.stream(s).unwrap().request_body, b"HELLO WORLD");
+    assert_eq!(host.request_trailers(s, &[("x-t", "1")]).unwrap(), Outcome::Continue);
+    let trailers = &host.stream(s).unwrap().request_trailers;
+    assert!(trailers.contains(&("x-probe-trailer".into(), "seen".into())), "{trailers:?}");
+
+    let outcome = host.response_headers(s, &[(":status", "200")], false).unwrap();
+    assert_eq!(outcome, Outcome::Continue);
+    let rh = &host.stream(s).unwrap().response_headers;
+    assert!(rh.contains(&("x-probe-response".into(), "body 200".into())), "{rh:?}");
+    assert_eq!(host.response_body(s, b"SHOUTED", true).unwrap(), Outcome::Continue);
+    assert_eq!(host.stream(s).unwrap().response_body, b"shouted");
+}
+
+#[test]
+fn nginx_flavor_never_reports_end_of_stream_in_header_callbacks() {
+    let mut host = host_with(
+        "",
+        HostOptions {
+            flavor: Flavor::Nginx,
+            ..HostOptions::default()
+        },
+    );
+    let s = host.new_stream().unwrap();
+    let headers = [(":method", "GET"), (":path", "/"), ("x-probe", "headers")];
+    host.request_headers(s, &headers, true).unwrap();
+    assert_eq!(header(&host, s, "x-end-of-stream").as_deref(), Some("false"));
+
+    let mut envoy = host_with("", HostOptions::default());
+    let s = envoy.new_stream().unwrap();
+    envoy.request_headers(s, &headers, true).unwrap();
+    assert_eq!(header(&envoy, s, "x-end-of-stream").as_deref(), Some("true"));
+}
