@@ -10,7 +10,9 @@ use sluice_harness::abi::LogLevel;
 use sluice_harness::{CallResponse, Flavor, HarnessError, Host, HostOptions, Outcome};
 
 fn logged(host: &Host, level: LogLevel, needle: &str) -> bool {
-    host.logs().iter().any(|l| l.level == level && l.message.contains(needle))
+    host.logs()
+        .iter()
+        .any(|l| l.level == level && l.message.contains(needle))
 }
 
 #[test]
@@ -112,7 +114,10 @@ fn a_dispatched_call_pauses_until_its_response_then_resumes() {
     assert_eq!(header(&host, s, "x-call-headers").as_deref(), Some("2"));
     assert_eq!(header(&host, s, "x-call-body").as_deref(), Some("pong"));
     assert!(host.pending_calls().is_empty());
-    assert!(matches!(host.respond_call(call.token, CallResponse::new(200, "")), Err(HarnessError::NoSuchCall(_))));
+    assert!(matches!(
+        host.respond_call(call.token, CallResponse::new(200, "")),
+        Err(HarnessError::NoSuchCall(_))
+    ));
 }
 
 #[test]
@@ -208,7 +213,10 @@ fn metrics_are_defined_incremented_recorded_and_read() {
     assert_eq!(host.histogram("probe_header_count"), Some(&[4, 4, 4, 5][..]));
     let mut names = host.metric_names();
     names.sort();
-    assert_eq!(names, ["probe_gauge", "probe_header_count", "probe_requests", "probe_ticks"]);
+    assert_eq!(
+        names,
+        ["probe_gauge", "probe_header_count", "probe_requests", "probe_ticks"]
+    );
 }
 
 #[test]
@@ -238,7 +246,10 @@ fn bodies_are_buffered_until_end_of_stream_and_can_be_replaced() {
     assert_eq!(host.stream(s).unwrap().request_body, b"HELLO WORLD");
     assert_eq!(host.request_trailers(s, &[("x-t", "1")]).unwrap(), Outcome::Continue);
     let trailers = &host.stream(s).unwrap().request_trailers;
-    assert!(trailers.contains(&("x-probe-trailer".into(), "seen".into())), "{trailers:?}");
+    assert!(
+        trailers.contains(&("x-probe-trailer".into(), "seen".into())),
+        "{trailers:?}"
+    );
 
     let outcome = host.response_headers(s, &[(":status", "200")], false).unwrap();
     assert_eq!(outcome, Outcome::Continue);

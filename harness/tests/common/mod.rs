@@ -18,7 +18,14 @@ pub fn wasm() -> &'static [u8] {
         let target = root.join("target").join("wasm-modules");
         let status = Command::new(env!("CARGO"))
             .current_dir(&root)
-            .args(["build", "-p", "sluice-harness-probe", "--target", "wasm32-wasip1", "--release"])
+            .args([
+                "build",
+                "-p",
+                "sluice-harness-probe",
+                "--target",
+                "wasm32-wasip1",
+                "--release",
+            ])
             .arg("--target-dir")
             .arg(&target)
             .status()

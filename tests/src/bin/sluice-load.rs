@@ -248,9 +248,10 @@ fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
         ])
         .output()
         .context("cannot run redis-benchmark; install redis-tools")?;
-    println!(
-        "redis-benchmark EVALSHA ceiling ({connections} clients): {}",
-        String::from_utf8_lossy(&out.stdout).trim()
-    );
+    // redis-benchmark redraws its progress line with `\r`: the last one is the result.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result = stdout.rsplit('\r').map(str::trim).find(|l| !l.is_empty()).unwrap_or("no output");
+    let result = result.rsplit(": ").next().unwrap_or(result);
+    println!("redis-benchmark EVALSHA ceiling ({connections} clients): {result}");
     Ok(())
 }
