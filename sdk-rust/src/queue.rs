@@ -1,0 +1,255 @@
+//! The client-side queue: one bounded FIFO per bucket, released at the pace that keeps the
+//! bucket under the quota its server advertises (`sluice-core`'s [`Pacer`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use reqwest::Url;
+use sluice_core::headers::RateLimitInfo;
+use sluice_core::pacing::{Pacer, PacerConfig};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+
+/// How the queues behave; one queue per bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Requests that may wait in one bucket's queue; one more fails with
+    /// [`Error::QueueFull`].
+    pub capacity: usize,
+    /// Requests of one bucket that may be in flight at once; `None` for no limit.
+    pub max_in_flight: Option<usize>,
+    /// Whether requests are paced by the advertised quota (otherwise only the concurrency
+    /// limit holds them).
+    pub pacing: bool,
+    /// The pacer's tuning.
+    pub pacer: PacerConfig,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            capacity: 1_024,
+            max_in_flight: None,
+            pacing: true,
+            pacer: PacerConfig::default(),
+        }
+    }
+}
+
+/// The default bucket of a URL: its host and port (`"api.example.com:443"`).
+pub fn bucket_key(url: &Url) -> String {
+    let host = url.host_str().unwrap_or("");
+    match url.port_or_known_default() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Every bucket's queue and pacing state.
+#[derive(Debug)]
+pub(crate) struct Queues {
+    config: QueueConfig,
+    start: Instant,
+    next_id: AtomicU64,
+    buckets: Mutex<HashMap<String, Arc<Bucket>>>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    state: Mutex<BucketState>,
+    /// Woken whenever the head of the queue may be able to go.
+    changed: Notify,
+}
+
+#[derive(Debug)]
+struct BucketState {
+    pacer: Pacer,
+    waiting: VecDeque<u64>,
+    in_flight: usize,
+}
+
+/// What the head of a queue does next.
+enum Step {
+    Go,
+    Sleep(Duration),
+    WaitForChange,
+}
+
+impl Queues {
+    pub(crate) fn new(config: QueueConfig) -> Queues {
+        Queues {
+            config,
+            start: Instant::now(),
+            next_id: AtomicU64::new(0),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn bucket(&self, key: &str) -> Arc<Bucket> {
+        let mut buckets = lock(&self.buckets);
+        if let Some(bucket) = buckets.get(key) {
+            return Arc::clone(bucket);
+        }
+        let bucket = Arc::new(Bucket {
+            state: Mutex::new(BucketState {
+                pacer: Pacer::with_config(self.config.pacer),
+                waiting: VecDeque::new(),
+                in_flight: 0,
+            }),
+            changed: Notify::new(),
+        });
+        buckets.insert(key.to_owned(), Arc::clone(&bucket));
+        bucket
+    }
+
+    /// Requests waiting in `key`'s queue.
+    pub(crate) fn waiting(&self, key: &str) -> usize {
+        let bucket = lock(&self.buckets).get(key).map(Arc::clone);
+        bucket.map_or(0, |b| lock(&b.state).waiting.len())
+    }
+
+    /// Waits for the turn of one request of bucket `key`: fails at once when its queue is
+    /// full; dropping the future leaves the queue.
+    pub(crate) async fn acquire(&self, key: &str) -> Result<Permit<'_>> {
+        let bucket = self.bucket(key);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut state = lock(&bucket.state);
+            if state.waiting.len() >= self.config.capacity {
+                return Err(Error::QueueFull {
+                    key: key.to_owned(),
+                    capacity: self.config.capacity,
+                });
+            }
+            state.waiting.push_back(id);
+        }
+        let mut place = Place {
+            bucket: &bucket,
+            id,
+            left: false,
+        };
+        loop {
+            let changed = bucket.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable(); // before looking, so no wake-up is missed
+            match self.step(&mut place) {
+                Step::Go => {
+                    bucket.changed.notify_waiters(); // the next one is now at the head
+                    return Ok(Permit {
+                        queues: self,
+                        bucket: Arc::clone(&bucket),
+                        done: false,
+                    });
+                }
+                Step::Sleep(delay) => {
+                    // Whichever comes first: the pacer's time or a change.
+                    let _ = tokio::time::timeout(delay, changed.as_mut()).await;
+                }
+                Step::WaitForChange => changed.await,
+            }
+        }
+    }
+
+    fn step(&self, place: &mut Place<'_>) -> Step {
+        let now = self.now_ms();
+        let mut state = lock(&place.bucket.state);
+        if state.waiting.front() != Some(&place.id) {
+            return Step::WaitForChange;
+        }
+        if self.config.max_in_flight.is_some_and(|max| state.in_flight >= max) {
+            return Step::WaitForChange;
+        }
+        let at = if self.config.pacing {
+            state.pacer.next_send_at(now)
+        } else {
+            Some(now)
+        };
+        match at {
+            Some(at) if at <= now => {
+                state.waiting.pop_front();
+                state.pacer.on_send(now);
+                state.in_flight += 1;
+                place.left = true;
+                Step::Go
+            }
+            Some(at) => Step::Sleep(Duration::from_millis(at - now)),
+            None => Step::WaitForChange,
+        }
+    }
+}
+
+/// A request's place in a queue; dropping it before its turn gives the place up.
+struct Place<'a> {
+    bucket: &'a Bucket,
+    id: u64,
+    left: bool,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if self.left {
+            return;
+        }
+        let mut state = lock(&self.bucket.state);
+        if let Some(i) = state.waiting.iter().position(|&id| id == self.id) {
+            state.waiting.remove(i);
+        }
+        drop(state);
+        self.bucket.changed.notify_waiters();
+    }
+}
+
+/// The right to send one request; report how it ended with [`Permit::answered`] or
+/// [`Permit::failed`] (dropping it counts as a failure).
+#[derive(Debug)]
+pub(crate) struct Permit<'a> {
+    queues: &'a Queues,
+    bucket: Arc<Bucket>,
+    done: bool,
+}
+
+impl Permit<'_> {
+    /// The request got a response advertising `info`.
+    pub(crate) fn answered(mut self, info: &RateLimitInfo) {
+        self.finish(Some(info));
+    }
+
+    /// The request got no response.
+    pub(crate) fn failed(mut self) {
+        self.finish(None);
+    }
+
+    fn finish(&mut self, info: Option<&RateLimitInfo>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let now = self.queues.now_ms();
+        let mut state = lock(&self.bucket.state);
+        match info {
+            Some(info) => state.pacer.observe(info, now),
+            None => state.pacer.on_failure(),
+        }
+        state.in_flight = state.in_flight.saturating_sub(1);
+        drop(state);
+        self.bucket.changed.notify_waiters();
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        self.finish(None);
+    }
+}

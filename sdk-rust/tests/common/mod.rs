@@ -1,0 +1,163 @@
+//! A local HTTP server for the tests: enforces a token bucket with `sluice-core` and sends
+//! the DESIGN.md headers, and offers routes that deny a set number of requests or hold
+//! them until released.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use sluice_core::headers::{format_headers, HeaderMode, Quota};
+use sluice_core::{Algorithm, Limit};
+use tokio::sync::Semaphore;
+
+/// What the server saw.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub state: Arc<ServerState>,
+}
+
+pub struct ServerState {
+    limit: Limit,
+    bucket: Mutex<sluice_core::State>,
+    started: Instant,
+    /// Requests that reached any route.
+    pub hits: AtomicUsize,
+    /// 429s sent.
+    pub denials: AtomicUsize,
+    /// `/deny-first` refuses this many requests (with `Retry-After: 1`) before admitting.
+    pub deny_first: AtomicUsize,
+    /// When each 429 was sent and each admitted request arrived, in order.
+    pub log: Mutex<Vec<(Instant, u16)>>,
+    /// `/gate` holds requests until permits are added.
+    pub gate: Semaphore,
+}
+
+impl Server {
+    /// A server whose `/limited` allows `limit` per second with a burst of `burst`.
+    pub async fn start(limit: u64, burst: u64) -> Server {
+        let limit = Limit::new(Algorithm::TokenBucket, limit, 1_000_000, burst, false, 0).expect("valid limit");
+        let state = Arc::new(ServerState {
+            limit,
+            bucket: Mutex::new(sluice_core::State::default()),
+            started: Instant::now(),
+            hits: AtomicUsize::new(0),
+            denials: AtomicUsize::new(0),
+            deny_first: AtomicUsize::new(0),
+            log: Mutex::new(Vec::new()),
+            gate: Semaphore::new(0),
+        });
+        let app = Router::new()
+            .route("/limited", any(limited))
+            .route("/deny-first", any(deny_first))
+            .route("/gate", any(gate))
+            .with_state(Arc::clone(&state));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Server { addr, state }
+    }
+
+    /// A server whose `/deny-first` refuses the first `n` requests.
+    pub async fn denying(n: usize) -> Server {
+        let server = Server::start(50, 10).await;
+        server.state.deny_first.store(n, Ordering::SeqCst);
+        server
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn hits(&self) -> usize {
+        self.state.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn denials(&self) -> usize {
+        self.state.denials.load(Ordering::SeqCst)
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64
+}
+
+fn reply(status: StatusCode, quota: &Quota<'_>) -> Response {
+    let mut headers = Vec::new();
+    format_headers(quota, HeaderMode::All, &mut headers);
+    let mut response = (status, "ok").into_response();
+    for (name, value) in headers {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
+}
+
+async fn limited(State(s): State<Arc<ServerState>>) -> Response {
+    s.hits.fetch_add(1, Ordering::SeqCst);
+    let now = s.started.elapsed().as_micros() as u64;
+    let d = s.limit.decide(&mut s.bucket.lock().expect("lock"), now, 1);
+    let quota = Quota {
+        policy: "test",
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_ms: d.reset_after.div_ceil(1000),
+        window_ms: s.limit.window() / 1000,
+        retry_after_ms: (!d.allowed).then(|| d.retry_after.div_ceil(1000)),
+        now_ms: unix_ms(),
+    };
+    if d.allowed {
+        reply(StatusCode::OK, &quota)
+    } else {
+        s.denials.fetch_add(1, Ordering::SeqCst);
+        reply(StatusCode::TOO_MANY_REQUESTS, &quota)
+    }
+}
+
+async fn deny_first(State(s): State<Arc<ServerState>>) -> Response {
+    let n = s.hits.fetch_add(1, Ordering::SeqCst);
+    let denied = n < s.deny_first.load(Ordering::SeqCst);
+    let quota = Quota {
+        policy: "test",
+        limit: 100,
+        remaining: if denied { 0 } else { 50 },
+        reset_after_ms: 1_000,
+        window_ms: 1_000,
+        retry_after_ms: denied.then_some(1_000),
+        now_ms: unix_ms(),
+    };
+    let status = if denied {
+        s.denials.fetch_add(1, Ordering::SeqCst);
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    s.log.lock().expect("lock").push((Instant::now(), status.as_u16()));
+    reply(status, &quota)
+}
+
+async fn gate(State(s): State<Arc<ServerState>>) -> Response {
+    s.hits.fetch_add(1, Ordering::SeqCst);
+    if let Ok(permit) = s.gate.acquire().await {
+        permit.forget();
+    }
+    (StatusCode::OK, "released").into_response()
+}
+
+/// Waits (a bounded number of times) until `cond` holds; panics if it never does.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("never happened: {what}");
+}
