@@ -1,0 +1,262 @@
+//! The whole chain as a user runs it, all real processes on loopback: a demo upstream, two
+//! `sluice-harness proxy` processes running `sluice_filter.wasm`, two `sluice-service`
+//! nodes and a real Redis. Everything is torn down on drop, even when a test fails.
+//!
+//! The binaries come from the workspace's own build (`cargo nextest run --workspace` and
+//! `cargo test --workspace` build them); the filter module is built like the filter's tests
+//! build it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sluice_testkit::{free_port, wait_for_port, Child, RedisServer};
+
+const RULES: &str = r#"
+[[rule]]
+name      = "global-ip"
+by        = "ip"
+algorithm = "sliding_window_log"
+limit     = 10
+window    = "1m"
+failure   = "open"
+
+[[rule]]
+name      = "paid-key"
+by        = "api_key"
+algorithm = "sliding_window_log"
+limit     = 1000
+window    = "1m"
+failure   = "closed"
+"#;
+
+/// The filter configuration; a generous check timeout, since debug builds share two cores.
+const FILTER: &str = r#"{
+  "check": {"cluster": "sluice_check", "authority": "sluice-check", "path": "/v1/check", "timeout_ms": 2000},
+  "identities": {"ip": {"header": "x-forwarded-for", "trusted_hops": 0}, "api_key": {"header": "x-api-key"}},
+  "local": {"by": "ip", "rate_per_s": 1000, "burst": 1000, "max_keys": 10000},
+  "failure": {"mode": "open", "fallback": {"rate_per_s": 50, "burst": 100},
+              "breaker": {"failures": 1000, "cooldown_ms": 1000}},
+  "headers": "all"
+}"#;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A workspace binary from the same build as this test.
+fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join(name))
+        .expect("target directory");
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace's binaries first (cargo build --workspace)",
+        path.display()
+    );
+    path
+}
+
+/// `sluice_filter.wasm`, built once into target/wasm-modules.
+fn filter_wasm() -> &'static Path {
+    static WASM: OnceLock<PathBuf> = OnceLock::new();
+    WASM.get_or_init(|| {
+        let target = root().join("target").join("wasm-modules");
+        let status = Command::new(env!("CARGO"))
+            .current_dir(root())
+            .args(["build", "-p", "sluice-filter", "--target", "wasm32-wasip1", "--release"])
+            .arg("--target-dir")
+            .arg(&target)
+            .status()
+            .expect("cannot run cargo");
+        assert!(status.success(), "building the filter failed (run scripts/setup)");
+        target.join("wasm32-wasip1/release/sluice_filter.wasm")
+    })
+}
+
+struct Chain {
+    upstream: u16,
+    proxies: [u16; 2],
+    redis: RedisServer,
+    _dir: PathBuf,
+    _children: Vec<Child>,
+}
+
+impl Chain {
+    /// Upstream, Redis, two service nodes over it, two proxies (proxy i → node i).
+    fn start() -> Chain {
+        let redis = RedisServer::start();
+        let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("rules.toml"), RULES).expect("rules file");
+        std::fs::write(dir.join("filter.json"), FILTER).expect("filter config");
+        let mut children = Vec::new();
+
+        let upstream = free_port();
+        children.push(Child::spawn(
+            "demo upstream",
+            Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
+        ));
+        let mut nodes = [0; 2];
+        for node in &mut nodes {
+            *node = free_port();
+            children.push(Child::spawn(
+                "sluice-service",
+                Command::new(binary("sluice-service"))
+                    .arg("--listen")
+                    .arg(format!("127.0.0.1:{node}"))
+                    .arg("--rules")
+                    .arg(dir.join("rules.toml"))
+                    .args(["--store", &redis.url(), "--store-timeout-ms", "200"]),
+            ));
+        }
+        let wasm = filter_wasm();
+        let mut proxies = [0; 2];
+        for (proxy, node) in proxies.iter_mut().zip(nodes) {
+            *proxy = free_port();
+            children.push(Child::spawn(
+                "sluice-harness proxy",
+                Command::new(binary("sluice-harness"))
+                    .arg("proxy")
+                    .arg("--wasm")
+                    .arg(wasm)
+                    .arg("--config")
+                    .arg(dir.join("filter.json"))
+                    .arg("--listen")
+                    .arg(format!("127.0.0.1:{proxy}"))
+                    .arg("--upstream")
+                    .arg(format!("127.0.0.1:{upstream}"))
+                    .arg("--cluster")
+                    .arg(format!("sluice_check=127.0.0.1:{node}")),
+            ));
+        }
+        for port in [upstream].iter().chain(&nodes).chain(&proxies) {
+            wait_for_port(*port, Duration::from_secs(30));
+        }
+        Chain {
+            upstream,
+            proxies,
+            redis,
+            _dir: dir,
+            _children: children,
+        }
+    }
+
+    /// Requests the upstream has served.
+    fn upstream_count(&self) -> u64 {
+        let r = http(self.upstream, "GET", "/__count", &[]);
+        r.body
+            .trim()
+            .trim_matches(|c: char| !c.is_ascii_digit())
+            .parse()
+            .unwrap_or_else(|_| panic!("odd count {:?}", r.body))
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/1.1 request over its own connection (`Connection: close`).
+fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: sluice.test\r\nconnection: close\r\ncontent-length: 0\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+#[test]
+fn a_global_limit_holds_across_both_proxies_and_both_nodes() {
+    let chain = Chain::start();
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let r = http(chain.proxies[i % 2], "GET", "/api/hello", &[]);
+        if r.status == 429 {
+            assert_eq!(r.header("ratelimit-policy"), Some("\"global-ip\";q=10;w=60"));
+            assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
+            assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+            assert!(r.header("retry-after").is_some());
+            assert!(r.body.contains("\"code\":429"), "{}", r.body);
+        } else {
+            assert_eq!(r.header("ratelimit-policy"), Some("\"global-ip\";q=10;w=60"));
+        }
+        statuses.push(r.status);
+    }
+    let allowed = statuses.iter().filter(|&&s| s == 200).count();
+    let denied = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!((allowed, denied), (10, 20), "statuses: {statuses:?}");
+    assert!(statuses[..10].iter().all(|&s| s == 200), "the first ten pass: {statuses:?}");
+    assert_eq!(chain.upstream_count(), 10, "the upstream saw exactly the limit");
+}
+
+#[test]
+fn a_dead_redis_fails_open_or_closed_per_rule_and_recovers() {
+    let mut chain = Chain::start();
+    let key = [("x-api-key", "k-1")];
+    assert_eq!(http(chain.proxies[0], "GET", "/a", &key).status, 200);
+
+    chain.redis.stop();
+    let mut open = Vec::new();
+    let mut closed = Vec::new();
+    for i in 0..6 {
+        open.push(http(chain.proxies[i % 2], "GET", "/b", &[]).status);
+        closed.push(http(chain.proxies[i % 2], "GET", "/c", &key).status);
+    }
+    // `global-ip` fails open (the node's fallback bucket); `paid-key` fails closed: a
+    // denial, never a 5xx from Sluice.
+    assert!(open.iter().all(|&s| s == 200), "fail-open rule: {open:?}");
+    assert!(closed.iter().all(|&s| s == 429), "fail-closed rule: {closed:?}");
+
+    chain.redis.restart();
+    // Shared decisions resume: the closed rule allows again within a few seconds.
+    let mut recovered = false;
+    for _ in 0..100 {
+        if http(chain.proxies[1], "GET", "/d", &key).status == 200 {
+            recovered = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(recovered, "checks did not recover after Redis came back");
+}
