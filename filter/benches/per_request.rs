@@ -37,7 +37,9 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("filter");
 
     let mut host = common::host();
-    g.bench_function("check_path_allowed", |b| b.iter(|| check_path(&mut host, "203.0.113.9")));
+    g.bench_function("check_path_allowed", |b| {
+        b.iter(|| check_path(&mut host, "203.0.113.9"))
+    });
 
     // A local bucket of one token that never refills: every request after the first is
     // denied by the prefilter.

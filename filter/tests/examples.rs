@@ -12,7 +12,10 @@ fn example(name: &str) -> String {
 
 fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
     let from = text.find(start).unwrap_or_else(|| panic!("no {start:?}")) + start.len();
-    let to = text[from..].find(end).unwrap_or_else(|| panic!("no {end:?} after {start:?}")) + from;
+    let to = text[from..]
+        .find(end)
+        .unwrap_or_else(|| panic!("no {end:?} after {start:?}"))
+        + from;
     &text[from..to]
 }
 

@@ -79,7 +79,9 @@ fn proxy(c: &mut Criterion) {
         let upstream_addr = upstream.local_addr().unwrap();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = upstream.accept().await else { continue };
+                let Ok((stream, _)) = upstream.accept().await else {
+                    continue;
+                };
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(|_req| async {
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
@@ -107,7 +109,9 @@ fn proxy(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(5));
     let (rt, client) = (&rt, &client);
     let run = |addr, mode| move |iters| rt.block_on(sequential(client, addr, mode, iters));
-    g.bench_function("direct_to_upstream_baseline", |b| b.iter_custom(run(upstream_addr, "noop")));
+    g.bench_function("direct_to_upstream_baseline", |b| {
+        b.iter_custom(run(upstream_addr, "noop"))
+    });
     g.bench_function("noop_module", |b| b.iter_custom(run(proxy_addr, "noop")));
     g.bench_function("read_all_headers_add_one", |b| b.iter_custom(run(proxy_addr, "add")));
     g.finish();

@@ -179,7 +179,8 @@ impl Reply {
 fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: sluice.test\r\nconnection: close\r\ncontent-length: 0\r\n");
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nhost: sluice.test\r\nconnection: close\r\ncontent-length: 0\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -226,7 +227,10 @@ fn a_global_limit_holds_across_both_proxies_and_both_nodes() {
     let allowed = statuses.iter().filter(|&&s| s == 200).count();
     let denied = statuses.iter().filter(|&&s| s == 429).count();
     assert_eq!((allowed, denied), (10, 20), "statuses: {statuses:?}");
-    assert!(statuses[..10].iter().all(|&s| s == 200), "the first ten pass: {statuses:?}");
+    assert!(
+        statuses[..10].iter().all(|&s| s == 200),
+        "the first ten pass: {statuses:?}"
+    );
     assert_eq!(chain.upstream_count(), 10, "the upstream saw exactly the limit");
 }
 

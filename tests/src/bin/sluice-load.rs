@@ -250,7 +250,11 @@ fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
         .context("cannot run redis-benchmark; install redis-tools")?;
     // redis-benchmark redraws its progress line with `\r`: the last one is the result.
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let result = stdout.rsplit('\r').map(str::trim).find(|l| !l.is_empty()).unwrap_or("no output");
+    let result = stdout
+        .rsplit('\r')
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("no output");
     let result = result.rsplit(": ").next().unwrap_or(result);
     println!("redis-benchmark EVALSHA ceiling ({connections} clients): {result}");
     Ok(())
