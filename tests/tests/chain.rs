@@ -264,3 +264,58 @@ fn a_dead_redis_fails_open_or_closed_per_rule_and_recovers() {
     }
     assert!(recovered, "checks did not recover after Redis came back");
 }
+
+#[test]
+fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
+    // A "check service" that accepts connections and never answers.
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let stalled_port = stalled.local_addr().expect("addr").port();
+    stalled.set_nonblocking(true).expect("nonblocking");
+    let upstream = free_port();
+    let proxy = free_port();
+    let dir = std::env::temp_dir().join(format!("sluice-stall-{}-{proxy}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = FILTER.replace("\"timeout_ms\": 2000", "\"timeout_ms\": 100").replace(
+        "\"failures\": 1000, \"cooldown_ms\": 1000",
+        "\"failures\": 2, \"cooldown_ms\": 60000",
+    );
+    std::fs::write(dir.join("filter.json"), config).expect("filter config");
+    let _upstream = Child::spawn(
+        "demo upstream",
+        Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
+    );
+    let _proxy = Child::spawn(
+        "sluice-harness proxy",
+        Command::new(binary("sluice-harness"))
+            .arg("proxy")
+            .arg("--wasm")
+            .arg(filter_wasm())
+            .arg("--config")
+            .arg(dir.join("filter.json"))
+            .args(["--listen", &format!("127.0.0.1:{proxy}")])
+            .args(["--upstream", &format!("127.0.0.1:{upstream}")])
+            .args(["--cluster", &format!("sluice_check=127.0.0.1:{stalled_port}")]),
+    );
+    wait_for_port(upstream, Duration::from_secs(30));
+    wait_for_port(proxy, Duration::from_secs(30));
+
+    let mut held = Vec::new();
+    let mut connections = Vec::new(); // kept open: the stall is the point
+    for _ in 0..10 {
+        let start = std::time::Instant::now();
+        let r = http(proxy, "GET", "/api/hello", &[]);
+        assert_eq!(r.status, 200, "fail open: {}", r.body);
+        held.push(start.elapsed());
+        while let Ok((conn, _)) = stalled.accept() {
+            connections.push(conn);
+        }
+    }
+    // The first two waited out the 100 ms timeout (a lower bound, so not flaky); then the
+    // breaker stopped calling: the stalled service saw exactly two connections.
+    assert!(held[..2].iter().all(|d| *d >= Duration::from_millis(100)), "{held:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    while let Ok((conn, _)) = stalled.accept() {
+        connections.push(conn);
+    }
+    assert_eq!(connections.len(), 2, "check calls made; request times: {held:?}");
+}
