@@ -43,7 +43,7 @@ async fn a_full_queue_fails_fast_and_a_dropped_waiter_frees_its_place() {
         Err(Error::QueueFull { .. })
     ));
 
-    // Released, the queued requests go in order; the cancelled one never reached the server.
+    // Released, the queued requests complete; the cancelled one never reached the server.
     server.state.gate.add_permits(10);
     for task in [first, second, fourth] {
         let response = task.await.expect("task").expect("response");
