@@ -54,8 +54,9 @@ fn call_missing_function() -> u32 {
     #[cfg(target_arch = "wasm32")]
     // SAFETY: an import without pointer arguments; the host answers a status.
     return unsafe { missing::proxy_probe_missing_function(7) };
+    // Natively (clippy, `cargo test --workspace`) there is no host to ask.
     #[cfg(not(target_arch = "wasm32"))]
-    return Status::Unimplemented as u32;
+    return u32::MAX;
 }
 
 struct ProbeRoot;
