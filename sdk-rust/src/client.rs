@@ -1,10 +1,11 @@
 //! The client: a `reqwest::Client` whose requests wait their turn in their bucket's queue,
 //! are retried with backoff, and report the quota of every response.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use reqwest::{IntoUrl, Method, Request, RequestBuilder, StatusCode};
+use reqwest::{IntoUrl, Method, Request, RequestBuilder, StatusCode, Url};
 use sluice_core::backoff::{Backoff, BackoffPolicy, SplitMix64};
 use sluice_core::headers::{parse_headers, RateLimitInfo};
 use sluice_core::pacing::PacerConfig;
@@ -12,14 +13,16 @@ use tokio::time::Instant;
 
 use crate::budget::{BudgetConfig, RetryBudget};
 use crate::error::{Error, Result};
-use crate::queue::{bucket_key, QueueConfig, Queues};
+use crate::queue::{QueueConfig, Queues};
 use crate::response::Response;
 use crate::retry::{self, RetryEvent, RetryHook, RetryPolicy};
+use crate::route::Routes;
 
 /// A rate-limit-aware HTTP client; cheap to clone (clones share queues and budget).
 ///
 /// Every request goes through the queue of its bucket (by default the URL's host and
-/// port, see [`crate::bucket_key`]; or a key given to [`Client::execute_keyed`]), is paced
+/// port, joined by the policy name its route was last seen under, see
+/// [`Client::bucket_for`]; or a key given to [`Client::execute_keyed`]), is paced
 /// by the quota that bucket's responses advertise, and is retried on the statuses and
 /// errors of its [`RetryPolicy`] while the retry budget allows.
 #[derive(Clone)]
@@ -32,6 +35,7 @@ struct Inner {
     retry: RetryPolicy,
     budget: RetryBudget,
     queues: Queues,
+    routes: Routes,
     rng: Mutex<SplitMix64>,
     on_retry: Option<RetryHook>,
 }
@@ -87,10 +91,11 @@ impl Client {
         self.execute_keyed(key, request.build().map_err(Error::Build)?).await
     }
 
-    /// Sends a request in the bucket of its URL's host and port.
+    /// Sends a request in its route's bucket: the URL's host and port, joined by the
+    /// policy name once a response on the same route (host, port and path) advertised one
+    /// (see [`Client::bucket_for`]). Otherwise as [`Client::execute_keyed`].
     pub async fn execute(&self, request: Request) -> Result<Response> {
-        let key = bucket_key(request.url());
-        self.execute_keyed(&key, request).await
+        self.run(None, request).await
     }
 
     /// Sends a request in bucket `key`: waits for its turn, sends, reads the quota, and
@@ -98,6 +103,17 @@ impl Client {
     /// returned whatever its status; an error only when no response came (or the queue
     /// was full).
     pub async fn execute_keyed(&self, key: &str, request: Request) -> Result<Response> {
+        self.run(Some(key), request).await
+    }
+
+    /// The bucket a request to `url` would join now (`"host:port"` or
+    /// `"host:port policy"`), for [`Client::queued`].
+    pub fn bucket_for(&self, url: &Url) -> String {
+        self.inner.routes.bucket(url)
+    }
+
+    /// Sends `request` in bucket `fixed`, or in its route's bucket.
+    async fn run(&self, fixed: Option<&str>, request: Request) -> Result<Response> {
         let inner = &*self.inner;
         let started = Instant::now();
         inner.budget.deposit();
@@ -107,11 +123,18 @@ impl Client {
         loop {
             // A body that cannot be copied (a stream) is sent once.
             let copy = if retryable { request.try_clone() } else { None };
-            let permit = inner.queues.acquire(key).await?;
+            let key = match fixed {
+                Some(key) => Cow::Borrowed(key),
+                None => Cow::Owned(inner.routes.bucket(request.url())),
+            };
+            let permit = inner.queues.acquire(&key).await?;
             let attempt = match inner.http.execute(request).await {
                 Ok(response) => {
                     let quota = read_quota(&response);
                     permit.answered(&quota);
+                    if let Some((host, bucket)) = inner.routes.learn(response.url(), quota.policy.as_deref()) {
+                        inner.queues.share(&host, &bucket);
+                    }
                     Ok((response, quota))
                 }
                 Err(error) => {
@@ -143,7 +166,7 @@ impl Client {
             request = copy;
             if let Some(hook) = &inner.on_retry {
                 hook(&RetryEvent {
-                    key: key.to_owned(),
+                    key: key.into_owned(),
                     retry: backoff.retries(),
                     delay,
                     status,
@@ -299,6 +322,7 @@ impl ClientBuilder {
                 retry: self.retry,
                 budget: RetryBudget::new(self.budget),
                 queues: Queues::new(self.queue),
+                routes: Routes::default(),
                 rng: Mutex::new(SplitMix64(self.seed.unwrap_or_else(retry::fresh_seed))),
                 on_retry: self.on_retry,
             }),

@@ -3,7 +3,8 @@
 //! * Every response's rate-limit headers (`X-RateLimit-*`, IETF `RateLimit` /
 //!   `RateLimit-Policy`, `Retry-After`, and the variants real APIs send) are read into a
 //!   [`RateLimitInfo`], returned with the [`Response`].
-//! * Requests of one bucket (host and port by default, or a key of your own) wait in a
+//! * Requests of one bucket (host, port and the policy name the route was last seen
+//!   under, by default; or a key of your own) wait in a
 //!   bounded FIFO and are released at the pace that keeps them within the advertised
 //!   quota; a full queue fails at once with [`Error::QueueFull`], and dropping a waiting
 //!   request's future gives its place up.
@@ -44,6 +45,7 @@ mod error;
 mod queue;
 mod response;
 mod retry;
+mod route;
 
 pub use budget::BudgetConfig;
 pub use client::{Client, ClientBuilder};

@@ -2,7 +2,7 @@
 //! bucket under the quota its server advertises (`sluice-core`'s [`Pacer`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -40,7 +40,8 @@ impl Default for QueueConfig {
     }
 }
 
-/// The default bucket of a URL: its host and port (`"api.example.com:443"`).
+/// The host-level bucket of a URL: its host and port (`"api.example.com:443"`), where a
+/// route waits until a response names its policy (see [`crate::Client::bucket_for`]).
 pub fn bucket_key(url: &Url) -> String {
     let host = url.host_str().unwrap_or("");
     match url.port_or_known_default() {
@@ -64,6 +65,8 @@ pub(crate) struct Queues {
 
 #[derive(Debug)]
 struct Bucket {
+    /// Whether a policy bucket already shares this (host) bucket.
+    shared: AtomicBool,
     state: Mutex<BucketState>,
     /// Woken whenever the head of the queue may be able to go.
     changed: Notify,
@@ -103,6 +106,7 @@ impl Queues {
             return Arc::clone(bucket);
         }
         let bucket = Arc::new(Bucket {
+            shared: AtomicBool::new(false),
             state: Mutex::new(BucketState {
                 pacer: Pacer::with_config(self.config.pacer),
                 waiting: VecDeque::new(),
@@ -112,6 +116,23 @@ impl Queues {
         });
         buckets.insert(key.to_owned(), Arc::clone(&bucket));
         bucket
+    }
+
+    /// Makes bucket `to` (a host and a policy, just learned) the same as bucket `from` (the
+    /// host), unless `to` exists or another policy shares `from` already: the requests the
+    /// host bucket paced under this policy and those that now name it stay in one queue
+    /// with one pacer, instead of two pacers spending the same quota.
+    pub(crate) fn share(&self, from: &str, to: &str) {
+        let mut buckets = lock(&self.buckets);
+        if buckets.contains_key(to) {
+            return;
+        }
+        let Some(bucket) = buckets.get(from).map(Arc::clone) else {
+            return;
+        };
+        if !bucket.shared.swap(true, Ordering::AcqRel) {
+            buckets.insert(to.to_owned(), bucket);
+        }
     }
 
     /// Requests waiting in `key`'s queue.
@@ -251,5 +272,23 @@ impl Permit<'_> {
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         self.finish(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_first_policy_seen_shares_the_host_bucket() {
+        let queues = Queues::new(QueueConfig::default());
+        let host = queues.bucket("api.test:80");
+        queues.share("api.test:80", "api.test:80 a");
+        queues.share("api.test:80", "api.test:80 b");
+        assert!(Arc::ptr_eq(&host, &queues.bucket("api.test:80 a")));
+        assert!(!Arc::ptr_eq(&host, &queues.bucket("api.test:80 b")));
+        // Nothing to share from an unknown host.
+        queues.share("other:80", "other:80 a");
+        assert!(!Arc::ptr_eq(&host, &queues.bucket("other:80 a")));
     }
 }

@@ -5,7 +5,7 @@ mod common;
 use std::time::Instant;
 
 use common::Server;
-use sluice_client::Client;
+use sluice_client::{bucket_key, Client};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_requests_at_50_per_second_burst_10_all_succeed_with_at_most_one_429() {
@@ -37,4 +37,18 @@ async fn hundred_requests_at_50_per_second_burst_10_all_succeed_with_at_most_one
         achieved / 50.0 * 100.0,
         server.denials()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_joins_its_policy_bucket_once_a_response_names_the_policy() {
+    let server = Server::start(50, 10).await;
+    let client = Client::new().expect("client");
+    let url: reqwest::Url = server.url("/limited?page=1").parse().expect("url");
+    let host = bucket_key(&url);
+    assert_eq!(client.bucket_for(&url), host);
+    let response = client.send(client.get(url.clone())).await.expect("response");
+    assert_eq!(response.quota().policy.as_deref(), Some("test"));
+    assert_eq!(client.bucket_for(&url), format!("{host} test"));
+    let gate: reqwest::Url = server.url("/gate").parse().expect("url");
+    assert_eq!(client.bucket_for(&gate), host, "another route keeps the host bucket");
 }
