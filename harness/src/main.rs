@@ -37,8 +37,9 @@ struct ProxyArgs {
     /// Where requests the module lets through are forwarded.
     #[arg(long, default_value = "127.0.0.1:9000")]
     upstream: SocketAddr,
-    /// A cluster the module may call, as NAME=HOST:PORT (repeatable), like an Envoy cluster.
-    #[arg(long = "cluster", value_name = "NAME=HOST:PORT")]
+    /// A cluster the module may call, as NAME=HOST:PORT[,HOST:PORT...] (repeatable), like an
+    /// Envoy cluster: calls take its endpoints in turn, and skip one that refuses connections.
+    #[arg(long = "cluster", value_name = "NAME=HOST:PORT[,...]")]
     clusters: Vec<String>,
     /// Which proxy's behaviour to imitate.
     #[arg(long, value_enum, default_value_t = HostFlavor::Envoy)]
@@ -66,10 +67,15 @@ async fn main() -> anyhow::Result<()> {
         let Some((name, addr)) = c.split_once('=') else {
             bail!("--cluster {c:?}: write it as NAME=HOST:PORT")
         };
-        let addr: SocketAddr = addr
-            .parse()
-            .with_context(|| format!("--cluster {c:?}: {addr:?} is not HOST:PORT"))?;
-        clusters.insert(name.to_owned(), addr);
+        let endpoints = addr
+            .split(',')
+            .map(|a| {
+                a.trim()
+                    .parse::<SocketAddr>()
+                    .with_context(|| format!("--cluster {c:?}: {a:?} is not HOST:PORT"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        clusters.insert(name.to_owned(), endpoints);
     }
     let flavor = match args.host_flavor {
         HostFlavor::Envoy => Flavor::Envoy,

@@ -30,8 +30,10 @@ pub struct ProxyConfig {
     pub plugin_config: Vec<u8>,
     /// Where requests the module lets through go.
     pub upstream: SocketAddr,
-    /// Cluster name → address for dispatched calls (Nginx flavour: `host:port` works as is).
-    pub clusters: HashMap<String, SocketAddr>,
+    /// Cluster name → its endpoints for dispatched calls (Nginx flavour: `host:port` works
+    /// as is). Calls take the endpoints in turn; one that refuses the connection passes the
+    /// call to the next, as Envoy's connect-failure retry does.
+    pub clusters: HashMap<String, Vec<SocketAddr>>,
     /// Which host to imitate.
     pub flavor: Flavor,
 }
@@ -232,11 +234,12 @@ fn vm_loop(
     mut host: Host,
     rx: mpsc::Receiver<Cmd>,
     tx: mpsc::Sender<Cmd>,
-    clusters: HashMap<String, SocketAddr>,
+    clusters: HashMap<String, Vec<SocketAddr>>,
     runtime: tokio::runtime::Handle,
 ) {
     let mut waiting: HashMap<u32, oneshot::Sender<Verdict>> = HashMap::new();
     let mut calling: HashSet<u32> = HashSet::new();
+    let mut turn = 0usize;
     loop {
         let wait = host
             .next_tick_ns()
@@ -355,20 +358,23 @@ fn vm_loop(
             if !calling.insert(call.token) {
                 continue;
             }
-            let addr = clusters
+            let mut endpoints = clusters
                 .get(&call.upstream)
-                .copied()
-                .or_else(|| call.upstream.parse().ok());
+                .cloned()
+                .or_else(|| call.upstream.parse().ok().map(|a| vec![a]))
+                .unwrap_or_default();
+            if !endpoints.is_empty() {
+                turn = turn.wrapping_add(1);
+                let first = turn % endpoints.len();
+                endpoints.rotate_left(first);
+            }
             let tx = tx.clone();
             runtime.spawn(async move {
                 let timeout = Duration::from_millis(u64::from(call.timeout_ms));
-                let response = match addr {
-                    Some(addr) => tokio::time::timeout(timeout, perform(addr, &call.headers, call.body))
-                        .await
-                        .ok()
-                        .flatten(),
-                    None => None,
-                };
+                let response = tokio::time::timeout(timeout, perform(&endpoints, &call.headers, call.body))
+                    .await
+                    .ok()
+                    .flatten();
                 let _ = tx.send(Cmd::CallDone {
                     token: call.token,
                     response,
@@ -378,9 +384,20 @@ fn vm_loop(
     }
 }
 
-/// One dispatched call over a fresh HTTP/1.1 connection; `None` on any failure.
-async fn perform(addr: SocketAddr, headers: &[(String, String)], body: Vec<u8>) -> Option<CallResponse> {
-    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+/// One dispatched call over a fresh HTTP/1.1 connection to the first endpoint that accepts
+/// one; `None` on any failure.
+async fn perform(endpoints: &[SocketAddr], headers: &[(String, String)], body: Vec<u8>) -> Option<CallResponse> {
+    let mut stream = None;
+    for addr in endpoints {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => tracing::debug!(%addr, "endpoint refused the call's connection: {e}"),
+        }
+    }
+    let stream = stream?;
     let _ = stream.set_nodelay(true);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
     tokio::spawn(conn);

@@ -115,6 +115,8 @@ async fn stack(plugin_config: &str) -> Stack {
     let up = upstream(upstream_requests.clone()).await;
     let hold = Arc::new(Hold::default());
     let backend = backend(hold.clone()).await;
+    // The cluster's first endpoint refuses connections: calls must pass to the second.
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
     let wasm = tokio::task::spawn_blocking(|| common::wasm().to_vec()).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy = listener.local_addr().unwrap();
@@ -122,7 +124,7 @@ async fn stack(plugin_config: &str) -> Stack {
         wasm,
         plugin_config: plugin_config.as_bytes().to_vec(),
         upstream: up,
-        clusters: HashMap::from([("backend".to_owned(), backend)]),
+        clusters: HashMap::from([("backend".to_owned(), vec![free, backend])]),
         flavor: Flavor::Envoy,
     };
     tokio::spawn(async move { serve(config, listener).await });

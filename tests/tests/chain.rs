@@ -86,11 +86,14 @@ struct Chain {
     proxies: [u16; 2],
     redis: RedisServer,
     _dir: PathBuf,
+    /// The service nodes, by index.
+    nodes: Vec<Child>,
     _children: Vec<Child>,
 }
 
 impl Chain {
-    /// Upstream, Redis, two service nodes over it, two proxies (proxy i → node i).
+    /// Upstream, Redis, two service nodes over it, two proxies whose check cluster lists
+    /// both nodes (each proxy prefers a different one first).
     fn start() -> Chain {
         let redis = RedisServer::start();
         let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
@@ -105,9 +108,10 @@ impl Chain {
             Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
         ));
         let mut nodes = [0; 2];
+        let mut node_children = Vec::new();
         for node in &mut nodes {
             *node = free_port();
-            children.push(Child::spawn(
+            node_children.push(Child::spawn(
                 "sluice-service",
                 Command::new(binary("sluice-service"))
                     .arg("--listen")
@@ -119,7 +123,7 @@ impl Chain {
         }
         let wasm = filter_wasm();
         let mut proxies = [0; 2];
-        for (proxy, node) in proxies.iter_mut().zip(nodes) {
+        for proxy in &mut proxies {
             *proxy = free_port();
             children.push(Child::spawn(
                 "sluice-harness proxy",
@@ -134,7 +138,7 @@ impl Chain {
                     .arg("--upstream")
                     .arg(format!("127.0.0.1:{upstream}"))
                     .arg("--cluster")
-                    .arg(format!("sluice_check=127.0.0.1:{node}")),
+                    .arg(format!("sluice_check=127.0.0.1:{},127.0.0.1:{}", nodes[0], nodes[1])),
             ));
         }
         for port in [upstream].iter().chain(&nodes).chain(&proxies) {
@@ -145,6 +149,7 @@ impl Chain {
             proxies,
             redis,
             _dir: dir,
+            nodes: node_children,
             _children: children,
         }
     }
@@ -318,4 +323,21 @@ fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
         connections.push(conn);
     }
     assert_eq!(connections.len(), 2, "check calls made; request times: {held:?}");
+}
+
+#[test]
+fn with_one_service_node_killed_the_proxies_decide_through_the_other() {
+    let mut chain = Chain::start();
+    for i in 0..4 {
+        assert_eq!(http(chain.proxies[i % 2], "GET", "/x", &[]).status, 200);
+    }
+    chain.nodes[0].kill();
+    // Still global decisions (not the filter's fail-open fallback, which would allow all
+    // 26): exactly 6 more pass, then 429s naming the rule.
+    let statuses: Vec<u16> = (0..26)
+        .map(|i| http(chain.proxies[i % 2], "GET", "/y", &[]).status)
+        .collect();
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 6, "{statuses:?}");
+    assert!(statuses[6..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert_eq!(chain.upstream_count(), 10);
 }

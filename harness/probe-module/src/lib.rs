@@ -184,7 +184,9 @@ impl HttpContext for Probe {
                 self.mark("x-probe-count", &headers.len().to_string());
             }
             "headers" => {
-                let got = self.get_http_request_header("x-get").unwrap_or_else(|| "missing".into());
+                let got = self
+                    .get_http_request_header("x-get")
+                    .unwrap_or_else(|| "missing".into());
                 self.set_http_request_header("x-replace", Some("replaced"));
                 self.set_http_request_header("x-remove", None);
                 self.mark("x-got", &got);
@@ -207,9 +209,17 @@ impl HttpContext for Probe {
                     .get_http_request_header("x-timeout-ms")
                     .and_then(|t| t.parse().ok())
                     .unwrap_or(100);
-                let path = self.get_http_request_header("x-call-path").unwrap_or_else(|| "/probe".into());
+                let path = self
+                    .get_http_request_header("x-call-path")
+                    .unwrap_or_else(|| "/probe".into());
                 let headers = vec![(":method", "POST"), (":path", path.as_str()), (":authority", "backend")];
-                match self.dispatch_http_call("backend", headers, Some(b"ping"), vec![], Duration::from_millis(timeout)) {
+                match self.dispatch_http_call(
+                    "backend",
+                    headers,
+                    Some(b"ping"),
+                    vec![],
+                    Duration::from_millis(timeout),
+                ) {
                     Ok(_) => return Action::Pause,
                     Err(e) => self.mark("x-call-error", &format!("{e:?}")),
                 }
