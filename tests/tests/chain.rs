@@ -2,9 +2,8 @@
 //! `sluice-harness proxy` processes running `sluice_filter.wasm`, two `sluice-service`
 //! nodes and a real Redis. Everything is torn down on drop, even when a test fails.
 //!
-//! The binaries come from the workspace's own build (`cargo nextest run --workspace` and
-//! `cargo test --workspace` build them); the filter module is built like the filter's tests
-//! build it.
+//! The binaries are built by the fixture itself into the test's own target directory and
+//! profile; the filter module is built like the filter's tests build it.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -47,20 +46,33 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A workspace binary from the same build as this test.
+/// A workspace binary of the same profile as this test, built (or brought up to date) once.
+///
+/// Cargo builds only the test's own package's binaries for a test, so the chain builds the
+/// other packages' binaries itself: a clean clone works, and a stale binary is never run.
 fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> → target/<profile>/<name>
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(name))
-        .expect("target directory");
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace's binaries first (cargo build --workspace)",
-        path.display()
-    );
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/<test> → target/<profile>
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target directory")
+            .to_path_buf();
+        let mut cargo = Command::new(env!("CARGO"));
+        // `--workspace` resolves features as a developer's `cargo build --workspace` does,
+        // so a tree built that way is reused as it stands.
+        cargo.current_dir(root()).args(["build", "--workspace", "--bins"]);
+        if dir.file_name().is_some_and(|profile| profile == "release") {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("cannot run cargo");
+        assert!(status.success(), "building the chain's binaries failed");
+        dir
+    });
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing after the build", path.display());
     path
 }
 
