@@ -299,13 +299,17 @@ fn a_flood_of_random_ips_keeps_vm_memory_bounded() {
             host.finish_stream(s).unwrap();
         }
     };
-    run(&mut host, 0, 5_000);
+    // Warm up well past `max_keys`, then 40,000 new IPs more. Held buckets would cost
+    // 3 MB or more there. Bounded ones leave the memory flat but for one step of up to
+    // 384 KiB, seen once at a point that varies with the hash seed (table and allocator
+    // growth), hence the margin.
+    run(&mut host, 0, 40_000);
     let warmed = host.memory_bytes();
-    run(&mut host, 5_000, 20_000);
+    run(&mut host, 40_000, 40_000);
     let after = host.memory_bytes();
     assert!(
-        after <= warmed + warmed / 4,
-        "VM memory grew from {warmed} to {after} bytes over 20,000 new IPs"
+        after <= warmed + 512 * 1024,
+        "VM memory grew from {warmed} to {after} bytes over 40,000 new IPs"
     );
 }
 
