@@ -8,6 +8,7 @@ pub mod algorithm;
 pub mod backoff;
 pub mod headers;
 pub mod pacing;
+pub mod retry;
 pub mod rules;
 pub mod wire;
 
@@ -15,3 +16,4 @@ pub use algorithm::{Algorithm, Decision, Limit, LimitError, Micros, State};
 pub use backoff::{Backoff, BackoffPolicy, Jitter, RandomSource, SplitMix64};
 pub use headers::{parse_headers, write_headers, HeaderBuf, HeaderMode, Quota, RateLimitInfo};
 pub use pacing::{Pacer, PacerConfig};
+pub use retry::{BudgetConfig, RetryBudget};

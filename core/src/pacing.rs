@@ -3,8 +3,9 @@
 //!
 //! An SDK's queue keeps one [`Pacer`] per quota (host, or host + policy) and, for every
 //! request: asks [`Pacer::next_send_at`], waits until then (or, on `None`, until a response
-//! arrives), sends and calls [`Pacer::on_send`], then calls [`Pacer::observe`] with the
-//! parsed response headers, or [`Pacer::on_failure`] if no response came. It asks again
+//! arrives), sends and calls [`Pacer::on_send`], which returns the request's ticket, then
+//! calls [`Pacer::observe`] with the parsed response headers and that ticket, or
+//! [`Pacer::on_failure`] with it if no response came. It asks again
 //! after every `observe`/`on_failure`, since the answer may move earlier. Retries go
 //! through the queue like any other request.
 //!
@@ -15,7 +16,9 @@
 //!   is unknown. A server that answers without rate-limit headers is not paced.
 //! * **Budget**: the pacer keeps a *lower bound* of what the server still holds. From a
 //!   response it knows `remaining` at that moment; it subtracts every request that was in
-//!   flight or sent since (they may all be counted by the server), and adds the long-run
+//!   flight when that request was sent or sent after it (the server may have counted them
+//!   all after its answer; the ticket tells which, so an answer that arrives after a later
+//!   request's is not taken for newer than it is), and adds the long-run
 //!   refill `window / limit` per request (plus a `margin_percent` safety margin) when the
 //!   IETF `RateLimit-Policy` gave a window, and the whole quota once the advertised reset
 //!   has passed (a new window). For a token bucket, GCRA or fixed window seen by one client
@@ -34,6 +37,8 @@
 //! * **Retry-After**: nothing is sent before it passes.
 //!
 //! All times are the client's clock in milliseconds (any epoch, the same for every call).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -67,9 +72,10 @@ pub struct Pacer {
     known: Option<Known>,
     /// Whether any response was observed.
     answered: bool,
-    /// Requests sent and not yet answered.
-    in_flight: u64,
-    /// Requests sent, ever (marks which sends an anchor has seen).
+    /// The requests sent and not yet answered: ticket → how many others were unanswered
+    /// when it was sent (the server may have decided those after it).
+    outstanding: BTreeMap<u64, u64>,
+    /// Requests sent, ever: the next ticket (also marks which sends an anchor has seen).
     sends: u64,
     /// Nothing goes before this (`Retry-After`).
     retry_at_ms: u64,
@@ -87,51 +93,109 @@ struct Known {
     /// The GCRA spacing and how many may go back to back.
     spread_ms: u64,
     tolerance: u64,
-    /// A lower bound of the server's budget for a request sent at `level_at_ms`, our own
-    /// sends already deducted (negative while answers are outstanding).
-    level: i64,
-    level_at_ms: u64,
+    /// Two lower bounds of the budget, the best one kept and the newest; the budget is at
+    /// least the higher of the two (an older bound may be higher now, a newer one refills
+    /// sooner).
+    anchors: [Anchor; 2],
     /// The advertised reset, when the quota is whole again, and how many requests the
-    /// server may have counted by then: those in flight at the response and sent since.
+    /// server may have counted by then: those pending at the response and sent since.
     reset_at_ms: Option<u64>,
     reset_in_flight: u64,
     reset_sends: u64,
 }
 
-impl Known {
-    /// The bound for a request sent at `t` (not before `level_at_ms`), and the time from
-    /// which the refill then counts.
-    fn level_at(&self, t: u64, sends: u64) -> (i64, u64) {
-        let (mut level, mut since) = (self.level, self.level_at_ms);
-        let cap = i64::try_from(self.capacity).unwrap_or(i64::MAX);
-        if let Some(i) = self.interval_ms {
-            let n = t.saturating_sub(since) / i;
-            level = level.saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
-            since = since.saturating_add(n.saturating_mul(i));
-        }
-        if level >= cap {
-            (level, since) = (cap, t.max(self.level_at_ms));
-        }
-        if self.reset_at_ms.is_some_and(|reset| t >= reset) {
-            let counted = self
-                .reset_in_flight
-                .saturating_add(sends.saturating_sub(self.reset_sends));
-            let whole = cap.saturating_sub(i64::try_from(counted).unwrap_or(i64::MAX));
-            if whole > level {
-                (level, since) = (whole, t);
-            }
-        }
-        (level, since)
+/// A lower bound of the server's budget: at `at_ms` it held at least `base`, before the
+/// requests it may count later (`pending` then, and every one sent since `sends`).
+///
+/// Those requests are taken as counted as late as possible: the refill is capped at the
+/// capacity *before* they are deducted, because a server that has not seen them yet sits
+/// full and loses the refill (a slow server would otherwise refuse a paced client).
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    base: i64,
+    at_ms: u64,
+    pending: u64,
+    sends: u64,
+}
+
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Anchor {
+    /// The requests deducted from the base when our send count is `sends`.
+    fn spent(&self, sends: u64) -> i64 {
+        signed(self.pending.saturating_add(sends.saturating_sub(self.sends)))
     }
 
-    /// Moves the bound to `t`.
-    fn advance(&mut self, t: u64, sends: u64) {
-        if t < self.level_at_ms {
-            return;
+    fn level(&self, sends: u64) -> i64 {
+        self.base.saturating_sub(self.spent(sends))
+    }
+}
+
+impl Known {
+    /// `a` moved to `t` (not before its own time): the refill added, capped; and, once the
+    /// reset has passed, the whole quota if that is more.
+    fn anchor_at(&self, a: Anchor, t: u64, sends: u64) -> Anchor {
+        let mut moved = a;
+        let cap = signed(self.capacity);
+        if let Some(i) = self.interval_ms {
+            let n = t.saturating_sub(moved.at_ms) / i;
+            moved.base = moved.base.saturating_add(signed(n));
+            moved.at_ms = moved.at_ms.saturating_add(n.saturating_mul(i));
         }
-        (self.level, self.level_at_ms) = self.level_at(t, sends);
+        if moved.base >= cap {
+            (moved.base, moved.at_ms) = (cap, t.max(a.at_ms));
+        }
         if self.reset_at_ms.is_some_and(|reset| t >= reset) {
-            self.reset_at_ms = None; // applied: later sends are deducted from `level`
+            let whole = Anchor {
+                base: cap,
+                at_ms: t,
+                pending: self.reset_in_flight,
+                sends: self.reset_sends,
+            };
+            if whole.level(sends) > moved.level(sends) {
+                moved = whole;
+            }
+        }
+        moved
+    }
+
+    /// The earliest time from `t` on at which anchor `a` allows one more request, if the
+    /// refill or the reset can make it so without an answer.
+    fn time_for(&self, a: Anchor, t: u64, sends: u64) -> Option<u64> {
+        let now = self.anchor_at(a, t, sends);
+        let level = now.level(sends);
+        if level >= 1 {
+            return Some(t);
+        }
+        // The refill raises the bound only until the base is full; past that, only answers
+        // (or the reset) can.
+        let missing = u64::try_from(1 - i128::from(level)).unwrap_or(u64::MAX);
+        let headroom = signed(self.capacity).saturating_sub(now.spent(sends));
+        let refill = self
+            .interval_ms
+            .filter(|_| now.base < signed(self.capacity) && headroom >= 1)
+            .map(|i| now.at_ms.saturating_add(missing.saturating_mul(i)));
+        let reset = self
+            .reset_at_ms
+            .filter(|&r| self.anchor_at(a, r.max(t), sends).level(sends) >= 1);
+        let at = match (refill, reset) {
+            (Some(x), Some(y)) => x.min(y),
+            (x, y) => x.or(y)?,
+        };
+        Some(at.max(t))
+    }
+
+    /// Moves both anchors to `t`.
+    fn advance(&mut self, t: u64, sends: u64) {
+        for i in 0..self.anchors.len() {
+            if t >= self.anchors[i].at_ms {
+                self.anchors[i] = self.anchor_at(self.anchors[i], t, sends);
+            }
+        }
+        if self.reset_at_ms.is_some_and(|reset| t >= reset) {
+            self.reset_at_ms = None; // applied: it is in the anchors now, or was less
         }
     }
 }
@@ -157,31 +221,43 @@ impl Pacer {
 
     /// Requests sent and not yet answered.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight
+        self.outstanding.len() as u64
     }
 
-    /// Records that a request was sent at `now_ms`.
-    pub fn on_send(&mut self, now_ms: u64) {
+    /// Records that a request was sent at `now_ms`; returns its ticket, to pass to
+    /// [`Pacer::observe`] or [`Pacer::on_failure`].
+    pub fn on_send(&mut self, now_ms: u64) -> u64 {
+        let ticket = self.sends;
         let sends = self.sends;
         if let Some(k) = &mut self.known {
             k.advance(now_ms, sends);
-            k.level = k.level.saturating_sub(1);
         }
-        self.in_flight = self.in_flight.saturating_add(1);
+        let overlapping = self.outstanding.len() as u64;
+        self.outstanding.insert(ticket, overlapping);
         self.sends = self.sends.saturating_add(1);
         let spread = self.known.as_ref().map_or(0, |k| k.spread_ms);
         self.tat_ms = self.tat_ms.max(now_ms).saturating_add(spread);
+        ticket
     }
 
-    /// Records a request that ended without a response (a network error or timeout).
-    pub fn on_failure(&mut self) {
-        self.in_flight = self.in_flight.saturating_sub(1);
+    /// Records that the request with `ticket` ended without a response (a network error
+    /// or timeout).
+    pub fn on_failure(&mut self, ticket: u64) {
+        self.outstanding.remove(&ticket);
     }
 
     /// Records a response's quota (see [`crate::headers::parse_headers`]), received at
-    /// `now_ms`; it completes one sent request.
-    pub fn observe(&mut self, info: &RateLimitInfo, now_ms: u64) {
-        self.in_flight = self.in_flight.saturating_sub(1);
+    /// `now_ms`, to the request with `ticket`.
+    pub fn observe(&mut self, info: &RateLimitInfo, now_ms: u64, ticket: u64) {
+        // The requests the server may have decided after this one: those unanswered when it
+        // was sent (over several connections a server may take them in any order), and
+        // every one sent after it. An unknown ticket is taken as the latest.
+        let overlapping = self
+            .outstanding
+            .remove(&ticket)
+            .unwrap_or(self.outstanding.len() as u64);
+        let later = self.sends.saturating_sub(ticket.saturating_add(1));
+        let pending = overlapping.saturating_add(later);
         self.answered = true;
         if let Some(retry) = info.retry_after_ms {
             self.retry_at_ms = self.retry_at_ms.max(now_ms.saturating_add(retry));
@@ -205,23 +281,28 @@ impl Pacer {
             (Some(i), Some(r)) => remaining.saturating_sub(r / i),
             _ => 0,
         };
-        let fresh = i64::try_from(remaining)
-            .unwrap_or(i64::MAX)
-            .saturating_sub(i64::try_from(self.in_flight).unwrap_or(i64::MAX));
+        let fresh = Anchor {
+            base: signed(remaining),
+            at_ms: now_ms,
+            pending,
+            sends: self.sends,
+        };
         let denied = info.retry_after_ms.is_some();
-        let (capacity, level, level_at_ms) = match self.known.take() {
-            // Same quota, no refusal: both bounds hold, keep the higher.
+        let (capacity, anchors) = match self.known.take() {
+            // Same quota, no refusal: the old bounds still hold; keep the best of them.
             Some(mut k) if k.policy == info.policy && !denied => {
                 k.interval_ms = interval_ms;
                 k.advance(now_ms, self.sends);
                 let capacity = k.capacity.max(remaining.saturating_add(1));
-                if k.level >= fresh {
-                    (capacity, k.level, k.level_at_ms)
+                let [a, b] = k.anchors;
+                let best = if a.level(self.sends) > b.level(self.sends) {
+                    a
                 } else {
-                    (capacity, fresh, now_ms)
-                }
+                    b
+                };
+                (capacity, [best, fresh])
             }
-            _ => (remaining.saturating_add(1), fresh, now_ms),
+            _ => (remaining.saturating_add(1), [fresh, fresh]),
         };
         self.known = Some(Known {
             policy: info.policy.clone(),
@@ -229,10 +310,10 @@ impl Pacer {
             interval_ms,
             spread_ms,
             tolerance: self.config.reserve.max(excess).max(1),
-            level,
-            level_at_ms,
+            anchors,
             reset_at_ms: reset_after.map(|r| now_ms.saturating_add(r)),
-            reset_in_flight: self.in_flight,
+            // Those the server may have counted after this answer may be in the next window.
+            reset_in_flight: pending,
             reset_sends: self.sends,
         });
     }
@@ -251,16 +332,16 @@ impl Pacer {
     pub fn next_send_at(&self, now_ms: u64) -> Option<u64> {
         let floor = now_ms.max(self.retry_at_ms);
         let Some(k) = &self.known else {
-            return (self.answered || self.in_flight == 0).then_some(floor);
+            return (self.answered || self.outstanding.is_empty()).then_some(floor);
         };
         let gcra = self
             .tat_ms
             .saturating_sub(k.tolerance.saturating_sub(1).saturating_mul(k.spread_ms));
-        let from = floor.max(gcra).max(k.level_at_ms);
+        let from = floor.max(gcra);
         match self.budget_at(k, from) {
             Some(t) => Some(t),
             // Nothing in flight to learn from: try at the reset, or now.
-            None if self.in_flight == 0 => Some(k.reset_at_ms.map_or(from, |r| r.max(from))),
+            None if self.outstanding.is_empty() => Some(k.reset_at_ms.map_or(from, |r| r.max(from))),
             None => None,
         }
     }
@@ -273,18 +354,7 @@ impl Pacer {
 
     /// The earliest time from `t` on at which the bound allows one more request.
     fn budget_at(&self, k: &Known, t: u64) -> Option<u64> {
-        let (level, since) = k.level_at(t, self.sends);
-        if level >= 1 {
-            return Some(t);
-        }
-        let missing = u64::try_from(1 - i128::from(level)).unwrap_or(u64::MAX);
-        let refill = k.interval_ms.map(|i| since.saturating_add(missing.saturating_mul(i)));
-        let reset = k.reset_at_ms.filter(|&r| k.level_at(r.max(t), self.sends).0 >= 1);
-        let at = match (refill, reset) {
-            (Some(x), Some(y)) => x.min(y),
-            (x, y) => x.or(y)?,
-        };
-        Some(at.max(t))
+        k.anchors.iter().filter_map(|&a| k.time_for(a, t, self.sends)).min()
     }
 }
 
@@ -306,7 +376,7 @@ mod tests {
     fn unknown_quota_probes_once_then_retry_after_holds() {
         let mut p = Pacer::new();
         assert_eq!(p.next_send_at(1_000), Some(1_000));
-        p.on_send(1_000);
+        let probe = p.on_send(1_000);
         assert_eq!(p.next_send_at(1_001), None, "one probe until the quota is known");
         p.observe(
             &RateLimitInfo {
@@ -314,6 +384,7 @@ mod tests {
                 ..Default::default()
             },
             1_010,
+            probe,
         );
         assert_eq!(p.next_send_at(1_020), Some(3_010));
         // A server without quota headers is not paced.
@@ -325,41 +396,51 @@ mod tests {
     #[test]
     fn remaining_zero_without_a_window_waits_for_the_reset_which_restores_the_quota() {
         let mut p = Pacer::new();
-        p.on_send(0);
-        p.observe(&info(5, 4, 10_000, None), 10);
+        let probe = p.on_send(0);
+        p.observe(&info(5, 4, 10_000, None), 10, probe);
+        let mut tickets = Vec::new();
         for _ in 0..4 {
             let t = p.next_send_at(10).unwrap();
-            p.on_send(t);
+            tickets.push(p.on_send(t));
         }
         // Four sent against four remaining, nothing answered: only answers can tell more,
         // or the reset.
         assert_eq!(p.next_send_at(20), Some(10_010));
-        for _ in 0..4 {
-            p.observe(&info(5, 0, 9_990, None), 20);
+        for ticket in tickets {
+            p.observe(&info(5, 0, 9_990, None), 20, ticket);
         }
         assert_eq!(p.next_send_at(20), Some(10_010));
-        // After the reset the whole quota (5, as seen) is available again.
-        let mut sent = 0;
-        while p.next_send_at(10_010) == Some(10_010) && sent < 10 {
-            p.on_send(10_010);
-            sent += 1;
+        // After the reset the whole quota (5, as seen) is back, less the three that were
+        // unanswered when the last answer's request was sent: the server may have counted
+        // those after it, in the new window. Answers then tell the rest.
+        let mut sent = Vec::new();
+        while p.next_send_at(10_010) == Some(10_010) && sent.len() < 10 {
+            sent.push(p.on_send(10_010));
         }
-        assert_eq!(sent, 5);
+        assert_eq!(sent.len(), 2);
+        p.observe(&info(5, 3, 10_000, None), 10_020, sent[1]);
+        assert_eq!(p.next_send_at(10_020), Some(10_020));
     }
 
     #[test]
     fn budget_goes_at_once_then_the_refill_rate() {
         let mut p = Pacer::new();
-        p.on_send(0);
+        let probe = p.on_send(0);
         // 50 per second (20 ms each, 21 with the margin), 3 left, full in 60 ms.
-        p.observe(&info(50, 3, 60, Some(1_000)), 1);
+        p.observe(&info(50, 3, 60, Some(1_000)), 1, probe);
         for _ in 0..3 {
             assert_eq!(p.next_send_at(1), Some(1));
             p.on_send(1);
         }
         assert_eq!(p.next_send_at(1), Some(22));
-        p.on_send(22);
-        assert_eq!(p.next_send_at(22), Some(43));
+        let fourth = p.on_send(22);
+        // Four unanswered fill the four the server was seen to hold: a server that has not
+        // counted them yet sits full and refills nothing, so only an answer tells more.
+        assert_eq!(p.next_send_at(22), None);
+        // The last one, answered at 30 with nothing left and the quota whole at 50: then the
+        // server holds its four, less the three still unanswered.
+        p.observe(&info(50, 0, 20, Some(1_000)), 30, fourth);
+        assert_eq!(p.next_send_at(30), Some(50));
     }
 
     #[test]
@@ -368,9 +449,9 @@ mod tests {
             reserve: 3,
             margin_percent: 5,
         });
-        p.on_send(0);
+        let probe = p.on_send(0);
         // 100 per minute, 99 left for 60 s: 630 ms per request, about 4 spare at once.
-        p.observe(&info(100, 99, 60_000, Some(60_000)), 0);
+        p.observe(&info(100, 99, 60_000, Some(60_000)), 0, probe);
         let mut now = 0;
         let mut at_once = 0;
         while p.next_send_at(now) == Some(0) {
@@ -388,11 +469,49 @@ mod tests {
     #[test]
     fn nothing_in_flight_never_waits_for_an_answer() {
         let mut p = Pacer::new();
-        p.on_send(0);
-        p.observe(&info(1, 0, 1_000, None), 0);
-        p.on_send(5);
-        p.on_failure();
+        let probe = p.on_send(0);
+        p.observe(&info(1, 0, 1_000, None), 0, probe);
+        let lost = p.on_send(5);
+        p.on_failure(lost);
         assert!(p.next_send_at(6).is_some());
         assert_eq!(p.delay_ms(6), Some(994));
+    }
+
+    #[test]
+    fn a_late_answer_to_an_earlier_request_is_not_taken_for_newer() {
+        let mut p = Pacer::new();
+        let probe = p.on_send(0);
+        // No window, 2 left until the reset at 10 s.
+        p.observe(&info(10, 2, 10_000, None), 0, probe);
+        let a = p.on_send(1);
+        let b = p.on_send(1);
+        assert_eq!(p.next_send_at(2), Some(10_000), "two sent against two remaining");
+        // The server decided a then b; b's answer arrives first, then a's, which does not
+        // count b.
+        p.observe(&info(10, 0, 9_990, None), 5, b);
+        p.observe(&info(10, 1, 9_990, None), 6, a);
+        let next = p.next_send_at(7).unwrap();
+        assert!(
+            next >= 9_990,
+            "a's stale remaining 1 was spent by b, yet the next send is at {next}"
+        );
+    }
+
+    #[test]
+    fn an_answer_decided_before_an_earlier_request_is_not_taken_for_newer() {
+        let mut p = Pacer::new();
+        let probe = p.on_send(0);
+        p.observe(&info(10, 2, 10_000, None), 0, probe);
+        let a = p.on_send(1);
+        let b = p.on_send(1);
+        // Over two connections the server decided b first (1 left), then a (0 left); a's
+        // answer arrives first, then b's with its stale 1.
+        p.observe(&info(10, 0, 9_990, None), 5, a);
+        p.observe(&info(10, 1, 9_990, None), 6, b);
+        let next = p.next_send_at(7).unwrap();
+        assert!(
+            next >= 9_990,
+            "b's stale remaining 1 was spent by a, yet the next send is at {next}"
+        );
     }
 }

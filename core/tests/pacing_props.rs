@@ -135,16 +135,17 @@ struct Outcome {
     denials: u64,
 }
 
-/// `n` requests queued at time 0, at most `concurrency` in flight, `latency_ms` each way.
+/// `n` requests queued at time 0, at most `concurrency` in flight, `latency_ms` each way,
+/// plus up to `jitter_ms` on the way back, so that answers may arrive out of order.
 fn simulate(
     server: &mut dyn Server,
     pacer: &mut Pacer,
     n: u64,
     concurrency: u64,
-    latency_ms: u64,
+    (latency_ms, jitter_ms): (u64, u64),
     via_headers: bool,
 ) -> Outcome {
-    let mut responses: VecDeque<(u64, Answer, u64)> = VecDeque::new();
+    let mut responses: VecDeque<(u64, Answer, u64, u64)> = VecDeque::new();
     let (mut queued, mut now) = (n, 0u64);
     let mut out = Outcome {
         admitted_ms: Vec::new(),
@@ -152,8 +153,8 @@ fn simulate(
     };
     while (out.admitted_ms.len() as u64) < n {
         while responses.front().is_some_and(|r| r.0 <= now) {
-            let (at, answer, decided) = responses.pop_front().expect("front");
-            pacer.observe(&read(&answer, server, decided, at, via_headers), at);
+            let (at, answer, decided, ticket) = responses.pop_front().expect("front");
+            pacer.observe(&read(&answer, server, decided, at, via_headers), at, ticket);
             if answer.allowed {
                 out.admitted_ms.push(decided);
             } else {
@@ -168,10 +169,12 @@ fn simulate(
         while queued > 0 && pacer.in_flight() < concurrency {
             match pacer.next_send_at(now) {
                 Some(t) if t <= now => {
-                    pacer.on_send(now);
+                    let ticket = pacer.on_send(now);
                     queued -= 1;
                     let decided = now + latency_ms;
-                    responses.push_back((decided + latency_ms, server.decide(decided), decided));
+                    let arrives = decided + latency_ms + ticket.wrapping_mul(7_919) % (jitter_ms + 1);
+                    let at = responses.partition_point(|r| r.0 <= arrives);
+                    responses.insert(at, (arrives, server.decide(decided), decided, ticket));
                 }
                 Some(t) => {
                     wake = t;
@@ -191,17 +194,31 @@ fn simulate(
 /// The brief's scenario: 100 requests at a server allowing 50/s with a burst of 10.
 #[test]
 fn hundred_requests_at_50_per_second_burst_10() {
-    for (concurrency, latency, via_headers) in [(1, 1, true), (10, 5, true), (100, 20, true), (10, 5, false)] {
+    let cases = [
+        (1, 1, 0, true),
+        (10, 5, 0, true),
+        (100, 20, 0, true),
+        (10, 5, 0, false),
+        (10, 5, 20, true),
+    ];
+    for (concurrency, latency, jitter, via_headers) in cases {
         let mut server = TokenBucket::new(50, 1_000, 10);
         let mut pacer = Pacer::new();
-        let out = simulate(&mut server, &mut pacer, 100, concurrency, latency, via_headers);
+        let out = simulate(
+            &mut server,
+            &mut pacer,
+            100,
+            concurrency,
+            (latency, jitter),
+            via_headers,
+        );
         let first = out.admitted_ms.first().copied().unwrap_or(0);
         let span = out.admitted_ms.last().copied().unwrap_or(0) - first;
         // What the server would have admitted over the same span: the burst, then 50/s.
         let allowed = 10.0 + 50.0 * span as f64 / 1000.0;
         let share = 100.0 / allowed;
         eprintln!(
-            "concurrency {concurrency}, latency {latency}ms, headers {via_headers}: {} refusals, {span}ms, {:.1}% of the allowed rate",
+            "concurrency {concurrency}, latency {latency}ms + {jitter}ms, headers {via_headers}: {} refusals, {span}ms, {:.1}% of the allowed rate",
             out.denials,
             share * 100.0
         );
@@ -227,6 +244,7 @@ proptest! {
         n in 1u64..150,
         concurrency in 1u64..20,
         latency in 0u64..50,
+        jitter in 0u64..30,
         via_headers in any::<bool>(),
         reserve in 0u64..20,
         margin_percent in 0u64..20,
@@ -234,7 +252,7 @@ proptest! {
         let window_ms = window_s * 1_000;
         let mut server = TokenBucket::new(limit, window_ms, burst);
         let mut pacer = Pacer::with_config(PacerConfig { reserve, margin_percent });
-        let out = simulate(&mut server, &mut pacer, n, concurrency, latency, via_headers);
+        let out = simulate(&mut server, &mut pacer, n, concurrency, (latency, jitter), via_headers);
         prop_assert_eq!(out.denials, 0);
         // Never more than the bucket allows over the span (the server enforces it; this
         // checks the simulation) ...
@@ -261,7 +279,7 @@ proptest! {
         let window_ms = window_s * 1_000;
         let mut server = FixedWindow { limit, window_ms, window: 0, count: 0 };
         let mut pacer = Pacer::new();
-        let out = simulate(&mut server, &mut pacer, n, concurrency, latency, via_headers);
+        let out = simulate(&mut server, &mut pacer, n, concurrency, (latency, 0), via_headers);
         let windows = out.admitted_ms.last().copied().unwrap_or(0) / window_ms + 1;
         prop_assert!(out.denials <= windows * concurrency, "{} refusals over {windows} windows", out.denials);
     }
@@ -270,8 +288,8 @@ proptest! {
 #[derive(Debug, Clone)]
 enum Op {
     Send,
-    Fail,
-    Observe(RateLimitInfo),
+    Fail(u64),
+    Observe(RateLimitInfo, u64),
     Wait(u64),
 }
 
@@ -297,8 +315,8 @@ fn op() -> impl Strategy<Value = Op> {
         );
     prop_oneof![
         Just(Op::Send),
-        Just(Op::Fail),
-        info.prop_map(Op::Observe),
+        (0..50u64).prop_map(Op::Fail),
+        (info, 0..50u64).prop_map(|(info, ticket)| Op::Observe(info, ticket)),
         num().prop_map(Op::Wait)
     ]
 }
@@ -314,9 +332,11 @@ proptest! {
         let mut now = start;
         for op in ops {
             match op {
-                Op::Send => pacer.on_send(now),
-                Op::Fail => pacer.on_failure(),
-                Op::Observe(info) => pacer.observe(&info, now),
+                Op::Send => {
+                    pacer.on_send(now);
+                }
+                Op::Fail(ticket) => pacer.on_failure(ticket),
+                Op::Observe(info, ticket) => pacer.observe(&info, now, ticket),
                 Op::Wait(ms) => now = now.saturating_add(ms),
             }
             match pacer.next_send_at(now) {

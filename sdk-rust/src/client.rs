@@ -9,9 +9,9 @@ use reqwest::{IntoUrl, Method, Request, RequestBuilder, StatusCode, Url};
 use sluice_core::backoff::{Backoff, BackoffPolicy, SplitMix64};
 use sluice_core::headers::{parse_headers, RateLimitInfo};
 use sluice_core::pacing::PacerConfig;
+use sluice_core::retry::{retry_delay, server_floor_ms, BudgetConfig, RetryBudget};
 use tokio::time::Instant;
 
-use crate::budget::{BudgetConfig, RetryBudget};
 use crate::error::{Error, Result};
 use crate::queue::{QueueConfig, Queues};
 use crate::response::Response;
@@ -119,6 +119,8 @@ impl Client {
         inner.budget.deposit();
         let retryable = inner.retry.allows(&request);
         let mut backoff = Backoff::new(inner.retry.backoff);
+        // Retries taken (the schedule may grant one that the budget then refuses).
+        let mut retries = 0;
         let mut request = request;
         loop {
             // A body that cannot be copied (a stream) is sent once.
@@ -133,7 +135,7 @@ impl Client {
                     let quota = read_quota(&response);
                     permit.answered(&quota);
                     if let Some((host, bucket)) = inner.routes.learn(response.url(), quota.policy.as_deref()) {
-                        inner.queues.share(&host, &bucket);
+                        inner.queues.hand_over(&host, &bucket);
                     }
                     Ok((response, quota))
                 }
@@ -149,7 +151,7 @@ impl Client {
                     inner
                         .retry
                         .retries_status(response.status())
-                        .then(|| retry::server_floor_ms(quota)),
+                        .then(|| server_floor_ms(quota)),
                 ),
                 Err(error) => (None, inner.retry.retries_error(error).then_some(None)),
             };
@@ -159,15 +161,16 @@ impl Client {
             };
             let (Some((delay, floor)), Some(copy)) = (delay, copy) else {
                 return match attempt {
-                    Ok((response, quota)) => Ok(Response::new(response, quota, backoff.retries())),
+                    Ok((response, quota)) => Ok(Response::new(response, quota, retries)),
                     Err(error) => Err(Error::Request(error)),
                 };
             };
             request = copy;
+            retries += 1;
             if let Some(hook) = &inner.on_retry {
                 hook(&RetryEvent {
                     key: key.into_owned(),
-                    retry: backoff.retries(),
+                    retry: retries,
                     delay,
                     status,
                     floor: floor.map(Duration::from_millis),
@@ -183,7 +186,7 @@ impl Client {
         let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let delay = {
             let mut rng = self.inner.rng.lock().unwrap_or_else(PoisonError::into_inner);
-            retry::schedule(backoff, elapsed, floor_ms, &mut *rng)?
+            retry_delay(backoff, elapsed, floor_ms, &mut *rng)?
         };
         self.inner.budget.try_withdraw().then(|| Duration::from_millis(delay))
     }

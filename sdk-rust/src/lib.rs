@@ -39,7 +39,6 @@
 
 #![warn(missing_docs)]
 
-mod budget;
 mod client;
 mod error;
 mod queue;
@@ -47,7 +46,6 @@ mod response;
 mod retry;
 mod route;
 
-pub use budget::BudgetConfig;
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, Result};
 pub use queue::{bucket_key, QueueConfig};
@@ -56,3 +54,4 @@ pub use retry::{default_backoff, RetryEvent, RetryHook, RetryPolicy, IDEMPOTENCY
 pub use sluice_core::backoff::{BackoffPolicy, Jitter};
 pub use sluice_core::headers::RateLimitInfo;
 pub use sluice_core::pacing::PacerConfig;
+pub use sluice_core::retry::BudgetConfig;

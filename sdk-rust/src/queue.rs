@@ -2,7 +2,7 @@
 //! bucket under the quota its server advertises (`sluice-core`'s [`Pacer`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -65,8 +65,6 @@ pub(crate) struct Queues {
 
 #[derive(Debug)]
 struct Bucket {
-    /// Whether a policy bucket already shares this (host) bucket.
-    shared: AtomicBool,
     state: Mutex<BucketState>,
     /// Woken whenever the head of the queue may be able to go.
     changed: Notify,
@@ -81,7 +79,8 @@ struct BucketState {
 
 /// What the head of a queue does next.
 enum Step {
-    Go,
+    /// Send now, with this pacer ticket.
+    Go(u64),
     Sleep(Duration),
     WaitForChange,
 }
@@ -106,7 +105,6 @@ impl Queues {
             return Arc::clone(bucket);
         }
         let bucket = Arc::new(Bucket {
-            shared: AtomicBool::new(false),
             state: Mutex::new(BucketState {
                 pacer: Pacer::with_config(self.config.pacer),
                 waiting: VecDeque::new(),
@@ -118,20 +116,18 @@ impl Queues {
         bucket
     }
 
-    /// Makes bucket `to` (a host and a policy, just learned) the same as bucket `from` (the
-    /// host), unless `to` exists or another policy shares `from` already: the requests the
-    /// host bucket paced under this policy and those that now name it stay in one queue
-    /// with one pacer, instead of two pacers spending the same quota.
-    pub(crate) fn share(&self, from: &str, to: &str) {
+    /// Hands the host bucket `host` over to the policy bucket `policy` (a host and a
+    /// policy, just learned from a response), unless that exists already, and leaves the
+    /// host a fresh bucket.
+    ///
+    /// The host bucket's pacer learned the policy's quota, so the requests it paced and
+    /// those that now name the policy stay in one queue with one pacer instead of two
+    /// pacers spending the same quota; a route not seen yet starts over with one probe
+    /// rather than trusting another route's quota.
+    pub(crate) fn hand_over(&self, host: &str, policy: &str) {
         let mut buckets = lock(&self.buckets);
-        if buckets.contains_key(to) {
-            return;
-        }
-        let Some(bucket) = buckets.get(from).map(Arc::clone) else {
-            return;
-        };
-        if !bucket.shared.swap(true, Ordering::AcqRel) {
-            buckets.insert(to.to_owned(), bucket);
+        if let Some(bucket) = buckets.remove(host) {
+            buckets.entry(policy.to_owned()).or_insert(bucket);
         }
     }
 
@@ -166,11 +162,12 @@ impl Queues {
             tokio::pin!(changed);
             changed.as_mut().enable(); // before looking, so no wake-up is missed
             match self.step(&mut place) {
-                Step::Go => {
+                Step::Go(ticket) => {
                     bucket.changed.notify_waiters(); // the next one is now at the head
                     return Ok(Permit {
                         queues: self,
                         bucket: Arc::clone(&bucket),
+                        ticket,
                         done: false,
                     });
                 }
@@ -200,10 +197,10 @@ impl Queues {
         match at {
             Some(at) if at <= now => {
                 state.waiting.pop_front();
-                state.pacer.on_send(now);
+                let ticket = state.pacer.on_send(now);
                 state.in_flight += 1;
                 place.left = true;
-                Step::Go
+                Step::Go(ticket)
             }
             Some(at) => Step::Sleep(Duration::from_millis(at - now)),
             None => Step::WaitForChange,
@@ -238,6 +235,8 @@ impl Drop for Place<'_> {
 pub(crate) struct Permit<'a> {
     queues: &'a Queues,
     bucket: Arc<Bucket>,
+    /// The pacer's ticket of this request.
+    ticket: u64,
     done: bool,
 }
 
@@ -260,8 +259,8 @@ impl Permit<'_> {
         let now = self.queues.now_ms();
         let mut state = lock(&self.bucket.state);
         match info {
-            Some(info) => state.pacer.observe(info, now),
-            None => state.pacer.on_failure(),
+            Some(info) => state.pacer.observe(info, now, self.ticket),
+            None => state.pacer.on_failure(self.ticket),
         }
         state.in_flight = state.in_flight.saturating_sub(1);
         drop(state);
@@ -280,15 +279,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_first_policy_seen_shares_the_host_bucket() {
+    fn the_host_bucket_goes_to_the_first_policy_and_the_host_starts_over() {
         let queues = Queues::new(QueueConfig::default());
         let host = queues.bucket("api.test:80");
-        queues.share("api.test:80", "api.test:80 a");
-        queues.share("api.test:80", "api.test:80 b");
+        queues.hand_over("api.test:80", "api.test:80 a");
         assert!(Arc::ptr_eq(&host, &queues.bucket("api.test:80 a")));
-        assert!(!Arc::ptr_eq(&host, &queues.bucket("api.test:80 b")));
-        // Nothing to share from an unknown host.
-        queues.share("other:80", "other:80 a");
+        let fresh = queues.bucket("api.test:80");
+        assert!(!Arc::ptr_eq(&host, &fresh), "the host starts over");
+        // A policy that has a bucket keeps it.
+        queues.hand_over("api.test:80", "api.test:80 a");
+        assert!(Arc::ptr_eq(&host, &queues.bucket("api.test:80 a")));
+        // Nothing to hand over from an unknown host.
+        queues.hand_over("other:80", "other:80 a");
         assert!(!Arc::ptr_eq(&host, &queues.bucket("other:80 a")));
     }
 }

@@ -35,7 +35,7 @@ impl Routes {
 
     /// Remembers the policy a response on `url`'s route advertised; when that is new, the
     /// host's bucket and the route's bucket from now on, so that the queue can let the
-    /// first policy seen on a host keep the host bucket's state (see `Queues::share`).
+    /// host bucket's state go to the policy (see `Queues::hand_over`).
     pub(crate) fn learn(&self, url: &Url, policy: Option<&str>) -> Option<(String, String)> {
         let policy = policy?;
         let route = route(url);

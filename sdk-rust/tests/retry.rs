@@ -120,3 +120,27 @@ async fn connection_errors_are_retried_only_when_configured() {
         assert_eq!(*scheduled.lock().expect("lock"), expected);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_budget_stops_retries_when_spent() {
+    let server = Server::denying(10).await;
+    let client = Client::builder()
+        .retry_budget(sluice_client::BudgetConfig {
+            ratio: 0.0,
+            min_retries: 1,
+        })
+        .backoff(BackoffPolicy {
+            base_ms: 1,
+            ..default_backoff()
+        })
+        .build()
+        .expect("client");
+    assert_eq!(client.retries_available(), 1);
+    let url = server.url("/deny-first");
+    let first = client.send(client.get(&url)).await.expect("response");
+    assert_eq!(first.retries(), 1, "the one retry the budget holds");
+    let second = client.send(client.get(&url)).await.expect("response");
+    assert_eq!(second.status(), 429);
+    assert_eq!(second.retries(), 0, "no budget left");
+    assert_eq!(server.hits(), 3);
+}
