@@ -20,11 +20,14 @@
 //!   all after its answer; the ticket tells which, so an answer that arrives after a later
 //!   request's is not taken for newer than it is), and adds the long-run
 //!   refill `window / limit` per request (plus a `margin_percent` safety margin) when the
-//!   IETF `RateLimit-Policy` gave a window, and the whole quota once the advertised reset
+//!   IETF `RateLimit-Policy` gave a window — capped at the capacity *before* the requests
+//!   the server may not have counted yet are deducted, since a server that has not seen
+//!   them sits full and loses that refill — and the whole quota once the advertised reset
 //!   has passed (a new window). For a token bucket, GCRA or fixed window seen by one client
 //!   this is a true lower bound, so a paced client is not refused. Each response gives a
-//!   new bound; the pacer keeps the higher one (an older bound may be tighter because the
-//!   refill since it is known better), and starts over from the response on a denial.
+//!   new bound; the pacer keeps it beside the best of the older ones (an older bound may
+//!   be higher now, the newer one refills sooner) and uses whichever allows a request
+//!   first; it starts over from the response on a denial.
 //! * **Spreading**: within the budget, requests are spread over the time to reset, one per
 //!   `min(window / limit, reset / remaining)` — a client-side GCRA — except that up to
 //!   `max(reserve, excess)` may go back to back, `excess` being the part of `remaining`
