@@ -95,11 +95,12 @@ fn proxy(c: &mut Criterion) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy_addr = listener.local_addr().unwrap();
         let config = ProxyConfig {
-            wasm: common::wasm().to_vec(),
+            wasm: Some(common::wasm().to_vec()),
             plugin_config: Vec::new(),
             upstream: upstream_addr,
             clusters: HashMap::new(),
             flavor: Flavor::Envoy,
+            admin: None,
         };
         tokio::spawn(async move { serve(config, listener).await });
         (proxy_addr, upstream_addr)

@@ -25,9 +25,10 @@ enum Command {
 
 #[derive(Parser)]
 struct ProxyArgs {
-    /// The proxy-wasm module (.wasm) to run on every request.
+    /// The proxy-wasm module (.wasm) to run on every request; without one the proxy only
+    /// forwards (the baseline for measuring a module's cost).
     #[arg(long)]
-    wasm: PathBuf,
+    wasm: Option<PathBuf>,
     /// The plugin configuration file given to proxy_on_configure (JSON for Sluice's filter).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -44,6 +45,10 @@ struct ProxyArgs {
     /// Which proxy's behaviour to imitate.
     #[arg(long, value_enum, default_value_t = HostFlavor::Envoy)]
     host_flavor: HostFlavor,
+    /// Address for the admin listener: `GET /stats` reports requests, dispatched calls, the
+    /// VM's memory and the module's metrics as JSON (like Envoy's admin port).
+    #[arg(long, value_name = "HOST:PORT")]
+    admin: Option<SocketAddr>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -57,7 +62,14 @@ async fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).init();
     let Command::Proxy(args) = Cli::parse().command;
-    let wasm = std::fs::read(&args.wasm).with_context(|| format!("cannot read the module {}", args.wasm.display()))?;
+    let wasm = match &args.wasm {
+        Some(path) => Some(std::fs::read(path).with_context(|| format!("cannot read the module {}", path.display()))?),
+        None => None,
+    };
+    let module = args
+        .wasm
+        .as_ref()
+        .map_or("none (forwarding only)".to_owned(), |p| p.display().to_string());
     let plugin_config = match &args.config {
         Some(p) => std::fs::read(p).with_context(|| format!("cannot read the configuration {}", p.display()))?,
         None => Vec::new(),
@@ -84,13 +96,14 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}; is another process using it?", args.listen))?;
-    tracing::info!(listen = %args.listen, upstream = %args.upstream, module = %args.wasm.display(), "sluice-harness proxy ready");
+    tracing::info!(listen = %args.listen, upstream = %args.upstream, %module, admin = ?args.admin, "sluice-harness proxy ready");
     let config = ProxyConfig {
         wasm,
         plugin_config,
         upstream: args.upstream,
         clusters,
         flavor,
+        admin: args.admin,
     };
     tokio::select! {
         r = serve(config, listener) => r.context("the proxy stopped")?,

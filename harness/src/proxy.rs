@@ -5,11 +5,16 @@
 //! Calls the module dispatches go over real HTTP to the named clusters with their timeouts;
 //! a failed or timed-out call is delivered with no headers, as Envoy does. The clock is real,
 //! and ticks fire on time.
+//!
+//! With no module the proxy only forwards, which is the baseline a module's cost is measured
+//! against. An optional admin listener answers `GET /stats` (like Envoy's admin port) with
+//! requests, calls, the VM's linear memory and the module's metrics, as JSON.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http_body_util::{BodyExt, Full};
@@ -24,8 +29,8 @@ use crate::{CallResponse, Flavor, HarnessError, Host, HostOptions, Outcome};
 /// How to run the proxy.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
-    /// The module.
-    pub wasm: Vec<u8>,
+    /// The module; `None` forwards every request untouched (the baseline for benchmarks).
+    pub wasm: Option<Vec<u8>>,
     /// The plugin configuration handed to `proxy_on_configure`.
     pub plugin_config: Vec<u8>,
     /// Where requests the module lets through go.
@@ -36,6 +41,36 @@ pub struct ProxyConfig {
     pub clusters: HashMap<String, Vec<SocketAddr>>,
     /// Which host to imitate.
     pub flavor: Flavor,
+    /// Where to answer `GET /stats`, if anywhere.
+    pub admin: Option<SocketAddr>,
+}
+
+/// What the proxy has done so far, as `GET /stats` on the admin listener reports it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProxyStats {
+    /// Requests received from clients.
+    pub requests: u64,
+    /// Calls the module dispatched (check calls, for Sluice's filter).
+    pub calls: u64,
+    /// Dispatched calls that failed or timed out.
+    pub calls_failed: u64,
+    /// Size of the VM's linear memory in bytes (0 with no module).
+    pub vm_memory_bytes: u64,
+    /// The module's counters and gauges by name.
+    pub metrics: BTreeMap<String, i64>,
+}
+
+impl ProxyStats {
+    /// The stats as a JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requests": self.requests,
+            "calls": self.calls,
+            "calls_failed": self.calls_failed,
+            "vm_memory_bytes": self.vm_memory_bytes,
+            "metrics": self.metrics,
+        })
+    }
 }
 
 type Headers = Vec<(String, String)>;
@@ -70,6 +105,9 @@ enum Cmd {
         token: u32,
         response: Option<CallResponse>,
     },
+    Stats {
+        reply: oneshot::Sender<ProxyStats>,
+    },
 }
 
 fn now_ns() -> u64 {
@@ -80,13 +118,46 @@ fn now_ns() -> u64 {
 
 /// Runs the proxy on `listener` until the process ends.
 pub async fn serve(config: ProxyConfig, listener: tokio::net::TcpListener) -> Result<(), HarnessError> {
+    let vm = match &config.wasm {
+        Some(wasm) => Some(start_vm(wasm, &config)?),
+        None => None,
+    };
+    let requests = Arc::new(AtomicU64::new(0));
+    if let Some(addr) = config.admin {
+        let admin = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| HarnessError::Load(format!("cannot listen on the admin address {addr}: {e}")))?;
+        tokio::spawn(serve_admin(admin, vm.clone(), requests.clone()));
+    }
+
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (vm, client, upstream, requests) = (vm.clone(), client.clone(), config.upstream, requests.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                requests.fetch_add(1, Ordering::Relaxed);
+                handle(req, peer, vm.clone(), client.clone(), upstream)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Loads the module and starts the thread that owns its VM.
+fn start_vm(wasm: &[u8], config: &ProxyConfig) -> Result<mpsc::Sender<Cmd>, HarnessError> {
     let (tx, rx) = mpsc::channel::<Cmd>();
     let options = HostOptions {
         flavor: config.flavor,
         clusters: config.clusters.keys().cloned().collect(),
         start_time_ns: now_ns(),
     };
-    let mut host = Host::new(&config.wasm, options)?;
+    let mut host = Host::new(wasm, options)?;
     host.start(b"", &config.plugin_config)?;
     let runtime = tokio::runtime::Handle::current();
     let clusters = config.clusters.clone();
@@ -95,17 +166,42 @@ pub async fn serve(config: ProxyConfig, listener: tokio::net::TcpListener) -> Re
         .name("wasm-vm".into())
         .spawn(move || vm_loop(host, rx, vm_tx, clusters, runtime))
         .map_err(|e| HarnessError::Load(format!("cannot start the VM thread: {e}")))?;
+    Ok(tx)
+}
 
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+/// The admin listener: `GET /stats` answers [`ProxyStats`] as JSON; anything else is 404.
+async fn serve_admin(listener: tokio::net::TcpListener, vm: Option<mpsc::Sender<Cmd>>, requests: Arc<AtomicU64>) {
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
+        let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let _ = stream.set_nodelay(true);
-        let (tx, client, upstream) = (tx.clone(), client.clone(), config.upstream);
+        let (vm, requests) = (vm.clone(), requests.clone());
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req| handle(req, peer, tx.clone(), client.clone(), upstream));
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let (vm, requests) = (vm.clone(), requests.clone());
+                async move {
+                    if req.uri().path() != "/stats" {
+                        return Ok::<_, Infallible>(text(404, "the admin listener answers GET /stats"));
+                    }
+                    let mut stats = match vm {
+                        Some(vm) => {
+                            let (reply, answer) = oneshot::channel();
+                            if vm.send(Cmd::Stats { reply }).is_err() {
+                                return Ok(text(503, "the wasm VM stopped"));
+                            }
+                            answer.await.unwrap_or_default()
+                        }
+                        None => ProxyStats::default(),
+                    };
+                    stats.requests = requests.load(Ordering::Relaxed);
+                    let mut r = Response::new(Full::new(Bytes::from(stats.to_json().to_string())));
+                    r.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("application/json"),
+                    );
+                    Ok(r)
+                }
+            });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -122,11 +218,14 @@ fn text(status: u16, msg: &str) -> Response<Full<Bytes>> {
 async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
-    vm: mpsc::Sender<Cmd>,
+    vm: Option<mpsc::Sender<Cmd>>,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
     upstream: SocketAddr,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = req.into_parts();
+    let Some(vm) = vm else {
+        return Ok(forward(&client, upstream, parts, body).await);
+    };
     let path = parts
         .uri
         .path_and_query()
@@ -229,6 +328,33 @@ async fn handle(
     Ok(r)
 }
 
+/// Forwards a request untouched (the proxy with no module).
+async fn forward(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    upstream: SocketAddr,
+    parts: hyper::http::request::Parts,
+    body: Incoming,
+) -> Response<Full<Bytes>> {
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut builder = Request::builder().method(parts.method.clone());
+    for (k, v) in &parts.headers {
+        builder = builder.header(k, v);
+    }
+    let request = match builder.uri(format!("http://{upstream}{path}")).body(Full::new(body)) {
+        Ok(r) => r,
+        Err(e) => return text(400, &format!("cannot forward: {e}")),
+    };
+    match client.request(request).await {
+        Ok(resp) => {
+            let (rparts, rbody) = resp.into_parts();
+            let rbody = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            Response::from_parts(rparts, Full::new(rbody))
+        }
+        Err(e) => text(502, &format!("upstream {upstream} failed: {e}")),
+    }
+}
+
 /// The VM thread: owns the host, applies commands, fires ticks, starts calls.
 fn vm_loop(
     mut host: Host,
@@ -240,6 +366,7 @@ fn vm_loop(
     let mut waiting: HashMap<u32, oneshot::Sender<Verdict>> = HashMap::new();
     let mut calling: HashSet<u32> = HashSet::new();
     let mut turn = 0usize;
+    let mut stats = ProxyStats::default();
     loop {
         let wait = host
             .next_tick_ns()
@@ -315,11 +442,23 @@ fn vm_loop(
                 calling.remove(&token);
                 let result = match response {
                     Some(r) => host.respond_call(token, r),
-                    None => host.fail_call(token),
+                    None => {
+                        stats.calls_failed += 1;
+                        host.fail_call(token)
+                    }
                 };
                 if let Err(e) = result {
                     tracing::debug!("call {token} not delivered: {e}");
                 }
+            }
+            Some(Cmd::Stats { reply }) => {
+                stats.vm_memory_bytes = host.memory_bytes() as u64;
+                stats.metrics = host
+                    .metric_names()
+                    .into_iter()
+                    .filter_map(|name| host.metric(&name).map(|v| (name, v)))
+                    .collect();
+                let _ = reply.send(stats.clone());
             }
             None => {}
         }
@@ -358,6 +497,7 @@ fn vm_loop(
             if !calling.insert(call.token) {
                 continue;
             }
+            stats.calls += 1;
             let mut endpoints = clusters
                 .get(&call.upstream)
                 .cloned()

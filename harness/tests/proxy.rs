@@ -105,19 +105,26 @@ async fn backend(hold: Arc<Hold>) -> SocketAddr {
 
 struct Stack {
     proxy: SocketAddr,
+    admin: SocketAddr,
     upstream_requests: Arc<AtomicUsize>,
     hold: Arc<Hold>,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
 async fn stack(plugin_config: &str) -> Stack {
+    let wasm = tokio::task::spawn_blocking(|| common::wasm().to_vec()).await.unwrap();
+    stack_with(Some(wasm), plugin_config).await
+}
+
+/// The proxy in front of the counting upstream, running `wasm` (or no module).
+async fn stack_with(wasm: Option<Vec<u8>>, plugin_config: &str) -> Stack {
     let upstream_requests = Arc::new(AtomicUsize::new(0));
     let up = upstream(upstream_requests.clone()).await;
     let hold = Arc::new(Hold::default());
     let backend = backend(hold.clone()).await;
     // The cluster's first endpoint refuses connections: calls must pass to the second.
     let free = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
-    let wasm = tokio::task::spawn_blocking(|| common::wasm().to_vec()).await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy = listener.local_addr().unwrap();
     let config = ProxyConfig {
@@ -126,10 +133,12 @@ async fn stack(plugin_config: &str) -> Stack {
         upstream: up,
         clusters: HashMap::from([("backend".to_owned(), vec![free, backend])]),
         flavor: Flavor::Envoy,
+        admin: Some(admin),
     };
     tokio::spawn(async move { serve(config, listener).await });
     Stack {
         proxy,
+        admin,
         upstream_requests,
         hold,
         client: Client::builder(TokioExecutor::new()).build_http(),
@@ -144,7 +153,11 @@ struct Answer {
 
 impl Stack {
     async fn get(&self, headers: &[(&str, &str)]) -> Answer {
-        let mut req = Request::get(format!("http://{}/hello", self.proxy));
+        self.get_from(self.proxy, "/hello", headers).await
+    }
+
+    async fn get_from(&self, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = Request::get(format!("http://{addr}{path}"));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -244,4 +257,40 @@ async fn ticks_run_on_the_real_clock() {
     let a = s.get(&[("x-probe", "pause")]).await;
     assert_eq!(a.status, 200, "the tick resumed the paused request");
     assert_eq!(s.upstream_requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_module_every_request_is_forwarded_untouched() {
+    let s = stack_with(None, "").await;
+    let a = s.get(&[("x-probe", "respond"), ("x-one", "1")]).await;
+    // The probe module would have answered 418; with no module the upstream answers.
+    assert_eq!(a.status, 200);
+    assert!(a.body.contains("x-one: 1"), "{}", a.body);
+    assert!(!a.body.contains("x-probe-count"), "{}", a.body);
+    assert_eq!(s.upstream_requests.load(Ordering::SeqCst), 1);
+    let stats = s.get_from(s.admin, "/stats", &[]).await;
+    let stats: serde_json::Value = serde_json::from_str(&stats.body).unwrap();
+    assert_eq!(
+        (stats["requests"].as_u64(), stats["vm_memory_bytes"].as_u64()),
+        (Some(1), Some(0))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_reports_requests_calls_memory_and_metrics() {
+    let s = stack("").await;
+    s.get(&[("x-probe", "call")]).await;
+    s.get(&[("x-probe", "metrics")]).await;
+    s.get(&[("x-probe", "metrics")]).await;
+    let a = s.get_from(s.admin, "/stats", &[]).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(header(&a, "content-type"), Some("application/json"));
+    let stats: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+    assert_eq!(stats["requests"].as_u64(), Some(3), "{stats}");
+    assert_eq!(stats["calls"].as_u64(), Some(1), "{stats}");
+    assert_eq!(stats["calls_failed"].as_u64(), Some(0), "{stats}");
+    assert_eq!(stats["metrics"]["probe_requests"].as_i64(), Some(2), "{stats}");
+    // A wasm page is 64 KiB; a running module has at least one.
+    assert!(stats["vm_memory_bytes"].as_u64().unwrap() >= 65_536, "{stats}");
+    assert_eq!(s.get_from(s.admin, "/other", &[]).await.status, 404);
 }
