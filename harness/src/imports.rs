@@ -113,7 +113,6 @@ fn current_stream(s: &mut HostState) -> Option<&mut Stream> {
 const MAX_HISTOGRAM_RECORDS: usize = 128 * 1024;
 
 /// Registers every host function the proxy-wasm Rust SDK 0.2 may import.
-
 pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         "env",
