@@ -120,6 +120,10 @@ impl RedisCluster {
                     &conf,
                     "--cluster-node-timeout",
                     "1000",
+                    // Replicas sync at once (the default waits 5 s for more replicas to
+                    // share a transfer): until synced, a replica refuses to fail over.
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ];
                 Child::spawn("redis-server", &mut redis_command(p, &node_dir, &extra))
             })
@@ -142,7 +146,28 @@ impl RedisCluster {
         );
         let cluster = RedisCluster { ports, children, dir };
         cluster.wait_ok(Duration::from_secs(30));
+        cluster.wait_replicas_synced(Duration::from_secs(30));
         cluster
+    }
+
+    /// Waits until every replica has its master link up: only then can it be promoted.
+    pub fn wait_replicas_synced(&self, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            let synced = self
+                .ports
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| self.children[*i].id().is_some())
+                .map(|(_, &p)| cli(p, &["info", "replication"]))
+                .filter(|info| info.contains("role:slave"))
+                .all(|info| info.contains("master_link_status:up"));
+            if synced {
+                return;
+            }
+            assert!(start.elapsed() < timeout, "replicas not synced after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Waits until every live node reports `cluster_state:ok`.
