@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice_harness::proxy::{serve, ProxyConfig};
+use sluice_harness::proxy::{Proxy, ProxyConfig};
 use sluice_harness::Flavor;
 
 /// A proxy-wasm (ABI 0.2.1) host on wasmtime.
@@ -93,10 +93,6 @@ async fn main() -> anyhow::Result<()> {
         HostFlavor::Envoy => Flavor::Envoy,
         HostFlavor::Nginx => Flavor::Nginx,
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}; is another process using it?", args.listen))?;
-    tracing::info!(listen = %args.listen, upstream = %args.upstream, %module, admin = ?args.admin, "sluice-harness proxy ready");
     let config = ProxyConfig {
         wasm,
         plugin_config,
@@ -105,8 +101,14 @@ async fn main() -> anyhow::Result<()> {
         flavor,
         admin: args.admin,
     };
+    // The module first: once the port accepts, the proxy is ready.
+    let proxy = Proxy::start(config).await.context("the module did not start")?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}; is another process using it?", args.listen))?;
+    tracing::info!(listen = %args.listen, upstream = %args.upstream, %module, admin = ?args.admin, "sluice-harness proxy ready");
     tokio::select! {
-        r = serve(config, listener) => r.context("the proxy stopped")?,
+        r = proxy.serve(listener) => r.context("the proxy stopped")?,
         _ = tokio::signal::ctrl_c() => tracing::info!("stopped"),
     }
     Ok(())

@@ -118,34 +118,59 @@ fn now_ns() -> u64 {
 
 /// Runs the proxy on `listener` until the process ends.
 pub async fn serve(config: ProxyConfig, listener: tokio::net::TcpListener) -> Result<(), HarnessError> {
-    let vm = match &config.wasm {
-        Some(wasm) => Some(start_vm(wasm, &config)?),
-        None => None,
-    };
-    let requests = Arc::new(AtomicU64::new(0));
-    if let Some(addr) = config.admin {
-        let admin = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| HarnessError::Load(format!("cannot listen on the admin address {addr}: {e}")))?;
-        tokio::spawn(serve_admin(admin, vm.clone(), requests.clone()));
+    Proxy::start(config).await?.serve(listener).await
+}
+
+/// A proxy whose module is loaded and configured, and whose admin listener is up: ready
+/// for traffic. Bind the traffic listener after this, so that a client that can connect
+/// never waits for the module to compile.
+pub struct Proxy {
+    config: ProxyConfig,
+    vm: Option<mpsc::Sender<Cmd>>,
+    requests: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    /// Compiles and configures the module on its VM thread; starts the admin listener.
+    pub async fn start(config: ProxyConfig) -> Result<Proxy, HarnessError> {
+        let vm = match &config.wasm {
+            Some(wasm) => Some(start_vm(wasm, &config)?),
+            None => None,
+        };
+        let requests = Arc::new(AtomicU64::new(0));
+        if let Some(addr) = config.admin {
+            let admin = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| HarnessError::Load(format!("cannot listen on the admin address {addr}: {e}")))?;
+            tokio::spawn(serve_admin(admin, vm.clone(), requests.clone()));
+        }
+        Ok(Proxy { config, vm, requests })
     }
 
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let (vm, client, upstream, requests) = (vm.clone(), client.clone(), config.upstream, requests.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                requests.fetch_add(1, Ordering::Relaxed);
-                handle(req, peer, vm.clone(), client.clone(), upstream)
+    /// Serves `listener` until the process ends.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> Result<(), HarnessError> {
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let (vm, client, upstream, requests) = (
+                self.vm.clone(),
+                client.clone(),
+                self.config.upstream,
+                self.requests.clone(),
+            );
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    handle(req, peer, vm.clone(), client.clone(), upstream)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+        }
     }
 }
 
