@@ -35,9 +35,13 @@ struct Args {
     /// Total requests per second across connections (0: as fast as possible).
     #[arg(long, default_value_t = 0)]
     rate: u64,
-    /// Distinct client identities to spread requests over.
+    /// Distinct client identities to spread requests over (IPs 10.x.y.z; at most 2^24).
+    /// Connections take them in turn, so a run sends min(keys, requests) distinct ones.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
+    /// The first identity's number: runs with offsets far apart use disjoint identities.
+    #[arg(long, default_value_t = 0)]
+    key_offset: u64,
     /// Also measure redis-benchmark's EVALSHA ceiling against this local Redis port.
     #[arg(long)]
     redis_port: Option<u16>,
@@ -87,9 +91,14 @@ async fn main() -> anyhow::Result<()> {
         (args.rate > 0).then(|| Duration::from_secs_f64(args.connections as f64 / args.rate as f64));
     let mut tasks = Vec::new();
     for c in 0..args.connections {
-        let (authority, path, mode, keys) = (authority.clone(), args.path.clone(), args.mode, args.keys.max(1));
+        let keys = Keys {
+            first: args.key_offset.wrapping_add(c as u64),
+            step: args.connections as u64,
+            count: args.keys.clamp(1, 1 << 24),
+        };
+        let (authority, path, mode) = (authority.clone(), args.path.clone(), args.mode);
         tasks.push(tokio::spawn(async move {
-            run_connection(c as u64, authority, path, mode, keys, deadline, per_conn_interval).await
+            run_connection(authority, path, mode, keys, deadline, per_conn_interval).await
         }));
     }
     let started = Instant::now();
@@ -132,12 +141,19 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Which identities one connection sends: `first`, `first + step`, ... modulo `count`.
+#[derive(Clone, Copy)]
+struct Keys {
+    first: u64,
+    step: u64,
+    count: u64,
+}
+
 async fn run_connection(
-    id: u64,
     authority: String,
     path: String,
     mode: Mode,
-    keys: u64,
+    keys: Keys,
     deadline: Instant,
     interval: Option<Duration>,
 ) -> anyhow::Result<Outcome> {
@@ -153,14 +169,14 @@ async fn run_connection(
         errors: 0,
     };
     let mut next = Instant::now();
-    let mut i = id.wrapping_mul(7919);
+    let mut i = keys.first;
     while Instant::now() < deadline {
         if let Some(iv) = interval {
             tokio::time::sleep_until(next.into()).await;
             next += iv;
         }
-        i = i.wrapping_add(1);
-        let key = i % keys;
+        let key = i % keys.count;
+        i = i.wrapping_add(keys.step);
         let req = match mode {
             Mode::Check => Request::builder()
                 .method(Method::POST)
