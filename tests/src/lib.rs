@@ -1,1 +1,5 @@
-//! End-to-end tests of Sluice (in `tests/`) and the `sluice-load` load tool (`src/bin`).
+//! End-to-end fixtures for Sluice: the whole chain as real processes on loopback, and a
+//! plain HTTP/1.1 client that can also send what a correct client never would.
+
+pub mod chain;
+pub mod http;

@@ -1,227 +1,27 @@
-//! The whole chain as a user runs it, all real processes on loopback: a demo upstream, two
-//! `sluice-harness proxy` processes running `sluice_filter.wasm`, two `sluice-service`
-//! nodes and a real Redis. Everything is torn down on drop, even when a test fails.
-//!
-//! The binaries are built by the fixture itself into the test's own target directory and
-//! profile; the filter module is built like the filter's tests build it.
+//! The whole chain, correct end to end: limits hold across both proxies and both nodes,
+//! rules combine as DESIGN.md says, the SDK paces itself from the headers, and rules,
+//! overrides and shadow rules change and behave at run time with no restart.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sluice_testkit::{free_port, wait_for_port, Child, RedisServer};
+use sluice_core::rules::format_rfc3339;
+use sluice_tests::chain::{Chain, Options, FILTER};
+use sluice_tests::http::{http, send, Reply};
 
-const RULES: &str = r#"
-[[rule]]
-name      = "global-ip"
-by        = "ip"
-algorithm = "sliding_window_log"
-limit     = 10
-window    = "1m"
-failure   = "open"
-
-[[rule]]
-name      = "paid-key"
-by        = "api_key"
-algorithm = "sliding_window_log"
-limit     = 1000
-window    = "1m"
-failure   = "closed"
-"#;
-
-/// The filter configuration; a generous check timeout, since debug builds share two cores.
-const FILTER: &str = r#"{
-  "check": {"cluster": "sluice_check", "authority": "sluice-check", "path": "/v1/check", "timeout_ms": 2000},
-  "identities": {"ip": {"header": "x-forwarded-for", "trusted_hops": 0}, "api_key": {"header": "x-api-key"}},
-  "local": {"by": "ip", "rate_per_s": 1000, "burst": 1000, "max_keys": 10000},
-  "failure": {"mode": "open", "fallback": {"rate_per_s": 50, "burst": 100},
-              "breaker": {"failures": 1000, "cooldown_ms": 1000}},
-  "headers": "all"
-}"#;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+/// The filter trusting one proxy hop of `x-forwarded-for`, so each test client can have its
+/// own IP.
+fn filter_trusting_xff() -> String {
+    FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1")
 }
 
-/// A workspace binary of the same profile as this test, built (or brought up to date) once.
-///
-/// Cargo builds only the test's own package's binaries for a test, so the chain builds the
-/// other packages' binaries itself: a clean clone works, and a stale binary is never run.
-fn binary(name: &str) -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        // target/<profile>/deps/<test> → target/<profile>
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target directory")
-            .to_path_buf();
-        let mut cargo = Command::new(env!("CARGO"));
-        // `--workspace` resolves features as a developer's `cargo build --workspace` does,
-        // so a tree built that way is reused as it stands.
-        cargo.current_dir(root()).args(["build", "--workspace", "--bins"]);
-        if dir.file_name().is_some_and(|profile| profile == "release") {
-            cargo.arg("--release");
-        }
-        let status = cargo.status().expect("cannot run cargo");
-        assert!(status.success(), "building the chain's binaries failed");
-        dir
-    });
-    let path = dir.join(name);
-    assert!(path.exists(), "{} is missing after the build", path.display());
-    path
+fn policy(r: &Reply) -> Option<&str> {
+    r.header("ratelimit-policy")
 }
 
-/// `sluice_filter.wasm`, built once into target/wasm-modules.
-fn filter_wasm() -> &'static Path {
-    static WASM: OnceLock<PathBuf> = OnceLock::new();
-    WASM.get_or_init(|| {
-        let target = root().join("target").join("wasm-modules");
-        let status = Command::new(env!("CARGO"))
-            .current_dir(root())
-            .args(["build", "-p", "sluice-filter", "--target", "wasm32-wasip1", "--release"])
-            .arg("--target-dir")
-            .arg(&target)
-            .status()
-            .expect("cannot run cargo");
-        assert!(status.success(), "building the filter failed (run scripts/setup)");
-        target.join("wasm32-wasip1/release/sluice_filter.wasm")
-    })
-}
-
-struct Chain {
-    upstream: u16,
-    proxies: [u16; 2],
-    redis: RedisServer,
-    _dir: PathBuf,
-    /// The service nodes, by index.
-    nodes: Vec<Child>,
-    _children: Vec<Child>,
-}
-
-impl Chain {
-    /// Upstream, Redis, two service nodes over it, two proxies whose check cluster lists
-    /// both nodes (each proxy prefers a different one first).
-    fn start() -> Chain {
-        let redis = RedisServer::start();
-        let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        std::fs::write(dir.join("rules.toml"), RULES).expect("rules file");
-        std::fs::write(dir.join("filter.json"), FILTER).expect("filter config");
-        let mut children = Vec::new();
-
-        let upstream = free_port();
-        children.push(Child::spawn(
-            "demo upstream",
-            Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
-        ));
-        let mut nodes = [0; 2];
-        let mut node_children = Vec::new();
-        for node in &mut nodes {
-            *node = free_port();
-            node_children.push(Child::spawn(
-                "sluice-service",
-                Command::new(binary("sluice-service"))
-                    .arg("--listen")
-                    .arg(format!("127.0.0.1:{node}"))
-                    .arg("--rules")
-                    .arg(dir.join("rules.toml"))
-                    .args(["--store", &redis.url(), "--store-timeout-ms", "200"]),
-            ));
-        }
-        let wasm = filter_wasm();
-        let mut proxies = [0; 2];
-        for proxy in &mut proxies {
-            *proxy = free_port();
-            children.push(Child::spawn(
-                "sluice-harness proxy",
-                Command::new(binary("sluice-harness"))
-                    .arg("proxy")
-                    .arg("--wasm")
-                    .arg(wasm)
-                    .arg("--config")
-                    .arg(dir.join("filter.json"))
-                    .arg("--listen")
-                    .arg(format!("127.0.0.1:{proxy}"))
-                    .arg("--upstream")
-                    .arg(format!("127.0.0.1:{upstream}"))
-                    .arg("--cluster")
-                    .arg(format!("sluice_check=127.0.0.1:{},127.0.0.1:{}", nodes[0], nodes[1])),
-            ));
-        }
-        for port in [upstream].iter().chain(&nodes).chain(&proxies) {
-            wait_for_port(*port, Duration::from_secs(30));
-        }
-        Chain {
-            upstream,
-            proxies,
-            redis,
-            _dir: dir,
-            nodes: node_children,
-            _children: children,
-        }
-    }
-
-    /// Requests the upstream has served.
-    fn upstream_count(&self) -> u64 {
-        let r = http(self.upstream, "GET", "/__count", &[]);
-        r.body
-            .trim()
-            .trim_matches(|c: char| !c.is_ascii_digit())
-            .parse()
-            .unwrap_or_else(|_| panic!("odd count {:?}", r.body))
-    }
-}
-
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// One HTTP/1.1 request over its own connection (`Connection: close`).
-fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
-    let mut req =
-        format!("{method} {path} HTTP/1.1\r\nhost: sluice.test\r\nconnection: close\r\ncontent-length: 0\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    stream.write_all(req.as_bytes()).expect("send");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read");
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {text:?}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[test]
@@ -230,14 +30,12 @@ fn a_global_limit_holds_across_both_proxies_and_both_nodes() {
     let mut statuses = Vec::new();
     for i in 0..30 {
         let r = http(chain.proxies[i % 2], "GET", "/api/hello", &[]);
+        assert_eq!(policy(&r), Some("\"global-ip\";q=10;w=60"));
         if r.status == 429 {
-            assert_eq!(r.header("ratelimit-policy"), Some("\"global-ip\";q=10;w=60"));
             assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
             assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
             assert!(r.header("retry-after").is_some());
             assert!(r.body.contains("\"code\":429"), "{}", r.body);
-        } else {
-            assert_eq!(r.header("ratelimit-policy"), Some("\"global-ip\";q=10;w=60"));
         }
         statuses.push(r.status);
     }
@@ -249,107 +47,356 @@ fn a_global_limit_holds_across_both_proxies_and_both_nodes() {
         "the first ten pass: {statuses:?}"
     );
     assert_eq!(chain.upstream_count(), 10, "the upstream saw exactly the limit");
+    // Both nodes decided: the proxies take them in turn.
+    for node in 0..2 {
+        let seen = chain.node_metric(node, "sluice_checks_total{rule=\"global-ip\",decision=\"allowed\"}")
+            + chain.node_metric(node, "sluice_checks_total{rule=\"global-ip\",decision=\"denied\"}");
+        assert!(seen > 0.0, "node {node} decided nothing");
+    }
+}
+
+const LEVELS: &str = r#"
+[[rule]]
+name = "per-ip"
+by = "ip"
+algorithm = "sliding_window_log"
+limit = 10
+window = "1m"
+
+[[rule]]
+name = "free-user"
+by = "user"
+tier = "free"
+algorithm = "sliding_window_log"
+limit = 3
+window = "1m"
+
+[[rule]]
+name = "pro-user"
+by = "user"
+tier = "pro"
+algorithm = "sliding_window_log"
+limit = 6
+window = "1m"
+
+[[rule]]
+name = "per-key"
+by = "api_key"
+algorithm = "sliding_window_log"
+limit = 4
+window = "1m"
+
+[[rule]]
+name = "search-ip"
+by = "ip"
+path = "/api/search*"
+algorithm = "sliding_window_log"
+limit = 2
+window = "1m"
+"#;
+
+/// Sends `n` requests alternating proxies; returns the answers.
+fn burst(chain: &Chain, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<Reply> {
+    (0..n)
+        .map(|i| http(chain.proxies[i % 2], "GET", path, headers))
+        .collect()
+}
+
+fn statuses(replies: &[Reply]) -> Vec<u16> {
+    replies.iter().map(|r| r.status).collect()
+}
+
+/// `n` × 200 then one 429, the 429 naming `rule` with quota `q`.
+fn assert_limited_by(replies: &[Reply], n: usize, rule: &str, q: u64) {
+    let codes = statuses(replies);
+    assert!(codes[..n].iter().all(|&s| s == 200), "{rule}: {codes:?}");
+    assert_eq!(codes[n], 429, "{rule}: {codes:?}");
+    let denied = &replies[n];
+    assert_eq!(
+        policy(denied),
+        Some(format!("\"{rule}\";q={q};w=60").as_str()),
+        "{rule}"
+    );
+    assert_eq!(denied.header("x-ratelimit-limit"), Some(q.to_string().as_str()));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    let ratelimit = denied.header("ratelimit").unwrap_or_default();
+    assert!(
+        ratelimit.starts_with(&format!("\"{rule}\";r=0;")),
+        "{rule}: RateLimit: {ratelimit}"
+    );
 }
 
 #[test]
-fn a_dead_redis_fails_open_or_closed_per_rule_and_recovers() {
-    let mut chain = Chain::start();
-    let key = [("x-api-key", "k-1")];
-    assert_eq!(http(chain.proxies[0], "GET", "/a", &key).status, 200);
+fn rules_per_ip_user_key_tier_and_path_combine_and_the_429_names_the_rule_that_denied() {
+    let chain = Chain::with(Options {
+        rules: LEVELS.to_owned(),
+        filter: filter_trusting_xff(),
+        ..Options::default()
+    });
+    // A free user is held to 3 though the IP allows 10; the headers on the way describe the
+    // most restrictive rule (free-user: 2, 1, 0 left).
+    let free = burst(
+        &chain,
+        4,
+        "/api/items",
+        &[
+            ("x-forwarded-for", "203.0.113.1"),
+            ("x-user-id", "u1"),
+            ("x-tier", "free"),
+        ],
+    );
+    assert_limited_by(&free, 3, "free-user", 3);
+    let left: Vec<_> = free[..3].iter().map(|r| r.header("x-ratelimit-remaining")).collect();
+    assert_eq!(left, [Some("2"), Some("1"), Some("0")]);
 
-    chain.redis.stop();
-    let mut open = Vec::new();
-    let mut closed = Vec::new();
-    for i in 0..6 {
-        open.push(http(chain.proxies[i % 2], "GET", "/b", &[]).status);
-        closed.push(http(chain.proxies[i % 2], "GET", "/c", &key).status);
-    }
-    // `global-ip` fails open (the node's fallback bucket); `paid-key` fails closed: a
-    // denial, never a 5xx from Sluice.
-    assert!(open.iter().all(|&s| s == 200), "fail-open rule: {open:?}");
-    assert!(closed.iter().all(|&s| s == 429), "fail-closed rule: {closed:?}");
+    // A pro user gets 6; the free rule does not apply to them.
+    let pro = burst(
+        &chain,
+        7,
+        "/api/items",
+        &[
+            ("x-forwarded-for", "203.0.113.2"),
+            ("x-user-id", "u2"),
+            ("x-tier", "pro"),
+        ],
+    );
+    assert_limited_by(&pro, 6, "pro-user", 6);
 
-    chain.redis.restart();
-    // Shared decisions resume: the closed rule allows again within a few seconds.
-    let mut recovered = false;
-    for _ in 0..100 {
-        if http(chain.proxies[1], "GET", "/d", &key).status == 200 {
-            recovered = true;
-            break;
+    // An API key gets 4.
+    let keyed = burst(
+        &chain,
+        5,
+        "/api/items",
+        &[("x-forwarded-for", "203.0.113.3"), ("x-api-key", "k1")],
+    );
+    assert_limited_by(&keyed, 4, "per-key", 4);
+
+    // The search path allows 2 per IP; the denied third does not consume the IP's quota:
+    // the IP then has 10 − 2 − 1 = 7 left after one more request elsewhere.
+    let ip = [("x-forwarded-for", "203.0.113.4")];
+    let search = burst(&chain, 3, "/api/search?q=x", &ip);
+    assert_limited_by(&search, 2, "search-ip", 2);
+    let other = http(chain.proxies[0], "GET", "/api/items", &ip);
+    assert_eq!(other.status, 200);
+    assert_eq!(policy(&other), Some("\"per-ip\";q=10;w=60"));
+    assert_eq!(other.header("x-ratelimit-remaining"), Some("7"));
+
+    // A bare IP is held to 10 in all, whichever paths it uses.
+    let bare = [("x-forwarded-for", "203.0.113.5")];
+    let mut mixed = burst(&chain, 5, "/api/items", &bare);
+    mixed.extend(burst(&chain, 6, "/other", &bare));
+    assert_limited_by(&mixed, 10, "per-ip", 10);
+
+    assert_eq!(
+        chain.upstream_count(),
+        3 + 6 + 4 + 2 + 1 + 10,
+        "the upstream saw only what was allowed"
+    );
+}
+
+#[test]
+fn the_sdk_reading_the_headers_finishes_a_paced_workload_with_at_most_one_429() {
+    let chain = Chain::with(Options {
+        rules: r#"
+[[rule]]
+name = "sdk-key"
+by = "api_key"
+algorithm = "token_bucket"
+limit = 20
+window = "1s"
+burst = 5
+"#
+        .to_owned(),
+        ..Options::default()
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let url = format!("http://127.0.0.1:{}/api/work", chain.proxies[0]);
+    let (codes, elapsed) = runtime.block_on(async {
+        let client = sluice_client::Client::new().expect("client");
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..60)
+            .map(|_| {
+                let (client, url) = (client.clone(), url.clone());
+                tokio::spawn(async move {
+                    let response = client.send(client.get(&url).header("x-api-key", "sdk")).await;
+                    response.map(|r| r.status().as_u16())
+                })
+            })
+            .collect();
+        let mut codes = Vec::new();
+        for task in tasks {
+            codes.push(task.await.expect("task").expect("response"));
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(recovered, "checks did not recover after Redis came back");
+        (codes, started.elapsed())
+    });
+    let denied = chain.nodes_metric("sluice_checks_total{rule=\"sdk-key\",decision=\"denied\"}");
+    assert!(codes.iter().all(|&s| s == 200), "{codes:?}");
+    assert!(denied <= 1.0, "{denied} × 429 seen by the SDK");
+    assert_eq!(chain.upstream_count(), 60);
+    // At best: the burst of 5 at once, then 55 at 20/s = 2.75 s.
+    let achieved = 55.0 / elapsed.as_secs_f64();
+    println!(
+        "SDK through the chain: 60 requests in {:.2} s, {achieved:.1} req/s beyond the burst \
+         = {:.1} % of the allowed 20/s, {denied} × 429",
+        elapsed.as_secs_f64(),
+        achieved / 20.0 * 100.0
+    );
+}
+
+/// Asks node `node` directly which limit applies to a fresh IP.
+fn limit_on(chain: &Chain, node: usize, probe: usize) -> Option<u64> {
+    let body = format!(
+        r#"{{"identities": {{"ip": "198.51.100.{}"}}, "method": "GET", "path": "/", "cost": 1}}"#,
+        probe % 250
+    );
+    let r = send(
+        chain.node_ports[node],
+        "POST",
+        "/v1/check",
+        &[("content-type", "application/json")],
+        body.as_bytes(),
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.body).ok()?;
+    v["limit"].as_u64()
 }
 
 #[test]
-fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
-    // A "check service" that accepts connections and never answers.
-    let stalled = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let stalled_port = stalled.local_addr().expect("addr").port();
-    stalled.set_nonblocking(true).expect("nonblocking");
-    let upstream = free_port();
-    let proxy = free_port();
-    let dir = std::env::temp_dir().join(format!("sluice-stall-{}-{proxy}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let config = FILTER.replace("\"timeout_ms\": 2000", "\"timeout_ms\": 100").replace(
-        "\"failures\": 1000, \"cooldown_ms\": 1000",
-        "\"failures\": 2, \"cooldown_ms\": 60000",
-    );
-    std::fs::write(dir.join("filter.json"), config).expect("filter config");
-    let _upstream = Child::spawn(
-        "demo upstream",
-        Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
-    );
-    let _proxy = Child::spawn(
-        "sluice-harness proxy",
-        Command::new(binary("sluice-harness"))
-            .arg("proxy")
-            .arg("--wasm")
-            .arg(filter_wasm())
-            .arg("--config")
-            .arg(dir.join("filter.json"))
-            .args(["--listen", &format!("127.0.0.1:{proxy}")])
-            .args(["--upstream", &format!("127.0.0.1:{upstream}")])
-            .args(["--cluster", &format!("sluice_check=127.0.0.1:{stalled_port}")]),
-    );
-    wait_for_port(upstream, Duration::from_secs(30));
-    wait_for_port(proxy, Duration::from_secs(30));
-
-    let mut held = Vec::new();
-    let mut connections = Vec::new(); // kept open: the stall is the point
-    for _ in 0..10 {
-        let start = std::time::Instant::now();
-        let r = http(proxy, "GET", "/api/hello", &[]);
-        assert_eq!(r.status, 200, "fail open: {}", r.body);
-        held.push(start.elapsed());
-        while let Ok((conn, _)) = stalled.accept() {
-            connections.push(conn);
-        }
-    }
-    // The first two waited out the 100 ms timeout (a lower bound, so not flaky); then the
-    // breaker stopped calling: the stalled service saw exactly two connections.
-    assert!(held[..2].iter().all(|d| *d >= Duration::from_millis(100)), "{held:?}");
-    std::thread::sleep(Duration::from_millis(200));
-    while let Ok((conn, _)) = stalled.accept() {
-        connections.push(conn);
-    }
-    assert_eq!(connections.len(), 2, "check calls made; request times: {held:?}");
-}
-
-#[test]
-fn with_one_service_node_killed_the_proxies_decide_through_the_other() {
+fn a_rule_changed_through_the_admin_api_takes_effect_on_both_nodes_within_a_second() {
     let mut chain = Chain::start();
-    for i in 0..4 {
-        assert_eq!(http(chain.proxies[i % 2], "GET", "/x", &[]).status, 200);
+    assert_eq!(limit_on(&chain, 0, 0), Some(10));
+    assert_eq!(limit_on(&chain, 1, 1), Some(10));
+    let pids: Vec<_> = chain.nodes.iter().map(|n| n.id()).collect();
+
+    let new_rules = sluice_tests::chain::RULES.replace("limit     = 10", "limit     = 3");
+    let (auth, token) = Chain::bearer();
+    let started = Instant::now();
+    let r = send(
+        chain.node_ports[0],
+        "PUT",
+        "/v1/admin/rules",
+        &[(auth, &token)],
+        new_rules.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut probe = 2;
+    let mut seen = [None, None];
+    while seen.iter().any(Option::is_none) && started.elapsed() < Duration::from_secs(5) {
+        for (node, when) in seen.iter_mut().enumerate() {
+            probe += 1;
+            if when.is_none() && limit_on(&chain, node, probe) == Some(3) {
+                *when = Some(started.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
-    chain.nodes[0].kill();
-    // Still global decisions (not the filter's fail-open fallback, which would allow all
-    // 26): exactly 6 more pass, then 429s naming the rule.
-    let statuses: Vec<u16> = (0..26)
-        .map(|i| http(chain.proxies[i % 2], "GET", "/y", &[]).status)
+    println!("rule change visible after: node 0 {:?}, node 1 {:?}", seen[0], seen[1]);
+    for (node, when) in seen.iter().enumerate() {
+        let when = when.unwrap_or_else(|| panic!("node {node} never took the new rule"));
+        assert!(when < Duration::from_secs(1), "node {node} took {when:?}");
+    }
+    // Through the proxies, the new limit holds.
+    let codes: Vec<u16> = (0..5)
+        .map(|i| http(chain.proxies[i % 2], "GET", "/z", &[]).status)
         .collect();
-    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 6, "{statuses:?}");
-    assert!(statuses[6..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    // No restart: the same processes.
+    assert!(chain.nodes.iter_mut().all(|n| n.is_running()));
+    assert_eq!(chain.nodes.iter().map(|n| n.id()).collect::<Vec<_>>(), pids);
+}
+
+#[test]
+fn an_override_applies_until_its_time_and_then_the_rule_does_again() {
+    let chain = Chain::with(Options {
+        rules: r#"
+[[rule]]
+name = "per-user"
+by = "user"
+algorithm = "sliding_window_log"
+limit = 2
+window = "1m"
+"#
+        .to_owned(),
+        ..Options::default()
+    });
+    // Whole seconds from now, at least 3 s away: time for the requests below.
+    let until = (now_ms() / 1000 + 4) * 1000;
+    let body = format!(
+        r#"{{"rule": "per-user", "identity": "42", "limit": 5, "until": "{}"}}"#,
+        format_rfc3339(until)
+    );
+    let (auth, token) = Chain::bearer();
+    let r = send(
+        chain.node_ports[1],
+        "POST",
+        "/v1/admin/overrides",
+        &[(auth, &token)],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    std::thread::sleep(Duration::from_millis(1000)); // both nodes have it (within 1 s)
+
+    let user = [("x-user-id", "42")];
+    let during = burst(&chain, 6, "/api", &user);
+    assert!(
+        now_ms() + 300 < until,
+        "the requests took too long to test the override"
+    );
+    assert_eq!(statuses(&during), [200, 200, 200, 200, 200, 429]);
+    assert_eq!(during[5].header("x-ratelimit-limit"), Some("5"));
+    // Another user is held to the rule's 2 meanwhile.
+    assert_eq!(
+        statuses(&burst(&chain, 3, "/api", &[("x-user-id", "7")])),
+        [200, 200, 429]
+    );
+
+    // Just before `until`, still 5; just after, the rule's 2 (and 5 already used: denied).
+    std::thread::sleep(Duration::from_millis((until - 250).saturating_sub(now_ms())));
+    let before = http(chain.proxies[0], "GET", "/api", &user);
+    assert_eq!(
+        before.header("x-ratelimit-limit"),
+        Some("5"),
+        "at {} ms before until",
+        until as i64 - now_ms() as i64
+    );
+    std::thread::sleep(Duration::from_millis((until + 250).saturating_sub(now_ms())));
+    let after = http(chain.proxies[1], "GET", "/api", &user);
+    assert_eq!((after.status, after.header("x-ratelimit-limit")), (429, Some("2")));
+}
+
+#[test]
+fn a_shadow_rule_never_denies_but_counts_what_it_would_have_denied() {
+    let chain = Chain::with(Options {
+        rules: r#"
+[[rule]]
+name = "trial"
+by = "ip"
+algorithm = "sliding_window_log"
+limit = 3
+window = "1m"
+shadow = true
+
+[[rule]]
+name = "real"
+by = "ip"
+algorithm = "sliding_window_log"
+limit = 100
+window = "1m"
+"#
+        .to_owned(),
+        ..Options::default()
+    });
+    let replies = burst(&chain, 10, "/api", &[]);
+    assert!(replies.iter().all(|r| r.status == 200), "{:?}", statuses(&replies));
+    // The headers describe the enforced rule, not the shadow one.
+    assert_eq!(policy(&replies[9]), Some("\"real\";q=100;w=60"));
     assert_eq!(chain.upstream_count(), 10);
+    let series = |d: &str| chain.nodes_metric(&format!("sluice_checks_total{{rule=\"trial\",decision=\"{d}\"}}"));
+    assert_eq!(
+        (series("allowed"), series("shadow_denied"), series("denied")),
+        (3.0, 7.0, 0.0)
+    );
 }

@@ -1,0 +1,321 @@
+//! The whole chain as a user runs it, all real processes on loopback: a demo upstream, two
+//! `sluice-harness proxy` processes running `sluice_filter.wasm`, two `sluice-service`
+//! nodes and a real Redis (one server, or a Redis Cluster). Everything is torn down on drop,
+//! even when a test fails.
+//!
+//! The binaries are built by the fixture itself into the test's own target directory and
+//! profile; the filter module is built like the filter's tests build it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sluice_testkit::{free_port, wait_for_port, Child, RedisCluster, RedisServer};
+
+use crate::http::http;
+
+/// Rules of the default chain: one fail-open rule per IP, one fail-closed rule per API key.
+pub const RULES: &str = r#"
+[[rule]]
+name      = "global-ip"
+by        = "ip"
+algorithm = "sliding_window_log"
+limit     = 10
+window    = "1m"
+failure   = "open"
+
+[[rule]]
+name      = "paid-key"
+by        = "api_key"
+algorithm = "sliding_window_log"
+limit     = 1000
+window    = "1m"
+failure   = "closed"
+"#;
+
+/// The filter configuration; a generous check timeout, since debug builds share two cores.
+/// Every client is `source.address` (127.0.0.1) unless a test trusts `x-forwarded-for`.
+pub const FILTER: &str = r#"{
+  "check": {"cluster": "sluice_check", "authority": "sluice-check", "path": "/v1/check", "timeout_ms": 2000},
+  "identities": {"ip": {"header": "x-forwarded-for", "trusted_hops": 0}, "api_key": {"header": "x-api-key"},
+                 "user": {"header": "x-user-id"}, "tier": {"header": "x-tier"}},
+  "local": {"by": "ip", "rate_per_s": 1000, "burst": 1000, "max_keys": 10000},
+  "failure": {"mode": "open", "fallback": {"rate_per_s": 50, "burst": 100},
+              "breaker": {"failures": 1000, "cooldown_ms": 1000}},
+  "headers": "all"
+}"#;
+
+/// The admin API's bearer token in every chain.
+pub const ADMIN_TOKEN: &str = "chain-admin-token";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A workspace binary of the same profile as the running test, built (or brought up to
+/// date) once per test process.
+///
+/// Cargo builds only the test's own package's binaries for a test, so the chain builds the
+/// other packages' binaries itself: a clean clone works, and a stale binary is never run.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/<test> → target/<profile>
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target directory")
+            .to_path_buf();
+        let mut cargo = Command::new(env!("CARGO"));
+        // `--workspace` resolves features as a developer's `cargo build --workspace` does,
+        // so a tree built that way is reused as it stands.
+        cargo.current_dir(root()).args(["build", "--workspace", "--bins"]);
+        if dir.file_name().is_some_and(|profile| profile == "release") {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("cannot run cargo");
+        assert!(status.success(), "building the chain's binaries failed");
+        dir
+    });
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing after the build", path.display());
+    path
+}
+
+/// `sluice_filter.wasm`, built once into target/wasm-modules.
+pub fn filter_wasm() -> &'static Path {
+    static WASM: OnceLock<PathBuf> = OnceLock::new();
+    WASM.get_or_init(|| {
+        let target = root().join("target").join("wasm-modules");
+        let status = Command::new(env!("CARGO"))
+            .current_dir(root())
+            .args(["build", "-p", "sluice-filter", "--target", "wasm32-wasip1", "--release"])
+            .arg("--target-dir")
+            .arg(&target)
+            .status()
+            .expect("cannot run cargo");
+        assert!(status.success(), "building the filter failed (run scripts/setup)");
+        target.join("wasm32-wasip1/release/sluice_filter.wasm")
+    })
+}
+
+/// The counter store under the service nodes.
+pub enum Store {
+    /// One `redis-server`.
+    Redis(RedisServer),
+    /// A Redis Cluster.
+    Cluster(RedisCluster),
+}
+
+/// How to build a chain.
+pub struct Options {
+    /// The rules file's text.
+    pub rules: String,
+    /// The filter's configuration (JSON).
+    pub filter: String,
+    /// Masters of a Redis Cluster with one replica each; 0 for a single Redis.
+    pub cluster_masters: usize,
+    /// `--store-timeout-ms` of the nodes.
+    pub store_timeout_ms: u64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            rules: RULES.to_owned(),
+            filter: FILTER.to_owned(),
+            cluster_masters: 0,
+            store_timeout_ms: 200,
+        }
+    }
+}
+
+/// A running chain.
+pub struct Chain {
+    /// The demo upstream's port.
+    pub upstream: u16,
+    /// The proxies' ports.
+    pub proxies: [u16; 2],
+    /// The proxies' admin ports (`GET /stats`).
+    pub proxy_admins: [u16; 2],
+    /// The service nodes' ports.
+    pub node_ports: [u16; 2],
+    /// The service nodes, by index.
+    pub nodes: Vec<Child>,
+    /// The proxies, by index.
+    pub proxy_children: Vec<Child>,
+    /// The counter store.
+    pub store: Store,
+    dir: PathBuf,
+    _upstream: Child,
+}
+
+impl Chain {
+    /// The default chain: [`RULES`], [`FILTER`], one Redis.
+    pub fn start() -> Chain {
+        Chain::with(Options::default())
+    }
+
+    /// Upstream, store, two service nodes over it, two proxies whose check cluster lists
+    /// both nodes (calls take the nodes in turn).
+    pub fn with(options: Options) -> Chain {
+        let store = if options.cluster_masters > 0 {
+            Store::Cluster(RedisCluster::start(options.cluster_masters, 1))
+        } else {
+            Store::Redis(RedisServer::start())
+        };
+        let store_url = match &store {
+            Store::Redis(r) => r.url(),
+            Store::Cluster(c) => c.url(),
+        };
+        let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("rules.toml"), &options.rules).expect("rules file");
+        std::fs::write(dir.join("filter.json"), &options.filter).expect("filter config");
+        std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token file");
+
+        let upstream = free_port();
+        let upstream_child = Child::spawn(
+            "demo upstream",
+            Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
+        );
+        let node_ports = [free_port(), free_port()];
+        let nodes = node_ports
+            .iter()
+            .map(|port| {
+                Child::spawn(
+                    "sluice-service",
+                    Command::new(binary("sluice-service"))
+                        .arg("--listen")
+                        .arg(format!("127.0.0.1:{port}"))
+                        .arg("--rules")
+                        .arg(dir.join("rules.toml"))
+                        .arg("--admin-token-file")
+                        .arg(dir.join("admin-token"))
+                        .args(["--store", &store_url])
+                        .args(["--store-timeout-ms", &options.store_timeout_ms.to_string()]),
+                )
+            })
+            .collect();
+        let proxies = [free_port(), free_port()];
+        let proxy_admins = [free_port(), free_port()];
+        let proxy_children = proxies
+            .iter()
+            .zip(&proxy_admins)
+            .map(|(port, admin)| {
+                Child::spawn(
+                    "sluice-harness proxy",
+                    Command::new(binary("sluice-harness"))
+                        .arg("proxy")
+                        .arg("--wasm")
+                        .arg(filter_wasm())
+                        .arg("--config")
+                        .arg(dir.join("filter.json"))
+                        .args(["--listen", &format!("127.0.0.1:{port}")])
+                        .args(["--admin", &format!("127.0.0.1:{admin}")])
+                        .args(["--upstream", &format!("127.0.0.1:{upstream}")])
+                        .arg("--cluster")
+                        .arg(format!(
+                            "sluice_check=127.0.0.1:{},127.0.0.1:{}",
+                            node_ports[0], node_ports[1]
+                        )),
+                )
+            })
+            .collect();
+        for port in [upstream]
+            .iter()
+            .chain(&node_ports)
+            .chain(&proxies)
+            .chain(&proxy_admins)
+        {
+            wait_for_port(*port, Duration::from_secs(30));
+        }
+        Chain {
+            upstream,
+            proxies,
+            proxy_admins,
+            node_ports,
+            nodes,
+            proxy_children,
+            store,
+            dir,
+            _upstream: upstream_child,
+        }
+    }
+
+    /// Requests the upstream has served.
+    pub fn upstream_count(&self) -> u64 {
+        let r = http(self.upstream, "GET", "/__count", &[]);
+        r.body
+            .trim()
+            .trim_matches(|c: char| !c.is_ascii_digit())
+            .parse()
+            .unwrap_or_else(|_| panic!("odd count {:?}", r.body))
+    }
+
+    /// The rules file the nodes watch.
+    pub fn rules_file(&self) -> PathBuf {
+        self.dir.join("rules.toml")
+    }
+
+    /// The single Redis; panics on a cluster chain.
+    pub fn redis(&mut self) -> &mut RedisServer {
+        match &mut self.store {
+            Store::Redis(r) => r,
+            Store::Cluster(_) => panic!("this chain runs a Redis Cluster"),
+        }
+    }
+
+    /// The Redis Cluster; panics on a single-Redis chain.
+    pub fn cluster(&mut self) -> &mut RedisCluster {
+        match &mut self.store {
+            Store::Cluster(c) => c,
+            Store::Redis(_) => panic!("this chain runs a single Redis"),
+        }
+    }
+
+    /// Proxy `i`'s `GET /stats` (requests, check calls, VM memory, filter metrics).
+    pub fn proxy_stats(&self, i: usize) -> serde_json::Value {
+        let r = http(self.proxy_admins[i], "GET", "/stats", &[]);
+        serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("proxy stats {:?}: {e}", r.body))
+    }
+
+    /// A counter of node `i`'s `/metrics`, by its full series name (labels included).
+    pub fn node_metric(&self, i: usize, series: &str) -> f64 {
+        let r = http(self.node_ports[i], "GET", "/metrics", &[]);
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// The series summed over both nodes.
+    pub fn nodes_metric(&self, series: &str) -> f64 {
+        (0..2).map(|i| self.node_metric(i, series)).sum()
+    }
+
+    /// A process's resident memory in bytes, from /proc.
+    pub fn rss_bytes(child: &Child) -> u64 {
+        let pid = child.id().expect("the process runs");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    /// A `(name, value)` pair for an admin call's bearer token.
+    pub fn bearer() -> (&'static str, String) {
+        ("authorization", format!("Bearer {ADMIN_TOKEN}"))
+    }
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

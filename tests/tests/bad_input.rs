@@ -1,0 +1,357 @@
+//! The whole chain fed bad input: malformed and oversized headers, a flood of distinct
+//! client IPs, malformed check bodies, admin calls without the token, a rules file broken
+//! mid-run. Nothing panics, nothing is lost, and memory stays bounded.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sluice_tests::chain::{Chain, Options, FILTER, RULES};
+use sluice_tests::http::{http, raw, send};
+
+/// The answers a proxy may give bad input: the request's own fate (200/429) or a client
+/// error; never a 5xx.
+fn acceptable(status: u16) -> bool {
+    (200..500).contains(&status)
+}
+
+#[test]
+fn malformed_and_oversized_headers_are_answered_and_the_proxy_goes_on() {
+    let mut chain = Chain::with(Options {
+        rules: RULES.replace("limit     = 10", "limit     = 1000"),
+        filter: FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1"),
+        ..Options::default()
+    });
+    let long_key = "k".repeat(10_000);
+    let commas = ",".repeat(8_000);
+    let many_hops = (0..500)
+        .map(|i| format!("10.0.{}.{}", i / 250, i % 250))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("xff not an address", vec![("x-forwarded-for", "not-an-ip")]),
+        ("xff empty", vec![("x-forwarded-for", "")]),
+        ("xff only commas", vec![("x-forwarded-for", &commas)]),
+        ("xff 500 hops", vec![("x-forwarded-for", &many_hops)]),
+        (
+            "xff ipv6 and port",
+            vec![("x-forwarded-for", "[2001:db8::1]:443, 2001:db8::2")],
+        ),
+        ("api key of 10 kB", vec![("x-api-key", &long_key)]),
+        ("api key of spaces", vec![("x-api-key", "   ")]),
+        ("user id with quotes", vec![("x-user-id", "\"};{\\\"")]),
+        ("tier unknown", vec![("x-tier", "platinum\u{7f}")]),
+    ];
+    for (what, headers) in &cases {
+        let r = http(chain.proxies[0], "GET", "/api/x", headers);
+        assert!(acceptable(r.status), "{what}: {} {}", r.status, r.body);
+    }
+    // Bytes no correct client sends.
+    let garbage: [&[u8]; 5] = [
+        b"GARBAGE\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: a\r\nx-api-key: \xff\xfe\r\nconnection: close\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: a\r\nx-forwarded-for: 1.2.3.4\x00evil\r\nconnection: close\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: a\r\nbad header name: 1\r\nconnection: close\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: a\r\ncontent-length: nope\r\nconnection: close\r\n\r\n",
+    ];
+    for bytes in garbage {
+        if let Some(r) = raw(chain.proxies[1], bytes) {
+            assert!(
+                acceptable(r.status),
+                "{:?}: {} {}",
+                String::from_utf8_lossy(bytes),
+                r.status,
+                r.body
+            );
+        }
+    }
+    // A client that leaves in the middle of its headers.
+    abandon(chain.proxies[1], b"GET /x HTTP/1.1\r\nhost: a\r\nx-forwarded-for: 1.2.");
+    // 100 kB of headers.
+    let big = "v".repeat(1_000);
+    let many: Vec<(String, &str)> = (0..100).map(|i| (format!("x-h{i}"), big.as_str())).collect();
+    let refs: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    if let Some(r) = raw(chain.proxies[0], request_bytes(&refs).as_slice()) {
+        assert!(acceptable(r.status), "100 kB of headers: {}", r.status);
+    }
+    // Both proxies and both nodes are still up and deciding.
+    for (i, proxy) in chain.proxies.iter().enumerate() {
+        assert_eq!(
+            http(*proxy, "GET", "/ok", &[("x-forwarded-for", "192.0.2.99")]).status,
+            200
+        );
+        assert!(chain.proxy_children[i].is_running(), "proxy {i} died");
+    }
+    assert!(chain.nodes.iter_mut().all(|n| n.is_running()));
+    for i in 0..2 {
+        assert_eq!(
+            chain.proxy_stats(i)["calls_failed"].as_u64(),
+            Some(0),
+            "no check call failed"
+        );
+    }
+}
+
+/// Sends `bytes` and hangs up.
+fn abandon(port: u16, bytes: &[u8]) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.write_all(bytes).expect("send");
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+fn request_bytes(headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut s = String::from("GET /x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        s.push_str(&format!("{k}: {v}\r\n"));
+    }
+    s.push_str("\r\n");
+    s.into_bytes()
+}
+
+/// Runs `sluice-load` against proxy `port` with IPs from `offset` on; returns its report.
+fn flood(port: u16, offset: u64, seconds: u64) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice-load"))
+        .args(["--target", &format!("http://127.0.0.1:{port}"), "--mode", "get"])
+        .args([
+            "--rate",
+            "10000",
+            "--connections",
+            "32",
+            "--duration",
+            &format!("{seconds}s"),
+        ])
+        .args(["--keys", "16777216", "--key-offset", &offset.to_string()])
+        .output()
+        .expect("cannot run sluice-load");
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "sluice-load failed: {report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report
+}
+
+fn count(report: &str, prefix: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix:?} in {report}"))
+}
+
+#[test]
+fn ten_thousand_new_client_ips_per_second_leave_filter_and_service_memory_bounded() {
+    // Local buckets capped at 2,000 clients, so each flood passes the cap many times over.
+    let chain = Chain::with(Options {
+        rules: RULES.replace("limit     = 10", "limit     = 1000"),
+        filter: FILTER
+            .replace("\"trusted_hops\": 0", "\"trusted_hops\": 1")
+            .replace("\"max_keys\": 10000", "\"max_keys\": 2000"),
+        ..Options::default()
+    });
+    let vm = || chain.proxy_stats(0)["vm_memory_bytes"].as_u64().expect("vm memory");
+    let service = || Chain::rss_bytes(&chain.nodes[0]) + Chain::rss_bytes(&chain.nodes[1]);
+
+    // Warm-up: the first flood fills the caps and the allocators' pools.
+    let warm = flood(chain.proxies[0], 0, 10);
+    let (vm_warm, service_warm) = (vm(), service());
+    let start = Instant::now();
+    let second = flood(chain.proxies[0], 8_000_000, 10);
+    let elapsed = start.elapsed().as_secs_f64();
+    let (vm_after, service_after) = (vm(), service());
+
+    let sent = count(&second, "requests");
+    let kib = |b: u64| b / 1024;
+    println!(
+        "flood of new client IPs: warm-up {} requests; measured {sent} distinct IPs in {elapsed:.1} s \
+         ({:.0}/s); filter VM {} → {} KiB; service RSS (2 nodes) {} → {} KiB",
+        count(&warm, "requests"),
+        sent as f64 / elapsed,
+        kib(vm_warm),
+        kib(vm_after),
+        kib(service_warm),
+        kib(service_after)
+    );
+    assert_eq!(
+        count(&second, "status        2xx"),
+        sent,
+        "every new client is allowed: {second}"
+    );
+    assert!(sent >= 4_000, "too few requests to say anything: {second}");
+    // Bounded: 2,000 local buckets cost far less than 512 KiB; an unbounded map of
+    // {sent} keys would cost megabytes.
+    assert!(
+        vm_after.saturating_sub(vm_warm) <= 512 * 1024,
+        "filter VM grew {vm_warm} → {vm_after}"
+    );
+    // The nodes keep nothing per client with Redis healthy: allow allocator noise only.
+    assert!(
+        service_after.saturating_sub(service_warm) <= 8 * 1024 * 1024,
+        "service RSS grew {service_warm} → {service_after}"
+    );
+}
+
+/// POSTs `body` to `/v1/check` of node 0.
+fn check(chain: &Chain, body: &[u8]) -> (u16, serde_json::Value) {
+    let r = send(
+        chain.node_ports[0],
+        "POST",
+        "/v1/check",
+        &[("content-type", "application/json")],
+        body,
+    );
+    let v = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("answer is not JSON ({e}): {:?}", r.body));
+    (r.status, v)
+}
+
+#[test]
+fn malformed_check_bodies_get_a_400_that_names_the_problem() {
+    let chain = Chain::start();
+    let long = format!(
+        r#"{{"identities": {{"ip": "{}"}}, "method": "GET", "path": "/"}}"#,
+        "1".repeat(300)
+    );
+    let huge = format!(
+        r#"{{"identities": {{"ip": "{}"}}, "method": "GET", "path": "/"}}"#,
+        "1".repeat(20_000)
+    );
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("truncated", b"{\"identities\": {".to_vec(), "EOF while parsing"),
+        ("not an object", b"[1, 2]".to_vec(), "JSON object"),
+        ("not JSON", b"hello".to_vec(), "JSON object"),
+        ("empty", Vec::new(), "EOF while parsing"),
+        (
+            "identities a number",
+            br#"{"identities": 5, "method": "GET", "path": "/"}"#.to_vec(),
+            "identities",
+        ),
+        (
+            "unknown field",
+            br#"{"identities": {}, "method": "GET", "path": "/", "weight": 2}"#.to_vec(),
+            "weight",
+        ),
+        (
+            "cost absurd",
+            br#"{"identities": {}, "method": "GET", "path": "/", "cost": 99999999999}"#.to_vec(),
+            "cost",
+        ),
+        (
+            "cost negative",
+            br#"{"identities": {}, "method": "GET", "path": "/", "cost": -1}"#.to_vec(),
+            "cost",
+        ),
+        ("identity too long", long.into_bytes(), "256"),
+        ("not UTF-8", b"{\"identities\": {\"ip\": \"\xff\"}}".to_vec(), "unicode"),
+    ];
+    for (what, body, names) in &cases {
+        let (status, v) = check(&chain, body);
+        assert_eq!(status, 400, "{what}: {v}");
+        let error = v["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(names),
+            "{what}: the error {error:?} should name {names:?}"
+        );
+    }
+    let (status, v) = check(&chain, huge.as_bytes());
+    assert_eq!(status, 413, "{v}");
+    // The node is fine and decides as before.
+    let (status, v) = check(
+        &chain,
+        br#"{"identities": {"ip": "192.0.2.1"}, "method": "GET", "path": "/"}"#,
+    );
+    assert_eq!(
+        (status, v["allowed"].as_bool(), v["limit"].as_u64()),
+        (200, Some(true), Some(10))
+    );
+}
+
+#[test]
+fn admin_calls_without_the_right_token_are_401_and_change_nothing() {
+    let chain = Chain::start();
+    let port = chain.node_ports[1];
+    let new_rules = RULES.replace("limit     = 10", "limit     = 1");
+    let override_body =
+        br#"{"rule": "global-ip", "identity": "127.0.0.1", "limit": 5, "until": "2099-01-01T00:00:00Z"}"#;
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer "),
+        Some("Basic Y2hhaW4tYWRtaW4tdG9rZW4="),
+    ] {
+        let headers: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
+        let calls = [
+            send(port, "GET", "/v1/admin/rules", &headers, b""),
+            send(port, "PUT", "/v1/admin/rules", &headers, new_rules.as_bytes()),
+            send(port, "POST", "/v1/admin/overrides", &headers, override_body),
+            send(
+                port,
+                "DELETE",
+                "/v1/admin/overrides?rule=global-ip&identity=1",
+                &headers,
+                b"",
+            ),
+            send(port, "GET", "/v1/admin/violations", &headers, b""),
+        ];
+        for r in &calls {
+            assert_eq!(r.status, 401, "{auth:?}: {}", r.body);
+            assert!(
+                r.body.contains("token"),
+                "{auth:?}: the error says what is missing: {}",
+                r.body
+            );
+        }
+    }
+    // Nothing changed: ten requests still pass.
+    std::thread::sleep(Duration::from_millis(600));
+    let codes: Vec<u16> = (0..11)
+        .map(|i| http(chain.proxies[i % 2], "GET", "/", &[]).status)
+        .collect();
+    assert_eq!(codes.iter().filter(|&&s| s == 200).count(), 10, "{codes:?}");
+    // And the right token works.
+    let (k, v) = Chain::bearer();
+    let r = send(port, "GET", "/v1/admin/rules", &[(k, &v)], b"");
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("global-ip"), "{}", r.body);
+}
+
+#[test]
+fn a_rules_file_broken_mid_run_keeps_the_old_rules_until_it_is_fixed() {
+    let chain = Chain::start();
+    let reloads = |result: &str| chain.nodes_metric(&format!("sluice_rules_reloads_total{{result=\"{result}\"}}"));
+    let file = chain.rules_file();
+    for broken in [
+        "[[rule]]\nname = \"half\nlimit = ",                                 // malformed TOML
+        &RULES.replace("limit     = 10", "limit     = -5"),                  // absurd number
+        &RULES.replace("window    = \"1m\"", "window    = \"1 fortnight\""), // bad window
+        &RULES.replace("by        = \"ip\"", "by        = \"ip\"\ncolour = \"red\""), // unknown field
+    ] {
+        let errors = reloads("error");
+        std::fs::write(&file, broken).expect("write rules");
+        let started = Instant::now();
+        // Each node notices and refuses it.
+        while reloads("error") < errors + 2.0 {
+            assert!(started.elapsed() < Duration::from_secs(5), "{broken:?} was not noticed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The old rules stay: the same limit answers.
+        let r = http(chain.proxies[0], "GET", "/", &[]);
+        assert_eq!(r.header("x-ratelimit-limit"), Some("10"), "after {broken:?}");
+    }
+    assert!(chain.nodes.iter().all(|n| n.id().is_some()));
+    // Fixed with a new limit: it takes effect.
+    std::fs::write(&file, RULES.replace("limit     = 10", "limit     = 50")).expect("write rules");
+    let started = Instant::now();
+    loop {
+        let r = http(chain.proxies[1], "GET", "/", &[]);
+        if r.header("x-ratelimit-limit") == Some("50") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the fixed file was not loaded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
