@@ -2,9 +2,9 @@
 //!
 //! One thread owns the VM (as each Envoy worker owns one); the network side runs on tokio
 //! and talks to it by messages, so a request paused on a check call never blocks others.
-//! Calls the module dispatches go over real HTTP to the named clusters with their timeouts;
-//! a failed or timed-out call is delivered with no headers, as Envoy does. The clock is real,
-//! and ticks fire on time.
+//! Calls the module dispatches go over real HTTP (pooled keep-alive connections) to the
+//! named clusters with their timeouts; a failed or timed-out call is delivered with no
+//! headers, as Envoy does. The clock is real, and ticks fire on time.
 //!
 //! With no module the proxy only forwards, which is the baseline a module's cost is measured
 //! against. An optional admin listener answers `GET /stats` (like Envoy's admin port) with
@@ -189,7 +189,7 @@ fn start_vm(wasm: &[u8], config: &ProxyConfig) -> Result<mpsc::Sender<Cmd>, Harn
     let vm_tx = tx.clone();
     std::thread::Builder::new()
         .name("wasm-vm".into())
-        .spawn(move || vm_loop(host, rx, vm_tx, clusters, runtime))
+        .spawn(move || vm_loop(host, rx, vm_tx, clusters, runtime, call_client()))
         .map_err(|e| HarnessError::Load(format!("cannot start the VM thread: {e}")))?;
     Ok(tx)
 }
@@ -387,6 +387,7 @@ fn vm_loop(
     tx: mpsc::Sender<Cmd>,
     clusters: HashMap<String, Vec<SocketAddr>>,
     runtime: tokio::runtime::Handle,
+    calls: CallClient,
 ) {
     let mut waiting: HashMap<u32, oneshot::Sender<Verdict>> = HashMap::new();
     let mut calling: HashSet<u32> = HashSet::new();
@@ -533,10 +534,10 @@ fn vm_loop(
                 let first = turn % endpoints.len();
                 endpoints.rotate_left(first);
             }
-            let tx = tx.clone();
+            let (tx, calls) = (tx.clone(), calls.clone());
             runtime.spawn(async move {
                 let timeout = Duration::from_millis(u64::from(call.timeout_ms));
-                let response = tokio::time::timeout(timeout, perform(&endpoints, &call.headers, call.body))
+                let response = tokio::time::timeout(timeout, perform(&calls, &endpoints, &call.headers, call.body))
                     .await
                     .ok()
                     .flatten();
@@ -549,40 +550,57 @@ fn vm_loop(
     }
 }
 
-/// One dispatched call over a fresh HTTP/1.1 connection to the first endpoint that accepts
-/// one; `None` on any failure.
-async fn perform(endpoints: &[SocketAddr], headers: &[(String, String)], body: Vec<u8>) -> Option<CallResponse> {
-    let mut stream = None;
+/// The client for dispatched calls: kept-alive HTTP/1.1 connections per endpoint, as
+/// Envoy's cluster connection pools.
+type CallClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+fn call_client() -> CallClient {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// One dispatched call to the first endpoint that accepts a connection (pooled
+/// connections are reused); `None` on any other failure.
+async fn perform(
+    client: &CallClient,
+    endpoints: &[SocketAddr],
+    headers: &[(String, String)],
+    body: Vec<u8>,
+) -> Option<CallResponse> {
+    let body = Bytes::from(body);
+    let path = headers
+        .iter()
+        .find(|(k, _)| k == ":path")
+        .map_or("/", |(_, v)| v.as_str());
     for addr in endpoints {
-        match tokio::net::TcpStream::connect(addr).await {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => tracing::debug!(%addr, "endpoint refused the call's connection: {e}"),
+        let mut builder = Request::builder().uri(format!("http://{addr}{path}"));
+        for (k, v) in headers {
+            builder = match k.as_str() {
+                ":method" => builder.method(v.as_str()),
+                ":path" => builder,
+                ":authority" => builder.header("host", v.as_str()),
+                _ => builder.header(k.as_str(), v.as_str()),
+            };
         }
-    }
-    let stream = stream?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
-    tokio::spawn(conn);
-    let mut builder = Request::builder();
-    for (k, v) in headers {
-        builder = match k.as_str() {
-            ":method" => builder.method(v.as_str()),
-            ":path" => builder.uri(v.as_str()),
-            ":authority" => builder.header("host", v.as_str()),
-            _ => builder.header(k.as_str(), v.as_str()),
+        let request = builder.body(Full::new(body.clone())).ok()?;
+        let resp = match client.request(request).await {
+            Ok(resp) => resp,
+            Err(e) if e.is_connect() => {
+                tracing::debug!(%addr, "endpoint refused the call's connection: {e}");
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(%addr, "call failed: {e}");
+                return None;
+            }
         };
+        let mut out = vec![(":status".to_owned(), resp.status().as_u16().to_string())];
+        for (k, v) in resp.headers() {
+            out.push((k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()));
+        }
+        let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
+        return Some(CallResponse { headers: out, body });
     }
-    let resp = sender
-        .send_request(builder.body(Full::new(Bytes::from(body))).ok()?)
-        .await
-        .ok()?;
-    let mut out = vec![(":status".to_owned(), resp.status().as_u16().to_string())];
-    for (k, v) in resp.headers() {
-        out.push((k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()));
-    }
-    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
-    Some(CallResponse { headers: out, body })
+    None
 }
