@@ -95,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
             first: args.key_offset.wrapping_add(c as u64),
             step: args.connections as u64,
             count: args.keys.clamp(1, 1 << 24),
+            index: c as u64,
         };
         let (authority, path, mode) = (authority.clone(), args.path.clone(), args.mode);
         tasks.push(tokio::spawn(async move {
@@ -147,6 +148,15 @@ struct Keys {
     first: u64,
     step: u64,
     count: u64,
+    /// The connection's index among `step` connections.
+    index: u64,
+}
+
+impl Keys {
+    /// Where in a shared interval this connection sends: index / connections.
+    fn phase(&self) -> f64 {
+        self.index as f64 / self.step.max(1) as f64
+    }
 }
 
 async fn run_connection(
@@ -168,7 +178,9 @@ async fn run_connection(
         by_status: [0; 6],
         errors: 0,
     };
-    let mut next = Instant::now();
+    // At a fixed rate, connections are staggered over one interval: a smooth arrival
+    // stream rather than every connection sending at the same instant.
+    let mut next = Instant::now() + interval.map_or(Duration::ZERO, |iv| iv.mul_f64(keys.phase()));
     let mut i = keys.first;
     while Instant::now() < deadline {
         if let Some(iv) = interval {
