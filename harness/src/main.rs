@@ -62,6 +62,9 @@ async fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).init();
     let Command::Proxy(args) = Cli::parse().command;
+    if args.wasm.is_none() && args.config.is_some() {
+        bail!("--config configures a module: give the module with --wasm too");
+    }
     let wasm = match &args.wasm {
         Some(path) => Some(std::fs::read(path).with_context(|| format!("cannot read the module {}", path.display()))?),
         None => None,
