@@ -152,40 +152,36 @@ impl RedisCluster {
 
     /// Waits until every replica has its master link up: only then can it be promoted.
     pub fn wait_replicas_synced(&self, timeout: Duration) {
-        let start = Instant::now();
-        loop {
-            let synced = self
-                .ports
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| self.children[*i].id().is_some())
-                .map(|(_, &p)| cli(p, &["info", "replication"]))
-                .filter(|info| info.contains("role:slave"))
-                .all(|info| info.contains("master_link_status:up"));
-            if synced {
-                return;
-            }
-            assert!(start.elapsed() < timeout, "replicas not synced after {timeout:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_until(timeout, "replicas not synced", |p| {
+            let info = cli(p, &["info", "replication"]);
+            !info.contains("role:slave") || info.contains("master_link_status:up")
+        });
     }
 
     /// Waits until every live node reports `cluster_state:ok`.
     pub fn wait_ok(&self, timeout: Duration) {
+        self.wait_until(timeout, "cluster not ok", |p| {
+            cli(p, &["cluster", "info"]).contains("cluster_state:ok")
+        });
+    }
+
+    /// Polls every 100 ms until `node_ok` holds for every live node; panics with `what`
+    /// after `timeout`.
+    fn wait_until(&self, timeout: Duration, what: &str, node_ok: impl Fn(u16) -> bool) {
         let start = Instant::now();
-        loop {
-            let ok = self
-                .ports
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| self.children[*i].id().is_some())
-                .all(|(_, &p)| cli(p, &["cluster", "info"]).contains("cluster_state:ok"));
-            if ok {
-                return;
-            }
-            assert!(start.elapsed() < timeout, "cluster not ok after {timeout:?}");
+        while !self.live_ports().all(&node_ok) {
+            assert!(start.elapsed() < timeout, "{what} after {timeout:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Ports of the nodes not killed.
+    fn live_ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.ports
+            .iter()
+            .zip(&self.children)
+            .filter(|(_, c)| c.id().is_some())
+            .map(|(&p, _)| p)
     }
 
     /// `redis+cluster://H1:P1,H2:P2,...` over every node.
@@ -196,11 +192,7 @@ impl RedisCluster {
 
     /// Ports of the nodes that are masters now.
     pub fn master_ports(&self) -> Vec<u16> {
-        self.ports
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| self.children[*i].id().is_some())
-            .map(|(_, &p)| p)
+        self.live_ports()
             .filter(|&p| cli(p, &["role"]).starts_with("master"))
             .collect()
     }

@@ -101,6 +101,29 @@ pub fn filter_wasm() -> &'static Path {
     })
 }
 
+/// `sluice-demo-upstream` listening on `port`.
+pub fn upstream_command(port: u16) -> Command {
+    let mut c = Command::new(binary("sluice-demo-upstream"));
+    c.args(["--listen", &format!("127.0.0.1:{port}")]);
+    c
+}
+
+/// `sluice-harness proxy` on `port` running the filter with the configuration in `config`,
+/// in front of the upstream on `upstream`, its check cluster `sluice_check` = `checks`.
+pub fn proxy_command(port: u16, config: &Path, upstream: u16, checks: &[u16]) -> Command {
+    let checks: Vec<String> = checks.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut c = Command::new(binary("sluice-harness"));
+    c.arg("proxy")
+        .arg("--wasm")
+        .arg(filter_wasm())
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", &format!("127.0.0.1:{upstream}")])
+        .args(["--cluster", &format!("sluice_check={}", checks.join(","))]);
+    c
+}
+
 /// The counter store under the service nodes.
 pub enum Store {
     /// One `redis-server`.
@@ -177,10 +200,7 @@ impl Chain {
         std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token file");
 
         let upstream = free_port();
-        let upstream_child = Child::spawn(
-            "demo upstream",
-            Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
-        );
+        let upstream_child = Child::spawn("demo upstream", &mut upstream_command(upstream));
         let node_ports = [free_port(), free_port()];
         let nodes = node_ports
             .iter()
@@ -207,20 +227,8 @@ impl Chain {
             .map(|(port, admin)| {
                 Child::spawn(
                     "sluice-harness proxy",
-                    Command::new(binary("sluice-harness"))
-                        .arg("proxy")
-                        .arg("--wasm")
-                        .arg(filter_wasm())
-                        .arg("--config")
-                        .arg(dir.join("filter.json"))
-                        .args(["--listen", &format!("127.0.0.1:{port}")])
-                        .args(["--admin", &format!("127.0.0.1:{admin}")])
-                        .args(["--upstream", &format!("127.0.0.1:{upstream}")])
-                        .arg("--cluster")
-                        .arg(format!(
-                            "sluice_check=127.0.0.1:{},127.0.0.1:{}",
-                            node_ports[0], node_ports[1]
-                        )),
+                    proxy_command(*port, &dir.join("filter.json"), upstream, &node_ports)
+                        .args(["--admin", &format!("127.0.0.1:{admin}")]),
                 )
             })
             .collect();

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_testkit::{free_port, wait_for_port, Child};
-use sluice_tests::chain::{binary, filter_wasm, Chain, Options, FILTER};
+use sluice_tests::chain::{proxy_command, upstream_command, Chain, Options, FILTER};
 use sluice_tests::http::http;
 
 /// Generous limits (load must not be denied by the limit itself): one fail-open rule per IP,
@@ -207,21 +207,10 @@ fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
         "\"failures\": 3, \"cooldown_ms\": 60000",
     );
     std::fs::write(dir.join("filter.json"), config).expect("filter config");
-    let _upstream = Child::spawn(
-        "demo upstream",
-        std::process::Command::new(binary("sluice-demo-upstream")).args(["--listen", &format!("127.0.0.1:{upstream}")]),
-    );
+    let _upstream = Child::spawn("demo upstream", &mut upstream_command(upstream));
     let _proxy = Child::spawn(
         "sluice-harness proxy",
-        std::process::Command::new(binary("sluice-harness"))
-            .arg("proxy")
-            .arg("--wasm")
-            .arg(filter_wasm())
-            .arg("--config")
-            .arg(dir.join("filter.json"))
-            .args(["--listen", &format!("127.0.0.1:{proxy}")])
-            .args(["--upstream", &format!("127.0.0.1:{upstream}")])
-            .args(["--cluster", &format!("sluice_check=127.0.0.1:{stalled_port}")]),
+        &mut proxy_command(proxy, &dir.join("filter.json"), upstream, &[stalled_port]),
     );
     wait_for_port(upstream, Duration::from_secs(30));
     wait_for_port(proxy, Duration::from_secs(30));
