@@ -38,6 +38,11 @@
 //!   Against a fixed window, the refill assumption is wrong: a busy client then sees at
 //!   most one 429 near the end of a window, whose `Retry-After` holds it until the reset.
 //! * **Retry-After**: nothing is sent before it passes.
+//! * **Round trips**: a response does not say when within its round trip the server
+//!   decided, so the bound takes the latest moment, its arrival. With the budget spent, the
+//!   next request therefore waits a whole interval after the answer: one connection with a
+//!   round trip `r` sends one request per `interval + r`, not per `interval`. No client
+//!   that is never refused can do better without knowing the server's clock.
 //!
 //! All times are the client's clock in milliseconds (any epoch, the same for every call).
 
