@@ -65,6 +65,13 @@ test('in Chromium: a 429 is retried after Retry-After and a burst is paced under
   assert.deepEqual(new Set(result.statuses), new Set([200]));
   assert.deepEqual(new Set(result.limits), new Set([10]));
   const limitedDenials = server.log.slice(2).filter(([, s]) => s === 429).length;
-  assert.ok(limitedDenials <= 1, `${limitedDenials} refusals of the paced burst`);
-  t.diagnostic(`20 requests at 10/s (burst 5) in ${Math.round(result.pacedMs)} ms with ${limitedDenials} × 429`);
+  const ratio = server.admittedRatio();
+  t.diagnostic(
+    `20 requests at 10/s (burst 5) in ${Math.round(result.pacedMs)} ms with ${limitedDenials} × 429, ` +
+      `admitted ${ratio.toFixed(3)} of what the bucket allowed over the same span`,
+  );
+  assert.equal(limitedDenials, 0, 'refusals of the paced burst');
+  // As in fetch.test.mjs, but the client has its own process here: measured 0.975–0.992,
+  // also with two runs at once beside three busy loops.
+  assert.ok(ratio >= 0.9, `used only ${ratio.toFixed(3)} of the quota`);
 });

@@ -13,25 +13,28 @@ async function eventually(what, check) {
   assert.fail(`timed out waiting until ${what}`);
 }
 
-test('100 requests against 50/s with a burst of 10: all succeed, at most one 429', async (t) => {
+// The least share of the server's quota a paced client must use (server.admittedRatio()).
+// Measured on 2 cores: 0.95–0.96 idle; 0.91–0.95 beside two busy loops or another run; only
+// with four runs at once beside three busy loops, 0.70–0.81 (client and server then starve
+// on their one event loop).
+const MIN_RATIO = 0.8;
+
+test('100 requests against 50/s with a burst of 10 use the quota without a 429', async (t) => {
   const server = await startServer({ limit: 50, burst: 10 });
   t.after(() => server.close());
   const fetch = createFetch();
-  const started = performance.now();
   const responses = await Promise.all(Array.from({ length: 100 }, () => fetch(`${server.url}/limited`)));
-  const elapsed = (performance.now() - started) / 1000;
   assert.deepEqual(new Set(responses.map((r) => r.status)), new Set([200]));
   for (const r of responses) {
     assert.equal(r.rateLimit.limit, 50, 'the quota is read on every response');
     assert.equal(rateLimitOf(r), r.rateLimit);
   }
-  assert.ok(server.denials <= 1, `${server.denials} 429s`);
-  assert.equal(server.hits, 100 + server.denials);
-  const achieved = 90 / elapsed;
-  t.diagnostic(
-    `achieved rate: ${achieved.toFixed(1)} req/s beyond the burst = ${((achieved / 50) * 100).toFixed(1)} % of the allowed 50/s ` +
-      `(100 requests in ${elapsed.toFixed(2)} s, ${server.denials} × 429)`,
-  );
+  // The pacer's budget is a lower bound of the server's for one client of a token bucket.
+  assert.equal(server.denials, 0, '429s sent');
+  assert.equal(server.hits, 100);
+  const ratio = server.admittedRatio();
+  t.diagnostic(`admitted ${ratio.toFixed(3)} of what the bucket allowed over the same span`);
+  assert.ok(ratio >= MIN_RATIO, `used only ${ratio.toFixed(3)} of the quota (at least ${MIN_RATIO})`);
 });
 
 test('a route joins its policy bucket once a response names the policy', async (t) => {

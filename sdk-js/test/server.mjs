@@ -3,7 +3,10 @@
 // DESIGN.md headers (policy `test`); `/deny-first` refuses the first N requests with
 // `Retry-After: 1` (policy `deny_first`);
 // `/gate` holds requests until released. Other files are served from `static` roots.
+// `startScripted` answers with header lines written out in the test instead, so that what
+// the SDK reads does not come from sluice-core's formatter.
 import http from 'node:http';
+import net from 'node:net';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { Limiter, formatHeaders } from '../js/index.js';
@@ -22,7 +25,8 @@ export async function startServer({ limit = 50, burst = 10, denyFirst = 0, files
     hits: 0,
     denials: 0,
     denyFirst,
-    /** `[ms since start, status]` of every request to a limited route, in order. */
+    /** `[ms since start, status, path]` of every request to a limited route, in order
+     *  (`/limited`: when it was decided). */
     log: [],
     held: [],
     url: '',
@@ -31,6 +35,15 @@ export async function startServer({ limit = 50, burst = 10, denyFirst = 0, files
       while (n-- > 0 && this.held.length > 0) this.held.shift()();
     },
     close: () => new Promise((done) => server.close(done)),
+    /** The requests `/limited` admitted, over the most its token bucket can admit in the
+     *  span from the first of them to the last (`burst + limit · span`): at most 1, and 1
+     *  for a client that used the whole quota. Both from the server's clock, in this run. */
+    admittedRatio() {
+      const admitted = this.log.filter(([, status, path]) => path === '/limited' && status === 200).map(([ms]) => ms);
+      if (admitted.length === 0) return 0;
+      const spanS = (admitted[admitted.length - 1] - admitted[0]) / 1000;
+      return admitted.length / (burst + limit * spanS);
+    },
   };
   const elapsed = () => performance.now() - started;
 
@@ -46,19 +59,20 @@ export async function startServer({ limit = 50, burst = 10, denyFirst = 0, files
     req.resume(); // bodies are not read
     if (url.pathname === '/limited') {
       s.hits += 1;
-      const d = limiter.decide(Math.floor(elapsed()), 1);
+      const now = elapsed();
+      const d = limiter.decide(Math.floor(now), 1);
       const quota = { limit: d.limit, remaining: d.remaining, resetAfterMs: d.resetAfterMs, windowMs: 1000, retryAfterMs: d.allowed ? undefined : d.retryAfterMs };
       const allowed = d.allowed;
       d.free();
       if (!allowed) s.denials += 1;
-      s.log.push([elapsed(), allowed ? 200 : 429]);
+      s.log.push([now, allowed ? 200 : 429, url.pathname]);
       return reply(res, allowed ? 200 : 429, quota);
     }
     if (url.pathname === '/deny-first') {
       const denied = s.hits < s.denyFirst;
       s.hits += 1;
       if (denied) s.denials += 1;
-      s.log.push([elapsed(), denied ? 429 : 200]);
+      s.log.push([elapsed(), denied ? 429 : 200, url.pathname]);
       const quota = { limit: 100, remaining: denied ? 0 : 50, resetAfterMs: 1000, windowMs: 1000, retryAfterMs: denied ? 1000 : undefined };
       return reply(res, denied ? 429 : 200, quota, 'deny_first');
     }
@@ -98,4 +112,40 @@ export async function startServer({ limit = 50, burst = 10, denyFirst = 0, files
     limiter.free();
   };
   return s;
+}
+
+/**
+ * Starts a server that answers its n-th request (any method and path) with `answers[n]`,
+ * or the last one once they run out: the status line and header lines exactly as written in
+ * the test, then `Content-Length: 0` and `Connection: close`. `arrivals`: when each
+ * request's head had arrived (`performance.now()`), in order.
+ */
+export async function startScripted(answers) {
+  const arrivals = [];
+  const sockets = new Set();
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+    socket.on('error', () => {});
+    let head = '';
+    socket.on('data', (chunk) => {
+      if (head.includes('\r\n\r\n')) return;
+      head += chunk;
+      if (!head.includes('\r\n\r\n')) return;
+      arrivals.push(performance.now());
+      const lines = answers[Math.min(arrivals.length, answers.length) - 1];
+      socket.end(`${lines.join('\r\n')}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+    });
+  });
+  await new Promise((done) => server.listen(0, '127.0.0.1', done));
+  return {
+    url: `http://127.0.0.1:${server.address().port}/`,
+    arrivals,
+    /** Milliseconds from the arrival of request `i` to that of request `i + 1`. */
+    gap: (i) => arrivals[i + 1] - arrivals[i],
+    close: () => {
+      for (const socket of sockets) socket.destroy();
+      return new Promise((done) => server.close(done));
+    },
+  };
 }

@@ -2,17 +2,18 @@
 
 mod common;
 
-use std::time::Instant;
-
 use common::Server;
 use sluice_client::{bucket_key, Client};
 
+/// The least share of the server's quota a paced client must use ([`Server::admitted_ratio`]).
+/// Measured on 2 cores: 0.965 idle; 0.94–0.97 with four runs at once beside three busy loops.
+const MIN_RATIO: f64 = 0.85;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hundred_requests_at_50_per_second_burst_10_all_succeed_with_at_most_one_429() {
+async fn hundred_requests_at_50_per_second_burst_10_use_the_quota_without_a_429() {
     let server = Server::start(50, 10).await;
     let client = Client::new().expect("client");
     let url = server.url("/limited");
-    let started = Instant::now();
     let tasks: Vec<_> = (0..100)
         .map(|_| {
             let (client, url) = (client.clone(), url.clone());
@@ -25,17 +26,15 @@ async fn hundred_requests_at_50_per_second_burst_10_all_succeed_with_at_most_one
         statuses.push(response.status().as_u16());
         assert_eq!(response.quota().limit, Some(50), "the quota is read on every response");
     }
-    let elapsed = started.elapsed().as_secs_f64();
     assert!(statuses.iter().all(|&s| s == 200), "statuses: {statuses:?}");
-    assert!(server.denials() <= 1, "{} 429s", server.denials());
-    assert_eq!(server.hits(), 100 + server.denials());
-    // The best possible: the burst of 10 at once, the other 90 at 50/s.
-    let achieved = 90.0 / elapsed;
-    println!(
-        "achieved rate: {achieved:.1} req/s beyond the burst = {:.1} % of the allowed 50/s \
-         (100 requests in {elapsed:.2} s, {} × 429)",
-        achieved / 50.0 * 100.0,
-        server.denials()
+    // The pacer's budget is a lower bound of the server's for one client of a token bucket.
+    assert_eq!(server.denials(), 0, "429s sent");
+    assert_eq!(server.hits(), 100);
+    let ratio = server.admitted_ratio();
+    println!("admitted {:.3} of what the bucket allowed over the same span", ratio);
+    assert!(
+        ratio >= MIN_RATIO,
+        "used only {ratio:.3} of the quota (at least {MIN_RATIO})"
     );
 }
 

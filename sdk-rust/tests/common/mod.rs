@@ -1,9 +1,11 @@
-//! A local HTTP server for the tests: enforces a token bucket with `sluice-core` and sends
-//! the DESIGN.md headers, and offers routes that deny a set number of requests or hold
-//! them until released.
+//! Local HTTP servers for the tests. [`Server`] enforces a token bucket with `sluice-core`
+//! and sends the DESIGN.md headers, and offers routes that deny a set number of requests or
+//! hold them until released. [`Scripted`] answers with header lines written out in the
+//! test, so that what the SDK reads does not come from `sluice-core`'s formatter.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,6 +27,9 @@ pub struct Server {
 
 pub struct ServerState {
     limit: Limit,
+    /// `/limited`'s rate per second and burst.
+    per_second: u64,
+    burst: u64,
     bucket: Mutex<sluice_core::State>,
     started: Instant,
     /// Requests that reached any route.
@@ -33,7 +38,8 @@ pub struct ServerState {
     pub denials: AtomicUsize,
     /// `/deny-first` refuses this many requests (with `Retry-After: 1`) before admitting.
     pub deny_first: AtomicUsize,
-    /// When each 429 was sent and each admitted request arrived, in order.
+    /// When each 429 was sent and each admitted request arrived (`/limited`: when it was
+    /// decided), in order.
     pub log: Mutex<Vec<(Instant, u16)>>,
     /// `/gate` holds requests until permits are added.
     pub gate: Semaphore,
@@ -42,9 +48,12 @@ pub struct ServerState {
 impl Server {
     /// A server whose `/limited` allows `limit` per second with a burst of `burst`.
     pub async fn start(limit: u64, burst: u64) -> Server {
+        let per_second = limit;
         let limit = Limit::new(Algorithm::TokenBucket, limit, 1_000_000, burst, false, 0).expect("valid limit");
         let state = Arc::new(ServerState {
             limit,
+            per_second,
+            burst,
             bucket: Mutex::new(sluice_core::State::default()),
             started: Instant::now(),
             hits: AtomicUsize::new(0),
@@ -82,6 +91,19 @@ impl Server {
     pub fn denials(&self) -> usize {
         self.state.denials.load(Ordering::SeqCst)
     }
+
+    /// The requests `/limited` admitted, over the most its token bucket can admit in the
+    /// span from the first of them to the last (`burst + limit · span`): at most 1, and 1
+    /// for a client that used the whole quota. Both from the server's clock, in this run.
+    pub fn admitted_ratio(&self) -> f64 {
+        let log = self.state.log.lock().expect("lock");
+        let admitted: Vec<Instant> = log.iter().filter(|&&(_, s)| s == 200).map(|&(t, _)| t).collect();
+        let (Some(first), Some(last)) = (admitted.first(), admitted.last()) else {
+            return 0.0;
+        };
+        let span = last.duration_since(*first).as_secs_f64();
+        admitted.len() as f64 / (self.state.burst as f64 + self.state.per_second as f64 * span)
+    }
 }
 
 fn unix_ms() -> u64 {
@@ -102,8 +124,13 @@ fn reply(status: StatusCode, quota: &Quota<'_>) -> Response {
 
 async fn limited(State(s): State<Arc<ServerState>>) -> Response {
     s.hits.fetch_add(1, Ordering::SeqCst);
-    let now = s.started.elapsed().as_micros() as u64;
+    let at = Instant::now();
+    let now = at.duration_since(s.started).as_micros() as u64;
     let d = s.limit.decide(&mut s.bucket.lock().expect("lock"), now, 1);
+    s.log
+        .lock()
+        .expect("lock")
+        .push((at, if d.allowed { 200 } else { 429 }));
     let quota = Quota {
         policy: "test",
         limit: d.limit,
@@ -149,6 +176,53 @@ async fn gate(State(s): State<Arc<ServerState>>) -> Response {
         permit.forget();
     }
     (StatusCode::OK, "released").into_response()
+}
+
+/// A server that answers its n-th request (any method and path) with `answers[n]`, or
+/// the last one once they run out: the status line and header lines exactly as written in
+/// the test, then `Content-Length: 0` and `Connection: close`.
+pub struct Scripted {
+    pub addr: SocketAddr,
+    /// When each request's head had arrived, in order.
+    pub arrivals: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Scripted {
+    pub fn start(answers: &'static [&'static [&'static str]]) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&arrivals);
+        // One connection at a time is enough: each test client sends one request at a time.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let mut reader = BufReader::new(&stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear(); // up to the empty line that ends the head
+                }
+                let n = {
+                    let mut log = log.lock().expect("lock");
+                    log.push(Instant::now());
+                    log.len() - 1
+                };
+                let head = answers[n.min(answers.len() - 1)].join("\r\n");
+                let _ = write!(&stream, "{head}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            }
+        });
+        Scripted { addr, arrivals }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// The time from the arrival of request `i` to that of request `i + 1`.
+    pub fn gap(&self, i: usize) -> Duration {
+        let arrivals = self.arrivals.lock().expect("lock");
+        arrivals[i + 1].duration_since(arrivals[i])
+    }
 }
 
 /// Waits (a bounded number of times) until `cond` holds; panics if it never does.

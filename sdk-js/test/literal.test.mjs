@@ -1,0 +1,68 @@
+// Answers written out here as literal header lines, not formatted by sluice-core (whose
+// formatter test/server.mjs uses): what the client reads from them, and how it paces and
+// retries by them. Every time is compared with a baseline of the same run.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createFetch, DEFAULTS } from '../js/index.js';
+import { startScripted } from './server.mjs';
+
+const X_SPENT = [['HTTP/1.1 200 OK', 'X-RateLimit-Limit: 10', 'X-RateLimit-Remaining: 0', 'X-RateLimit-Reset: 1']];
+const X_LEFT = [['HTTP/1.1 200 OK', 'X-RateLimit-Limit: 10', 'X-RateLimit-Remaining: 9', 'X-RateLimit-Reset: 1']];
+const IETF_SPENT = [['HTTP/1.1 200 OK', 'RateLimit-Policy: "p";q=10;w=1', 'RateLimit: "p";r=0;t=1']];
+const DENIED_FOR_1S = [['HTTP/1.1 429 Too Many Requests', 'Retry-After: 1'], ['HTTP/1.1 200 OK']];
+const DENIED_FOR_0S = [['HTTP/1.1 429 Too Many Requests', 'Retry-After: 0'], ['HTTP/1.1 200 OK']];
+
+async function servers(t, ...scripts) {
+  const started = await Promise.all(scripts.map(startScripted));
+  for (const s of started) t.after(() => s.close());
+  return started;
+}
+
+// Two GETs one after the other with a fresh client: the first one's quota, and the time
+// between their arrivals at the server.
+async function twoRequests(server) {
+  const fetch = createFetch();
+  const first = await fetch(server.url);
+  const second = await fetch(server.url);
+  assert.deepEqual([first.status, second.status], [200, 200]);
+  return { quota: first.rateLimit, gap: server.gap(0) };
+}
+
+test('a literal X-RateLimit-Remaining: 0 holds the next request until the literal reset', async (t) => {
+  const [spent, left] = await servers(t, X_SPENT, X_LEFT);
+  const [s, l] = await Promise.all([twoRequests(spent), twoRequests(left)]);
+  assert.deepEqual(s.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: undefined, windowMs: undefined });
+  assert.equal(l.quota.remaining, 9);
+  t.diagnostic(`next request after ${s.gap.toFixed(1)} ms (remaining 0), ${l.gap.toFixed(1)} ms (remaining 9)`);
+  assert.ok(s.gap >= 1000, `sent ${s.gap} ms after, before the reset`);
+  assert.ok(l.gap < s.gap / 2, `with 9 left it waited ${l.gap} ms too`);
+});
+
+test('literal IETF fields let the next request go after one refill, not at the reset', async (t) => {
+  const [ietf, legacy] = await servers(t, IETF_SPENT, X_SPENT);
+  const [i, l] = await Promise.all([twoRequests(ietf), twoRequests(legacy)]);
+  assert.deepEqual(i.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: 'p', windowMs: 1000 });
+  t.diagnostic(`next request after ${i.gap.toFixed(1)} ms (IETF, w=1 q=10), ${l.gap.toFixed(1)} ms (X-RateLimit, no window)`);
+  // w / q = 100 ms refills one request; without a window only the reset (1 s) does.
+  assert.ok(i.gap >= 100, `sent ${i.gap} ms after, before a refill`);
+  assert.ok(i.gap < l.gap / 2, `${i.gap} ms: waited for the reset as if no window were known`);
+});
+
+test('a literal 429 with Retry-After: 1 is retried after that second', async (t) => {
+  const [denied, baseline] = await servers(t, DENIED_FOR_1S, DENIED_FOR_0S);
+  // Jitter of at most 1 ms on top of the server's floor.
+  const backoff = { ...DEFAULTS.backoff, baseMs: 1 };
+  async function send(server) {
+    const floors = [];
+    const response = await createFetch({ backoff, onRetry: (e) => floors.push(e.floorMs) })(server.url);
+    assert.deepEqual([response.status, response.retries], [200, 1]);
+    return floors;
+  }
+  const [floors, baselineFloors] = await Promise.all([send(denied), send(baseline)]);
+  const [waited, baselineWaited] = [denied.gap(0), baseline.gap(0)];
+  t.diagnostic(`retried after ${waited.toFixed(1)} ms (Retry-After: 1), ${baselineWaited.toFixed(1)} ms (Retry-After: 0)`);
+  assert.ok(waited >= 1000, `retried ${waited} ms after, before Retry-After`);
+  assert.ok(waited < baselineWaited + 2000, `retried ${waited} ms after, far beyond the 1 s asked`);
+  assert.deepEqual(floors, [1000]);
+  assert.deepEqual(baselineFloors, [0]);
+});

@@ -1,0 +1,135 @@
+//! Answers written out here as literal header lines, not formatted by `sluice-core` (whose
+//! formatter the other tests' server uses): what the client reads from them, and how it
+//! paces and retries by them. Every time is compared with a baseline of the same run.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Scripted;
+use sluice_client::{default_backoff, BackoffPolicy, Client, RateLimitInfo};
+
+const X_SPENT: &[&[&str]] = &[&[
+    "HTTP/1.1 200 OK",
+    "X-RateLimit-Limit: 10",
+    "X-RateLimit-Remaining: 0",
+    "X-RateLimit-Reset: 1",
+]];
+
+const X_LEFT: &[&[&str]] = &[&[
+    "HTTP/1.1 200 OK",
+    "X-RateLimit-Limit: 10",
+    "X-RateLimit-Remaining: 9",
+    "X-RateLimit-Reset: 1",
+]];
+
+const IETF_SPENT: &[&[&str]] = &[&[
+    "HTTP/1.1 200 OK",
+    r#"RateLimit-Policy: "p";q=10;w=1"#,
+    r#"RateLimit: "p";r=0;t=1"#,
+]];
+
+const DENIED_FOR_1S: &[&[&str]] = &[
+    &["HTTP/1.1 429 Too Many Requests", "Retry-After: 1"],
+    &["HTTP/1.1 200 OK"],
+];
+
+const DENIED_FOR_0S: &[&[&str]] = &[
+    &["HTTP/1.1 429 Too Many Requests", "Retry-After: 0"],
+    &["HTTP/1.1 200 OK"],
+];
+
+/// Sends two GETs one after the other with a fresh client: the first one's quota, and the
+/// time between their arrivals at the server.
+async fn two_requests(server: &Scripted) -> (RateLimitInfo, Duration) {
+    let client = Client::new().expect("client");
+    let first = client.send(client.get(server.url())).await.expect("response");
+    let second = client.send(client.get(server.url())).await.expect("response");
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    (first.quota().clone(), server.gap(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn literal_x_ratelimit_remaining_0_holds_the_next_request_until_the_literal_reset() {
+    let (spent, left) = (Scripted::start(X_SPENT), Scripted::start(X_LEFT));
+    let ((spent_quota, spent_gap), (left_quota, left_gap)) = tokio::join!(two_requests(&spent), two_requests(&left));
+    let expected = RateLimitInfo {
+        limit: Some(10),
+        remaining: Some(0),
+        reset_after_ms: Some(1_000),
+        ..RateLimitInfo::default()
+    };
+    assert_eq!(spent_quota, expected);
+    assert_eq!(left_quota.remaining, Some(9));
+    println!("next request after {spent_gap:?} (remaining 0), {left_gap:?} (remaining 9)");
+    assert!(
+        spent_gap >= Duration::from_secs(1),
+        "sent {spent_gap:?} after, before the reset"
+    );
+    assert!(left_gap < spent_gap / 2, "with 9 left it waited {left_gap:?} too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn literal_ietf_fields_let_the_next_request_go_after_one_refill_not_at_the_reset() {
+    let (ietf, legacy) = (Scripted::start(IETF_SPENT), Scripted::start(X_SPENT));
+    let ((quota, ietf_gap), (_, legacy_gap)) = tokio::join!(two_requests(&ietf), two_requests(&legacy));
+    let expected = RateLimitInfo {
+        limit: Some(10),
+        remaining: Some(0),
+        reset_after_ms: Some(1_000),
+        policy: Some("p".to_owned()),
+        window_ms: Some(1_000),
+        retry_after_ms: None,
+    };
+    assert_eq!(quota, expected);
+    println!("next request after {ietf_gap:?} (IETF, w=1 q=10), {legacy_gap:?} (X-RateLimit, no window)");
+    // w / q = 100 ms refills one request; without a window only the reset (1 s) does.
+    assert!(
+        ietf_gap >= Duration::from_millis(100),
+        "sent {ietf_gap:?} after, before a refill"
+    );
+    assert!(
+        ietf_gap < legacy_gap / 2,
+        "{ietf_gap:?}: waited for the reset as if no window were known"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_literal_429_with_retry_after_1_is_retried_after_that_second() {
+    let (denied, baseline) = (Scripted::start(DENIED_FOR_1S), Scripted::start(DENIED_FOR_0S));
+    // Jitter of at most 1 ms on top of the server's floor.
+    let backoff = BackoffPolicy {
+        base_ms: 1,
+        ..default_backoff()
+    };
+    let send = |server: &Scripted| {
+        let floors = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&floors);
+        let client = Client::builder()
+            .backoff(backoff)
+            .on_retry(move |event| log.lock().expect("lock").push(event.floor))
+            .build()
+            .expect("client");
+        let url = server.url();
+        async move {
+            let response = client.send(client.get(url)).await.expect("response");
+            assert_eq!((response.status().as_u16(), response.retries()), (200, 1));
+            let floors = floors.lock().expect("lock").clone();
+            floors
+        }
+    };
+    let (floors, baseline_floors) = tokio::join!(send(&denied), send(&baseline));
+    let (waited, baseline_waited) = (denied.gap(0), baseline.gap(0));
+    println!("retried after {waited:?} (Retry-After: 1), {baseline_waited:?} (Retry-After: 0)");
+    assert!(
+        waited >= Duration::from_secs(1),
+        "retried {waited:?} after, before Retry-After"
+    );
+    assert!(
+        waited < baseline_waited + Duration::from_secs(2),
+        "retried {waited:?} after, far beyond the 1 s asked"
+    );
+    assert_eq!(floors, [Some(Duration::from_secs(1))]);
+    assert_eq!(baseline_floors, [Some(Duration::ZERO)]);
+}
