@@ -1,5 +1,6 @@
 //! `sluice-service`: the check service binary.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -72,11 +73,11 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let rules = match &args.rules {
+    let (rules, fingerprint) = match &args.rules {
         Some(path) => rules_source::load_file(path).map_err(anyhow::Error::msg)?,
         None => {
             tracing::warn!("no --rules file: every request is allowed");
-            RuleSet::default()
+            (RuleSet::default(), 0)
         }
     };
     let admin_token = match &args.admin_token_file {
@@ -111,18 +112,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let kind = store.kind();
     let node = Node::new(store, rules, config);
     if let Some(path) = args.rules.clone() {
-        tokio::spawn(rules_source::watch_file(node.clone(), path));
+        tokio::spawn(rules_source::watch_file(node.clone(), path, fingerprint));
     }
     tokio::spawn(rules_source::watch_redis(node.clone()));
     tokio::spawn(sweep(node.clone()));
     tokio::spawn(probe_store(node.clone()));
 
+    // Before the port opens: a SIGTERM sent as soon as it accepts connections must be caught.
+    let shutdown = shutdown()?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}; is another process using it?", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, store = kind, rules = node.rules().rules().len(), "sluice-service ready");
     axum::serve(listener, http::router(node))
-        .with_graceful_shutdown(shutdown())
+        .with_graceful_shutdown(shutdown)
         .await?;
     tracing::info!("stopped");
     Ok(())
@@ -156,23 +159,28 @@ async fn probe_store(node: Arc<Node>) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM; in-flight requests then finish.
-async fn shutdown() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Resolves on SIGINT or SIGTERM; in-flight requests then finish. The handlers are
+/// installed by this call, not by the future's first poll (which axum runs in a task of its
+/// own), so no signal is missed once the call has returned.
+#[cfg(unix)]
+fn shutdown() -> anyhow::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {},
+            _ = terminate.recv() => {},
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        _ = terminate => {},
-    }
-    tracing::info!("shutting down: finishing in-flight requests");
+        tracing::info!("shutting down: finishing in-flight requests");
+    })
+}
+
+/// Resolves on Ctrl-C; in-flight requests then finish.
+#[cfg(not(unix))]
+fn shutdown() -> anyhow::Result<impl Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down: finishing in-flight requests");
+    })
 }

@@ -6,9 +6,10 @@
 //! node polls the version every 250 ms, so a change reaches all nodes within a second even
 //! across reconnects, when a pub/sub message would be lost.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use sluice_core::rules::RuleSet;
 
@@ -19,29 +20,41 @@ const RULES_KEY: &str = "sluice:{rules}";
 const VERSION_KEY: &str = "sluice:{rules}:version";
 const CHANNEL: &str = "sluice:rules:changed";
 
-/// Reads and validates a rule file; the error names the file and what is wrong where.
-pub fn load_file(path: &Path) -> Result<RuleSet, String> {
+/// Reads and validates a rule file; the error names the file and what is wrong where. Also
+/// returns the fingerprint of the text the rules came from, for [`watch_file`].
+pub fn load_file(path: &Path) -> Result<(RuleSet, u64), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    RuleSet::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let rules = RuleSet::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((rules, fingerprint(text.as_bytes())))
 }
 
-fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
+/// A hash of a file's bytes. Content, not `(mtime, len)`: two edits of the same length
+/// within the filesystem's timestamp granularity look the same from the metadata.
+fn fingerprint(bytes: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
 }
 
-/// Reloads the file whenever it changes; a bad file keeps the rules in force.
-pub async fn watch_file(node: Arc<Node>, path: PathBuf) {
-    let mut seen = fingerprint(&path);
+/// Reloads the file whenever its content differs from what was seen last (checked every
+/// 500 ms), starting from `seen`, the fingerprint [`load_file`] returned for the rules in
+/// force; a bad file keeps the rules in force.
+pub async fn watch_file(node: Arc<Node>, path: PathBuf, mut seen: u64) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
-        let now = fingerprint(&path);
-        if now == seen || now.is_none() {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue; // being replaced, or gone: the rules in force stay
+        };
+        let now = fingerprint(&bytes);
+        if now == seen {
             continue;
         }
         seen = now;
-        match load_file(&path) {
+        let rules = std::str::from_utf8(&bytes)
+            .map_err(|e| format!("{}: not UTF-8: {e}", path.display()))
+            .and_then(|text| RuleSet::from_toml(text).map_err(|e| format!("{}: {e}", path.display())));
+        match rules {
             Ok(rules) => {
                 tracing::info!(file = %path.display(), rules = rules.rules().len(), "rules reloaded");
                 node.set_rules(rules);

@@ -1,39 +1,64 @@
 //! The `sluice-service` binary as a user runs it: --help, the example rules, file reloads
 //! (a broken file keeps the old rules) and graceful shutdown.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice_testkit::{free_port, wait_for_port, Child};
 
+/// How long a SIGTERMed service may take before it is SIGKILLed.
+const GRACE: Duration = Duration::from_secs(5);
+
 const BIN: &str = env!("CARGO_BIN_EXE_sluice-service");
 
 fn start(args: &[&str]) -> (Child, u16) {
+    start_with(args, Stdio::inherit())
+}
+
+/// Starts the binary with its stdout (where it logs) sent to `stdout`.
+fn start_with(args: &[&str], stdout: Stdio) -> (Child, u16) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let child = Child::spawn(
         "sluice-service",
-        Command::new(BIN).args(["--listen", &listen]).args(args),
+        Command::new(BIN).args(["--listen", &listen]).args(args).stdout(stdout),
     );
     wait_for_port(port, Duration::from_secs(20));
     (child, port)
 }
 
+fn curl(args: &[&str]) -> Vec<u8> {
+    Command::new("curl").arg("-s").args(args).output().expect("curl").stdout
+}
+
 fn check(port: u16, ip: &str) -> Value {
     let body = json!({"identities": {"ip": ip}, "method": "GET", "path": "/"});
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "-XPOST",
-            &format!("http://127.0.0.1:{port}/v1/check"),
-            "-d",
-            &body.to_string(),
-        ])
-        .output()
-        .expect("curl");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bad answer {:?}: {e}", String::from_utf8_lossy(&out.stdout)))
+    let out = curl(&[
+        "-XPOST",
+        &format!("http://127.0.0.1:{port}/v1/check"),
+        "-d",
+        &body.to_string(),
+    ]);
+    serde_json::from_slice(&out).unwrap_or_else(|e| panic!("bad answer {:?}: {e}", String::from_utf8_lossy(&out)))
+}
+
+/// The value of `sluice_rules_reloads_total{result="error"}` on GET /metrics.
+fn reload_errors(port: u16) -> u64 {
+    let text = String::from_utf8(curl(&[&format!("http://127.0.0.1:{port}/metrics")])).expect("utf-8 metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(r#"sluice_rules_reloads_total{result="error"} "#))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no reload error counter in {text}"))
+}
+
+/// Polls `condition` every 50 ms; panics with `what` if it does not hold within 10 s.
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -80,22 +105,39 @@ fn rule_file_changes_are_reloaded_and_broken_files_ignored() {
     assert_eq!(check(port, "a")["policy"], "r1");
 
     std::fs::write(&file, rule(2)).unwrap();
-    let started = Instant::now();
-    while check(port, "b")["policy"] != "r2" {
-        assert!(started.elapsed() < Duration::from_secs(10), "file change not picked up");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("file change not picked up", || check(port, "b")["policy"] == "r2");
+    let errors = reload_errors(port);
     std::fs::write(&file, "[[rule]]\nname = \"broken\"\nby = \"ip\"\nlimit = \n").unwrap();
-    std::thread::sleep(Duration::from_millis(1_500));
+    // Only once the node has read and refused the broken file does "old rules kept" mean anything.
+    wait_until("broken file never refused", || reload_errors(port) > errors);
     assert_eq!(check(port, "c")["policy"], "r2", "a broken file replaced the rules");
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn sigterm_stops_gracefully_and_bad_flags_explain_themselves() {
-    let (mut child, _port) = start(&[]);
-    child.terminate();
-    assert!(!child.is_running());
+    let log = std::env::temp_dir().join(format!("sluice-shutdown-{}.log", free_port()));
+    let file = std::fs::File::create(&log).unwrap();
+    let (mut child, _port) = start_with(&["--log-format", "json"], file.into());
+    let stopped = child.stop(GRACE).expect("the service was running");
+    assert!(!stopped.killed, "still running {GRACE:?} after SIGTERM: {stopped:?}");
+    assert!(
+        stopped.status.success(),
+        "SIGTERM must end in exit status 0: {stopped:?}"
+    );
+    let messages: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["fields"]["message"].as_str().map(str::to_owned))
+        .collect();
+    let _ = std::fs::remove_file(&log);
+    let at = |m: &str| messages.iter().position(|x| x.starts_with(m));
+    let (shutting_down, ended) = (at("shutting down"), at("stopped"));
+    assert!(
+        shutting_down.is_some() && ended > shutting_down,
+        "no \"shutting down\" then \"stopped\" in the log: {messages:?}"
+    );
     let out = Command::new(BIN)
         .args(["--rules", "/nonexistent/rules.toml"])
         .output()

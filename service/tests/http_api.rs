@@ -3,13 +3,15 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Instant, SystemTime};
 
-use common::{TestNode, TOKEN};
+use common::{eventually, TestNode, TOKEN};
 use serde_json::json;
 use sluice_service::node::NodeConfig;
+use sluice_service::rules_source;
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::Store;
+use sluice_testkit::free_port;
 
 const RULES: &str = r#"
 [[rule]]
@@ -102,15 +104,22 @@ async fn shadow_rules_count_but_never_deny() {
 async fn shaping_rules_return_a_delay() {
     let n = node().await;
     let body = |user: &str| json!({"identities": {"user": user}, "method": "POST", "path": "/upload/x"});
+    let started = Instant::now();
     let first = n.check_body(body("s")).await;
     let second = n.check_body(body("s")).await;
+    let elapsed_ms = started.elapsed().as_millis() as u64;
     assert_eq!(
         (first["allowed"].clone(), first["delay_ms"].clone()),
         (json!(true), json!(0))
     );
     assert_eq!(second["allowed"], true);
+    // 10 per second with a burst of 1: the second request is due 100 ms after the first,
+    // less the time that passed between the two (at most what this test measured).
     let delay = second["delay_ms"].as_u64().unwrap();
-    assert!((90..=100).contains(&delay), "delay {delay}");
+    assert!(
+        delay <= 100 && delay + elapsed_ms + 1 >= 100,
+        "delay {delay} ms, {elapsed_ms} ms after the first request"
+    );
 }
 
 #[tokio::test]
@@ -214,23 +223,37 @@ async fn admin_rules_put_takes_effect_and_bad_rules_are_refused() {
 #[tokio::test]
 async fn overrides_apply_and_expire_on_time() {
     let n = node().await;
-    let until = sluice_core::rules::format_rfc3339(now_ms() + 1_500);
-    let body = json!({"rule": "per-ip", "identity": "5.5.5.5", "limit": 10, "until": until});
-    let r = n
-        .client
-        .post(n.url("/v1/admin/overrides"))
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
+    let add = |identity: &str, until_ms: u64| {
+        let until = sluice_core::rules::format_rfc3339(until_ms);
+        let body = json!({"rule": "per-ip", "identity": identity, "limit": 10, "until": until});
+        n.client
+            .post(n.url("/v1/admin/overrides"))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(add("5.5.5.5", now_ms() + 3_600_000).await.unwrap().status(), 201);
     let r = n.check(json!({"ip": "5.5.5.5"}), "/").await;
-    assert_eq!(r["rules"][0]["limit"], 10);
-    tokio::time::sleep(Duration::from_millis(1_600)).await;
-    let r = n.check(json!({"ip": "5.5.5.5"}), "/").await;
-    assert_eq!(r["rules"][0]["limit"], 3, "override still in force after its end: {r}");
-    let bad = json!({"rule": "nope", "identity": "1", "limit": 1, "until": until});
+    assert_eq!(r["rules"][0]["limit"], 10, "override not applied: {r}");
+
+    // An override ending soon: each answer must agree with the test's clock around it (the
+    // node reads the same wall clock), however slowly this machine runs.
+    let until = now_ms() + 1_500;
+    assert_eq!(add("5.5.5.6", until).await.unwrap().status(), 201);
+    eventually("the override never ended", async || {
+        let before = now_ms();
+        let r = n.check(json!({"ip": "5.5.5.6"}), "/").await;
+        let after = now_ms();
+        match r["rules"][0]["limit"].as_u64() {
+            Some(10) => assert!(before < until, "override still in force after its end: {r}"),
+            Some(3) => assert!(after >= until, "override ended early: {r}"),
+            _ => panic!("unexpected answer {r}"),
+        }
+        r["rules"][0]["limit"] == 3
+    })
+    .await;
+
+    let bad = json!({"rule": "nope", "identity": "1", "limit": 1, "until": sluice_core::rules::format_rfc3339(until)});
     let r = n
         .client
         .post(n.url("/v1/admin/overrides"))
@@ -248,31 +271,77 @@ async fn overrides_apply_and_expire_on_time() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    let r = n.check(json!({"ip": "5.5.5.5"}), "/").await;
+    assert_eq!(r["rules"][0]["limit"], 3, "deleted override still applied: {r}");
 }
 
 #[tokio::test]
 async fn violations_are_logged_off_the_hot_path() {
     let n = node().await;
     n.admitted(json!({"ip": "6.6.6.6"}), "/v", 5).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let r: serde_json::Value = n
-        .client
-        .get(n.url("/v1/admin/violations?identity=6.6.6.6"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let list = r["violations"].as_array().unwrap();
-    assert_eq!(list.len(), 2, "{r}");
+    eventually("two denials never logged", async || {
+        n.violations("6.6.6.6").await.len() >= 2
+    })
+    .await;
+    let list = n.violations("6.6.6.6").await;
+    assert_eq!(list.len(), 2, "{list:?}");
     assert_eq!(list[0]["rule"], "per-ip");
     assert_eq!(list[0]["path"], "/v");
 }
 
+/// Rule file text naming its rule after `limit`; limits of the same digit count give
+/// files of the same length.
+fn rule_file(limit: u32) -> String {
+    format!(
+        "[[rule]]\nname = \"r{limit}\"\nby = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n"
+    )
+}
+
+#[tokio::test]
+async fn a_rule_file_edit_keeping_length_and_mtime_is_reloaded() {
+    let dir = std::env::temp_dir().join(format!("sluice-same-length-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.toml");
+    std::fs::write(&file, rule_file(1)).unwrap();
+    let n = TestNode::start(
+        Store::Memory(MemoryStore::new(100)),
+        &rule_file(1),
+        NodeConfig::default(),
+    )
+    .await;
+    let (_, seen) = rules_source::load_file(&file).unwrap();
+    tokio::spawn(rules_source::watch_file(n.node.clone(), file.clone(), seen));
+    let rule_in_force = || n.node.rules().rules()[0].name.clone();
+    // A change of length shows the watcher is running.
+    std::fs::write(&file, rule_file(22)).unwrap();
+    eventually("a change of length not picked up", async || rule_in_force() == "r22").await;
+
+    // Same length, same mtime, other content; renamed into place so the watcher never sees
+    // the new file with another mtime.
+    let mtime = std::fs::metadata(&file).unwrap().modified().unwrap();
+    let next = dir.join("next.toml");
+    std::fs::write(&next, rule_file(33)).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&next)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    std::fs::rename(&next, &file).unwrap();
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!(
+        (meta.modified().unwrap(), meta.len()),
+        (mtime, rule_file(22).len() as u64)
+    );
+    eventually("a same-length, same-mtime edit not picked up", async || {
+        rule_in_force() == "r33"
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
+    SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64

@@ -1,14 +1,16 @@
 //! The Redis store against real `redis-server`s: the Lua scripts agree with sluice-core
-//! decision for decision, admit exactly the limit under concurrency (single node and
-//! cluster), set TTLs, survive a script flush, and fail fast then recover when Redis dies.
+//! decision for decision (at explicit times, and on Redis's own `TIME`), admit exactly the
+//! limit under concurrency (single node and cluster), set TTLs, survive a script flush, and
+//! fail fast then recover when Redis dies.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use sluice_core::{Algorithm, Limit, State};
+use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::RedisStore;
 use sluice_service::store::StoreError;
 use sluice_testkit::{RedisCluster, RedisServer};
@@ -83,6 +85,75 @@ fn lua_scripts_agree_with_core_on_random_traces() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Window of the Redis-clock case: 2 per 4 s, one unit of quota every 2 s. Burst A starts
+/// 2 s into a window, burst B 3 s after A (1 s into the next window), so every point where
+/// a decision changes (a unit of refill, a window edge, a log entry's expiry, the shaping
+/// limit) is at least 0.5 s away from both bursts: the few ms between Redis's `TIME` and the
+/// memory store's clock cannot change a decision, while B still depends on the time since A.
+const CLOCK_WINDOW_US: u64 = 4_000_000;
+
+/// Every algorithm, and the leaky bucket shaping (capacity 1, at most 2.5 s of delay).
+fn redis_clock_limits() -> Vec<Limit> {
+    let mut limits: Vec<Limit> = Algorithm::ALL
+        .iter()
+        .map(|&a| Limit::new(a, 2, CLOCK_WINDOW_US, 0, false, 0).unwrap())
+        .collect();
+    limits.push(Limit::new(Algorithm::LeakyBucket, 2, CLOCK_WINDOW_US, 1, true, 2_500_000).unwrap());
+    limits
+}
+
+/// Sleeps until the wall clock is `offset` µs into a `CLOCK_WINDOW_US` window.
+fn sleep_until_window_offset(offset: u64) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
+    let wait = (offset + CLOCK_WINDOW_US - now % CLOCK_WINDOW_US) % CLOCK_WINDOW_US;
+    std::thread::sleep(Duration::from_micros(wait));
+}
+
+type Decisions = Vec<(bool, u64)>;
+
+/// Three quick requests per limit, each decided by Redis on its `TIME` and right after by
+/// the memory store on its clock; appends (allowed, remaining) to `redis` and `memory`.
+fn burst(
+    rt: &tokio::runtime::Runtime,
+    stores: (&RedisStore, &MemoryStore),
+    redis: &mut [Decisions],
+    memory: &mut [Decisions],
+) {
+    for (i, limit) in redis_clock_limits().iter().enumerate() {
+        let key = format!("sluice:{{time:{i}}}");
+        for _ in 0..3 {
+            let got = rt.block_on(stores.0.decide(&key, limit, 1)).unwrap().decision;
+            let want = stores.1.decide(&key, limit, 1).decision;
+            redis[i].push((got.allowed, got.remaining));
+            memory[i].push((want.allowed, want.remaining));
+        }
+    }
+}
+
+#[test]
+fn lua_scripts_on_redis_time_agree_with_the_memory_store() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt.block_on(RedisStore::connect(&server.url(), TIMEOUT)).unwrap();
+    let local = MemoryStore::new(1_000);
+    let limits = redis_clock_limits();
+    let (mut redis, mut memory) = (vec![Vec::new(); limits.len()], vec![Vec::new(); limits.len()]);
+    sleep_until_window_offset(2_000_000);
+    let a = Instant::now();
+    burst(&rt, (&store, &local), &mut redis, &mut memory);
+    std::thread::sleep((a + Duration::from_secs(3)).saturating_duration_since(Instant::now()));
+    burst(&rt, (&store, &local), &mut redis, &mut memory);
+    for (limit, (got, want)) in limits.iter().zip(redis.iter().zip(&memory)) {
+        assert_eq!(
+            got, want,
+            "{limit:?}: (allowed, remaining) on Redis TIME vs the memory store"
+        );
+    }
+    // The scenario went as planned: the token bucket refilled one unit between the bursts.
+    let tb = [(true, 1), (true, 0), (false, 0), (true, 0), (false, 0), (false, 0)];
+    assert_eq!(memory[0], tb, "token bucket on the memory store");
 }
 
 /// 4 stores (separate connections, as 4 nodes) × 16 clients each hammer one key.

@@ -4,5 +4,5 @@
 mod process;
 mod redis;
 
-pub use process::{free_port, wait_for_port, Child};
+pub use process::{free_port, wait_for_port, Child, Stopped};
 pub use redis::{RedisCluster, RedisServer};

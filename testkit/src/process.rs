@@ -1,7 +1,7 @@
 //! Child processes and ports.
 
 use std::net::{TcpListener, TcpStream};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -22,6 +22,17 @@ pub fn wait_for_port(port: u16, timeout: Duration) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// How a process stopped by [`Child::stop`] ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopped {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Whether it outlived the grace period and had to be SIGKILLed.
+    pub killed: bool,
+    /// Time from SIGTERM to its end.
+    pub took: Duration,
 }
 
 /// A child process that is killed when dropped.
@@ -52,20 +63,33 @@ impl Child {
 
     /// Stops the process with SIGTERM and waits up to 5 s for it to exit, then kills it.
     pub fn terminate(&mut self) {
-        if let Some(c) = &self.inner {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(5) {
-                if let Some(c) = self.inner.as_mut() {
-                    if let Ok(Some(_)) = c.try_wait() {
-                        self.inner = None;
-                        return;
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
+        let _ = self.stop(Duration::from_secs(5));
+    }
+
+    /// Sends SIGTERM, waits up to `grace` for the process to exit, then SIGKILLs it; says
+    /// how it ended. `None` if it had already been stopped through this handle (or could not
+    /// be waited for).
+    pub fn stop(&mut self, grace: Duration) -> Option<Stopped> {
+        let mut c = self.inner.take()?;
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        let start = Instant::now();
+        while start.elapsed() < grace {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Some(Stopped {
+                    status,
+                    killed: false,
+                    took: start.elapsed(),
+                });
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        self.kill();
+        let _ = c.kill();
+        let status = c.wait().ok()?;
+        Some(Stopped {
+            status,
+            killed: true,
+            took: start.elapsed(),
+        })
     }
 
     /// Whether the process is still running.

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice_core::rules::RuleSet;
@@ -67,6 +68,24 @@ impl TestNode {
         r.json().await.expect("json")
     }
 
+    /// The violations log's entries for `identity` (admin API).
+    pub async fn violations(&self, identity: &str) -> Vec<Value> {
+        let r: Value = self
+            .client
+            .get(self.url(&format!("/v1/admin/violations?identity={identity}")))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json");
+        r["violations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("no violations list in {r}"))
+    }
+
     /// How many of `n` identical checks are allowed.
     pub async fn admitted(&self, identities: Value, path: &str, n: usize) -> usize {
         let mut ok = 0;
@@ -76,6 +95,15 @@ impl TestNode {
             }
         }
         ok
+    }
+}
+
+/// Polls `condition` every 20 ms until it holds; panics with `what` after 10 s.
+pub async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what} (waited 10 s)");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
