@@ -1,10 +1,31 @@
 //! Reading a request's identities: client IP (forwarding header with trusted hops, else the
 //! connection's address) and header identities, bounded in size.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 /// Longest identity value sent to the check service (the wire limit).
 pub const MAX_VALUE: usize = 256;
+
+/// A header value as text. Header values are bytes: a proxy passes obs-text (0x80–0xFF) on
+/// to the filter. Valid UTF-8 is kept as it is. Otherwise `%` and every byte that is not
+/// UTF-8 are percent-escaped (`caf\xE9` → `caf%E9`), so distinct values stay distinct
+/// identities, each limited as its own. Treating such a value as absent would let a client
+/// shed its API key's or user's limits by adding one bad byte; an escaped value reads as a
+/// string the client could have sent anyway, so it gains nothing either.
+pub fn header_text(raw: &[u8]) -> Cow<'_, str> {
+    if let Ok(text) = std::str::from_utf8(raw) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(raw.len() * 3);
+    for chunk in raw.utf8_chunks() {
+        out.push_str(&chunk.valid().replace('%', "%25"));
+        for byte in chunk.invalid() {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// Cuts `v` to at most [`MAX_VALUE`] bytes on a character boundary.
 pub fn bounded(v: &str) -> &str {
@@ -63,6 +84,16 @@ mod tests {
         assert_eq!(source_ip("[::1]:80"), "::1".parse().ok());
         assert_eq!(source_ip("::1"), "::1".parse().ok());
         assert_eq!(source_ip("garbage"), None);
+    }
+
+    #[test]
+    fn header_bytes_that_are_not_utf8_are_escaped_and_stay_distinct() {
+        assert_eq!(header_text(b"caf\xc3\xa9 100%"), "café 100%");
+        assert_eq!(header_text(b"caf\xe9"), "caf%E9");
+        assert_eq!(header_text(b"\xff\xfe"), "%FF%FE");
+        // `%` is escaped too in such a value: these two stay two identities.
+        assert_eq!(header_text(b"%E9\xff"), "%25E9%FF");
+        assert_eq!(header_text(b"\xe9%FF"), "%E9%25FF");
     }
 
     #[test]

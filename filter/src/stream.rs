@@ -2,18 +2,19 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, LogLevel};
+use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 use sluice_core::headers::{denial_body, format_headers, Quota};
 use sluice_core::wire::{CheckRequest, CheckResponse};
 use sluice_core::{Decision, Micros};
 
-use crate::config::FailureMode;
-use crate::identity::{bounded, client_ip, source_ip};
+use crate::config::{FailureMode, IpSource};
+use crate::identity::{bounded, client_ip, header_text, source_ip};
 use crate::root::{now_us, Metrics, Shared};
 
 const UNAVAILABLE: &str =
@@ -36,6 +37,43 @@ fn ms(us: Micros) -> u64 {
     us.div_ceil(1_000)
 }
 
+// Host calls on the traffic path: a failing host call is an absent value or a no-op, never
+// a trap (the SDK's context methods unwrap their results; header reads there also unwrap
+// the value's UTF-8).
+
+/// Request header `name` as text ([`header_text`]); `None` when absent.
+fn request_header(name: &str) -> Option<String> {
+    let raw = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok()??;
+    Some(header_text(&raw).into_owned())
+}
+
+/// Header `name` of the check call's response, as bytes.
+fn call_response_header(name: &str) -> Option<Vec<u8>> {
+    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name).ok()?
+}
+
+/// The check call's response body, at most `max` bytes.
+fn call_response_body(max: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, max)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// The client IP: from the forwarding header with trusted hops, else the connection's.
+fn request_ip(source: &IpSource) -> Option<IpAddr> {
+    let forwarded = request_header(&source.header);
+    client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| {
+        let raw = hostcalls::get_property(vec!["source", "address"]).ok()??;
+        source_ip(std::str::from_utf8(&raw).ok()?)
+    })
+}
+
+/// Answers the stream with a local response (the host ends it).
+fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
+    let _ = hostcalls::send_http_response(status, headers, Some(body));
+}
+
 impl Stream {
     pub fn new(id: u32, shared: Rc<RefCell<Shared>>) -> Stream {
         Stream {
@@ -52,21 +90,13 @@ impl Stream {
         let shared = self.shared.clone();
         let s = shared.borrow();
         let ids = &s.config.identities;
-        if let Some(ip_source) = &ids.ip {
-            let forwarded = self.get_http_request_header(&ip_source.header);
-            let ip = client_ip(forwarded.as_deref(), ip_source.trusted_hops).or_else(|| {
-                let raw = self.get_property(vec!["source", "address"])?;
-                source_ip(std::str::from_utf8(&raw).ok()?)
-            });
-            if let Some(ip) = ip {
-                self.identities.insert("ip".into(), ip.to_string());
-            }
+        if let Some(ip) = ids.ip.as_ref().and_then(request_ip) {
+            self.identities.insert("ip".into(), ip.to_string());
         }
         for (name, src) in [("user", &ids.user), ("api_key", &ids.api_key), ("tier", &ids.tier)] {
-            if let Some(src) = src {
-                if let Some(v) = self.get_http_request_header(&src.header).filter(|v| !v.is_empty()) {
-                    self.identities.insert(name.into(), bounded(&v).to_owned());
-                }
+            let value = src.as_ref().and_then(|src| request_header(&src.header));
+            if let Some(v) = value.filter(|v| !v.is_empty()) {
+                self.identities.insert(name.into(), bounded(&v).to_owned());
             }
         }
         let by = s.config.local.as_ref().map_or("ip", |l| l.by.as_str());
@@ -81,7 +111,7 @@ impl Stream {
         headers.push(("content-type", "application/json".into()));
         let pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let body = denial_body(quota.retry_after_ms.unwrap_or(1_000));
-        self.send_http_response(429, pairs, Some(body.as_bytes()));
+        respond(429, pairs, body.as_bytes());
     }
 
     fn local_quota(d: &Decision, policy: &'static str, now: Micros) -> Quota<'static> {
@@ -112,7 +142,7 @@ impl Stream {
             drop(s);
             Metrics::bump(metrics.failed_closed);
             let headers = vec![("content-type", "application/json"), ("retry-after", "1")];
-            self.send_http_response(503, headers, Some(UNAVAILABLE.as_bytes()));
+            respond(503, headers, UNAVAILABLE.as_bytes());
             return false;
         }
         let key = self.bucket_key.clone().unwrap_or_else(|| "-".into());
@@ -128,18 +158,15 @@ impl Stream {
 
     fn on_check_answer(&mut self, now: Micros) -> bool {
         let metrics = self.shared.borrow().metrics;
-        let status = self.get_http_call_response_header(":status");
+        let status = call_response_header(":status");
         let failure = match status.as_deref() {
             None => Some("no response (timeout or connection failure)".to_owned()),
-            Some("200") => None,
-            Some(other) => Some(format!("status {other}")),
+            Some(b"200") => None,
+            Some(other) => Some(format!("status {}", header_text(other))),
         };
         let answer = match failure {
             Some(why) => Err(why),
-            None => {
-                let body = self.get_http_call_response_body(0, 64 * 1024).unwrap_or_default();
-                CheckResponse::from_json(&body).map_err(|e| e.0)
-            }
+            None => CheckResponse::from_json(&call_response_body(64 * 1024)).map_err(|e| e.0),
         };
         let answer = match answer {
             Ok(a) => {
@@ -195,7 +222,7 @@ impl Context for Stream {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
         let now = now_us();
         if self.on_check_answer(now) {
-            self.resume_http_request();
+            let _ = hostcalls::resume_http_request();
         }
     }
 }
@@ -229,9 +256,8 @@ impl HttpContext for Stream {
         }
         let request = CheckRequest {
             identities: std::mem::take(&mut self.identities),
-            method: self.get_http_request_header(":method").unwrap_or_else(|| "GET".into()),
-            path: self
-                .get_http_request_header(":path")
+            method: request_header(":method").unwrap_or_else(|| "GET".into()),
+            path: request_header(":path")
                 .map(|p| bounded_path(&p))
                 .unwrap_or_else(|| "/".into()),
             cost: 1,
@@ -278,7 +304,7 @@ impl HttpContext for Stream {
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         for (name, value) in std::mem::take(&mut self.response_headers) {
-            self.add_http_response_header(name, &value);
+            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value);
         }
         Action::Continue
     }

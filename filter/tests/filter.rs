@@ -8,11 +8,11 @@ use common::*;
 use serde_json::json;
 use sluice_harness::{CallResponse, Flavor, Outcome};
 
-fn header<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+fn header<'a>(pairs: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a str> {
     pairs
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
 }
 
 #[test]
@@ -231,6 +231,58 @@ fn spoofed_forwarding_entries_do_not_change_the_client_ip() {
     assert_eq!(
         the_call(&host).1["identities"]["user"].as_str().map(str::len),
         Some(256)
+    );
+}
+
+#[test]
+fn header_values_that_are_not_utf8_are_escaped_identities_and_never_trap() {
+    let mut cfg = config();
+    cfg["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 2, "max_keys": 100});
+    let mut host = host_with(&cfg, Flavor::Envoy);
+    // A client spends its local bucket (the virtual clock stands still: no refill).
+    for _ in 0..2 {
+        let (s, _) = request(&mut host, "1.1.1.1", "/", &[]);
+        let (call, _) = the_call(&host);
+        host.respond_call(call.token, answer(true, 5, 1_000, 0)).unwrap();
+        host.finish_stream(s).unwrap();
+    }
+    // obs-text in identity headers: checked as the percent-escaped identity, and decided.
+    // Each from its own IP, with a full local bucket.
+    let cases: [(&str, &[u8], &str, &str); 3] = [
+        ("x-user-id", b"\xff\xfe", "user", "%FF%FE"),
+        ("x-api-key", b"caf\xe9", "api_key", "caf%E9"),
+        ("x-user-tier", b"pro\x80", "tier", "pro%80"),
+    ];
+    for (i, (header, value, identity, expected)) in cases.into_iter().enumerate() {
+        let ip = format!("203.0.113.{i}");
+        let (s, outcome) = request_bytes(&mut host, ip.as_bytes(), "/", &[(header, value)]);
+        assert_eq!(outcome, Outcome::Pause, "{header}");
+        let (call, body) = the_call(&host);
+        assert_eq!(body["identities"][identity], expected, "{header}");
+        host.respond_call(call.token, answer(false, 0, 5_000, 0)).unwrap();
+        let status = host
+            .stream(s)
+            .and_then(|st| st.local_response.as_ref())
+            .map(|r| r.status);
+        assert_eq!(status, Some(429), "{header}: the service's denial is answered");
+        host.finish_stream(s).unwrap();
+    }
+    // In the forwarding header: bytes left of the trusted hop change nothing; in the
+    // client's own entry, the address is not an IP and the connection's is used.
+    for (xff, ip) in [
+        (&b"\xfe\xff, 203.0.113.7"[..], "203.0.113.7"),
+        (b"203.0.113.7\xff", "127.0.0.1"),
+    ] {
+        let (s, _) = request_bytes(&mut host, xff, "/", &[]);
+        assert_eq!(the_call(&host).1["identities"]["ip"], ip, "{xff:?}");
+        host.finish_stream(s).unwrap();
+    }
+    // The VM kept its state through all of it: the client that spent its bucket is still
+    // denied at once.
+    let (_, outcome) = request(&mut host, "1.1.1.1", "/", &[]);
+    assert!(
+        matches!(&outcome, Outcome::LocalResponse(r) if r.status == 429),
+        "{outcome:?}"
     );
 }
 

@@ -7,7 +7,7 @@ use wasmtime_wasi::WasiCtxBuilder;
 
 use crate::abi::{Action, MetricType};
 use crate::imports;
-use crate::state::{CallReply, HostState, LocalResponse, LogRecord, PendingCall, Stream};
+use crate::state::{CallReply, HeaderMap, HostState, LocalResponse, LogRecord, PendingCall, Stream};
 use crate::{Flavor, HarnessError, HostOptions};
 
 /// What a stream step ended with.
@@ -215,16 +215,14 @@ impl Host {
     }
 
     /// Delivers request headers (pseudo-headers `:method`, `:path`, `:authority` included).
-    pub fn request_headers(
+    /// Values are text or bytes (`&str`, `&[u8]`): a proxy passes any byte but NUL, CR, LF.
+    pub fn request_headers<V: AsRef<[u8]>>(
         &mut self,
         stream: u32,
-        headers: &[(&str, &str)],
+        headers: &[(&str, V)],
         end_of_stream: bool,
     ) -> Result<Outcome, HarnessError> {
-        let owned: Vec<(String, String)> = headers
-            .iter()
-            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-            .collect();
+        let owned = owned_map(headers);
         {
             let s = self.stream_mut(stream)?;
             for (k, prop) in [
@@ -233,9 +231,7 @@ impl Host {
                 (":authority", "request.host"),
             ] {
                 if let Some((_, v)) = owned.iter().find(|(n, _)| n == k) {
-                    s.properties
-                        .entry(prop.to_owned())
-                        .or_insert_with(|| v.clone().into_bytes());
+                    s.properties.entry(prop.to_owned()).or_insert_with(|| v.clone());
                 }
             }
             s.request_headers = owned;
@@ -262,9 +258,12 @@ impl Host {
     }
 
     /// Delivers request trailers.
-    pub fn request_trailers(&mut self, stream: u32, trailers: &[(&str, &str)]) -> Result<Outcome, HarnessError> {
-        self.stream_mut(stream)?.request_trailers =
-            trailers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    pub fn request_trailers<V: AsRef<[u8]>>(
+        &mut self,
+        stream: u32,
+        trailers: &[(&str, V)],
+    ) -> Result<Outcome, HarnessError> {
+        self.stream_mut(stream)?.request_trailers = owned_map(trailers);
         self.step(
             stream,
             "proxy_on_request_trailers",
@@ -273,17 +272,14 @@ impl Host {
         )
     }
 
-    /// Delivers response headers (`:status` included).
-    pub fn response_headers(
+    /// Delivers response headers (`:status` included); values as text or bytes.
+    pub fn response_headers<V: AsRef<[u8]>>(
         &mut self,
         stream: u32,
-        headers: &[(&str, &str)],
+        headers: &[(&str, V)],
         end_of_stream: bool,
     ) -> Result<Outcome, HarnessError> {
-        self.stream_mut(stream)?.response_headers = headers
-            .iter()
-            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-            .collect();
+        self.stream_mut(stream)?.response_headers = owned_map(headers);
         let eos = self.eos(end_of_stream);
         self.step(
             stream,
@@ -306,9 +302,12 @@ impl Host {
     }
 
     /// Delivers response trailers.
-    pub fn response_trailers(&mut self, stream: u32, trailers: &[(&str, &str)]) -> Result<Outcome, HarnessError> {
-        self.stream_mut(stream)?.response_trailers =
-            trailers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    pub fn response_trailers<V: AsRef<[u8]>>(
+        &mut self,
+        stream: u32,
+        trailers: &[(&str, V)],
+    ) -> Result<Outcome, HarnessError> {
+        self.stream_mut(stream)?.response_trailers = owned_map(trailers);
         self.step(
             stream,
             "proxy_on_response_trailers",
@@ -346,7 +345,7 @@ impl Host {
         self.deliver(
             token,
             CallReply {
-                headers: response.headers,
+                headers: owned_map(&response.headers),
                 body: response.body,
                 trailers: Vec::new(),
             },
@@ -489,4 +488,12 @@ impl Host {
             .get_memory(&mut self.store, "memory")
             .map_or(0, |m| m.data_size(&self.store))
     }
+}
+
+/// A header map with lower-case names, values copied as bytes.
+fn owned_map<K: AsRef<str>, V: AsRef<[u8]>>(pairs: &[(K, V)]) -> HeaderMap {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_ref().to_ascii_lowercase(), v.as_ref().to_vec()))
+        .collect()
 }

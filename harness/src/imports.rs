@@ -10,7 +10,7 @@ use wasmtime::{Caller, Extern, Linker, Memory, Module, Val, ValType};
 
 use crate::abi::{BufferType, LogLevel, MapType, MetricType, Status};
 use crate::map;
-use crate::state::{HostState, LocalResponse, LogRecord, Metric, PendingCall, Stream};
+use crate::state::{HeaderMap, HostState, LocalResponse, LogRecord, Metric, PendingCall, Stream};
 use crate::Flavor;
 
 type Ctx<'a> = Caller<'a, HostState>;
@@ -79,7 +79,7 @@ fn give(c: &mut Ctx<'_>, data: &[u8], ret_data: i32, ret_size: i32) -> HostResul
 }
 
 /// The map of `kind` for the current context, if it has one.
-fn map_mut(s: &mut HostState, kind: MapType) -> Option<&mut Vec<(String, String)>> {
+fn map_mut(s: &mut HostState, kind: MapType) -> Option<&mut HeaderMap> {
     match kind {
         MapType::CallResponseHeaders => s.call_reply.as_mut().map(|r| &mut r.headers),
         MapType::CallResponseTrailers => s.call_reply.as_mut().map(|r| &mut r.trailers),
@@ -219,7 +219,7 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             };
             let bytes = map_mut(c.data_mut(), kind)
                 .map(|m| map::serialize(m))
-                .unwrap_or_else(|| map::serialize(&[]));
+                .unwrap_or_else(|| map::serialize::<&[u8]>(&[]));
             give(&mut c, &bytes, ret_data, ret_size)
         },
     )?;
@@ -258,7 +258,7 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                     .map(|(_, v)| v.clone())
             });
             match value {
-                Some(v) => give(&mut c, v.as_bytes(), ret_data, ret_size),
+                Some(v) => give(&mut c, &v, ret_data, ret_size),
                 None => status(Status::NotFound),
             }
         },
@@ -469,7 +469,7 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let headers = if hlen == 0 {
                 Some(Vec::new())
             } else {
-                read(&mut c, hptr, hlen).and_then(|b| map::deserialize(&b))
+                read(&mut c, hptr, hlen).and_then(|b| map::deserialize_text(&b))
             };
             let Some(headers) = headers else {
                 return status(Status::BadArgument);
@@ -504,7 +504,7 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let Some(upstream) = read_str(&mut c, uptr, ulen) else {
                 return status(Status::BadArgument);
             };
-            let Some(headers) = read(&mut c, hptr, hlen).and_then(|b| map::deserialize(&b)) else {
+            let Some(headers) = read(&mut c, hptr, hlen).and_then(|b| map::deserialize_text(&b)) else {
                 return status(Status::BadArgument);
             };
             let Some(body) = read(&mut c, bptr, blen) else {
@@ -669,7 +669,7 @@ fn edit_map(c: &mut Ctx<'_>, kind: i32, kptr: i32, klen: i32, value: Option<(i32
         return status(Status::BadArgument);
     };
     let value = match value {
-        Some((p, l)) => match read_str(c, p, l) {
+        Some((p, l)) => match read(c, p, l) {
             Some(v) => Some(v),
             None => return status(Status::BadArgument),
         },

@@ -33,7 +33,7 @@ pub mod proxy;
 mod state;
 
 pub use host::{CallResponse, Host, Outcome, Plugin};
-pub use state::{LocalResponse, LogRecord, PendingCall, Stream};
+pub use state::{HeaderMap, LocalResponse, LogRecord, PendingCall, Stream};
 
 /// Which proxy's behaviour to reproduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -73,7 +73,9 @@ impl ProxyStats {
     }
 }
 
-type Headers = Vec<(String, String)>;
+/// Headers between the network and the VM: values as the bytes that came (a proxy passes
+/// obs-text, 0x80–0xFF, on to the module).
+type Headers = crate::state::HeaderMap;
 
 enum Verdict {
     Forward {
@@ -82,7 +84,7 @@ enum Verdict {
     },
     Respond {
         status: u16,
-        headers: Headers,
+        headers: Vec<(String, String)>,
         body: Vec<u8>,
     },
 }
@@ -262,15 +264,11 @@ async fn handle(
         .unwrap_or("localhost")
         .to_owned();
     let mut headers: Headers = vec![
-        (":method".into(), parts.method.to_string()),
-        (":path".into(), path),
-        (":authority".into(), authority),
+        (":method".into(), parts.method.as_str().as_bytes().to_vec()),
+        (":path".into(), path.into_bytes()),
+        (":authority".into(), authority.into_bytes()),
     ];
-    for (k, v) in &parts.headers {
-        if let Ok(v) = v.to_str() {
-            headers.push((k.as_str().to_owned(), v.to_owned()));
-        }
-    }
+    headers.extend(header_pairs(&parts.headers));
     let (reply, verdict) = oneshot::channel();
     if vm.send(Cmd::Request { headers, peer, reply }).is_err() {
         return Ok(text(503, "the wasm VM stopped"));
@@ -297,9 +295,9 @@ async fn handle(
     let mut path = "/".to_owned();
     for (k, v) in &headers {
         match k.as_str() {
-            ":path" => path = v.clone(),
+            ":path" => path = String::from_utf8_lossy(v).into_owned(),
             ":method" | ":authority" | ":scheme" => {}
-            _ => builder = builder.header(k.as_str(), v.as_str()),
+            _ => builder = builder.header(k.as_str(), v.as_slice()),
         }
     }
     let upstream_req = match builder.uri(format!("http://{upstream}{path}")).body(Full::new(body)) {
@@ -318,12 +316,8 @@ async fn handle(
     };
     let (rparts, rbody) = resp.into_parts();
     let rbody = rbody.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    let mut rheaders: Headers = vec![(":status".into(), rparts.status.as_u16().to_string())];
-    for (k, v) in &rparts.headers {
-        if let Ok(v) = v.to_str() {
-            rheaders.push((k.as_str().to_owned(), v.to_owned()));
-        }
-    }
+    let mut rheaders: Headers = vec![(":status".into(), rparts.status.as_str().as_bytes().to_vec())];
+    rheaders.extend(header_pairs(&rparts.headers));
     let (reply, changed) = oneshot::channel();
     let rheaders = if vm
         .send(Cmd::Response {
@@ -351,6 +345,13 @@ async fn handle(
         }
     }
     Ok(r)
+}
+
+/// A hyper header map as name/bytes pairs, every value kept.
+fn header_pairs(headers: &hyper::HeaderMap) -> impl Iterator<Item = (String, Vec<u8>)> + '_ {
+    headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.as_bytes().to_vec()))
 }
 
 /// Forwards a request untouched (the proxy with no module).
@@ -416,7 +417,7 @@ fn vm_loop(
             Some(Cmd::Request { headers, peer, reply }) => {
                 let outcome = host.new_stream().and_then(|s| {
                     host.set_property(s, "source.address", peer.to_string());
-                    let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    let refs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
                     host.request_headers(s, &refs, false).map(|o| (s, o))
                 });
                 match outcome {
@@ -446,7 +447,7 @@ fn vm_loop(
                 }
             }
             Some(Cmd::Response { stream, headers, reply }) => {
-                let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let refs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
                 let changed = match host.response_headers(stream, &refs, false) {
                     Ok(_) => host
                         .stream(stream)

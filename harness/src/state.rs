@@ -30,21 +30,26 @@ impl LocalResponse {
     }
 }
 
+/// A header map as the ABI carries it: lower-case names, values as bytes. Values are bytes
+/// on the wire (a proxy passes obs-text, 0x80–0xFF, on to the module), so the host keeps
+/// them as they came.
+pub type HeaderMap = Vec<(String, Vec<u8>)>;
+
 /// One HTTP stream's data as the module sees and changes it.
 #[derive(Debug, Clone, Default)]
 pub struct Stream {
     /// Request headers (after the module's changes).
-    pub request_headers: Vec<(String, String)>,
+    pub request_headers: HeaderMap,
     /// Request body.
     pub request_body: Vec<u8>,
     /// Request trailers.
-    pub request_trailers: Vec<(String, String)>,
+    pub request_trailers: HeaderMap,
     /// Response headers (after the module's changes).
-    pub response_headers: Vec<(String, String)>,
+    pub response_headers: HeaderMap,
     /// Response body.
     pub response_body: Vec<u8>,
     /// Response trailers.
-    pub response_trailers: Vec<(String, String)>,
+    pub response_trailers: HeaderMap,
     /// The local response, once the module sent one; the stream then ends.
     pub local_response: Option<LocalResponse>,
     /// `proxy_continue_stream(request)` calls so far.
@@ -89,9 +94,9 @@ impl PendingCall {
 /// The answer to an HTTP call, as delivered to the module.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CallReply {
-    pub headers: Vec<(String, String)>,
+    pub headers: HeaderMap,
     pub body: Vec<u8>,
-    pub trailers: Vec<(String, String)>,
+    pub trailers: HeaderMap,
 }
 
 /// One log line the module wrote.

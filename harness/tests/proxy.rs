@@ -49,7 +49,8 @@ where
     addr
 }
 
-/// The upstream: counts requests and echoes the request headers it received as `name: value` lines.
+/// The upstream: counts requests and echoes the request headers it received as `name: value`
+/// lines (a value that is not text with its bytes escaped: `caf\xe9`).
 async fn upstream(count: Arc<AtomicUsize>) -> SocketAddr {
     server(move |req: Request<Incoming>| {
         let count = count.clone();
@@ -57,7 +58,10 @@ async fn upstream(count: Arc<AtomicUsize>) -> SocketAddr {
             count.fetch_add(1, Ordering::SeqCst);
             let mut lines = String::new();
             for (k, v) in req.headers() {
-                lines.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+                let value = v
+                    .to_str()
+                    .map_or_else(|_| v.as_bytes().escape_ascii().to_string(), str::to_owned);
+                lines.push_str(&format!("{k}: {value}\n"));
             }
             Response::new(Full::new(Bytes::from(lines)))
         }
@@ -187,6 +191,21 @@ async fn requests_pass_through_the_module_both_ways() {
     // ...and the response hook ran on the way back.
     assert_eq!(header(&a, "x-probe-response"), Some("add 200"));
     assert_eq!(s.upstream_requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_values_with_obs_text_pass_through_the_module_as_bytes() {
+    let s = stack("").await;
+    let obs = hyper::header::HeaderValue::from_bytes(b"caf\xe9").unwrap();
+    let req = Request::get(format!("http://{}/hello", s.proxy))
+        .header("x-probe", "noop")
+        .header("x-obs", obs);
+    let resp = s.client.request(req.body(Full::default()).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    // The proxy forwards the module's header map: the value's bytes were in it.
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("x-obs: caf\\xe9\n"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,13 +75,19 @@ pub fn host() -> Host {
 
 /// Opens a stream from `ip` and delivers GET `path` request headers.
 pub fn request(host: &mut Host, ip: &str, path: &str, extra: &[(&str, &str)]) -> (u32, Outcome) {
+    let extra: Vec<(&str, &[u8])> = extra.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    request_bytes(host, ip.as_bytes(), path, &extra)
+}
+
+/// [`request`] with header values as bytes: `x-forwarded-for` is `xff`.
+pub fn request_bytes(host: &mut Host, xff: &[u8], path: &str, extra: &[(&str, &[u8])]) -> (u32, Outcome) {
     let s = host.new_stream().expect("stream");
     host.set_property(s, "source.address", "127.0.0.1:5555");
-    let mut headers = vec![
-        (":method", "GET"),
-        (":path", path),
-        (":authority", "example.com"),
-        ("x-forwarded-for", ip),
+    let mut headers: Vec<(&str, &[u8])> = vec![
+        (":method", b"GET"),
+        (":path", path.as_bytes()),
+        (":authority", b"example.com"),
+        ("x-forwarded-for", xff),
     ];
     headers.extend_from_slice(extra);
     let outcome = host.request_headers(s, &headers, true).expect("no trap");

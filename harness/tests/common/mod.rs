@@ -84,5 +84,5 @@ pub fn header(host: &Host, s: u32, name: &str) -> Option<String> {
         .request_headers
         .iter()
         .find(|(k, _)| k == name)
-        .map(|(_, v)| v.clone())
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
 }
