@@ -97,7 +97,8 @@ impl Child {
         self.inner.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// The process id, if running.
+    /// The process id, unless stopped through this handle (a process that crashed keeps
+    /// it: use [`Child::is_running`] to tell).
     pub fn id(&self) -> Option<u32> {
         self.inner.as_ref().map(std::process::Child::id)
     }

@@ -175,7 +175,8 @@ impl RedisCluster {
         }
     }
 
-    /// Ports of the nodes not killed.
+    /// Ports of the nodes the test did not kill (a node that crashed on its own stays in,
+    /// so that waiting for it fails).
     fn live_ports(&self) -> impl Iterator<Item = u16> + '_ {
         self.ports
             .iter()

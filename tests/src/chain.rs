@@ -290,19 +290,49 @@ impl Chain {
         serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("proxy stats {:?}: {e}", r.body))
     }
 
-    /// A counter of node `i`'s `/metrics`, by its full series name (labels included).
-    pub fn node_metric(&self, i: usize, series: &str) -> f64 {
+    /// A counter of node `i`'s `/metrics`, by its full series name (labels included);
+    /// `None` when the node does not export that series.
+    pub fn node_metric(&self, i: usize, series: &str) -> Option<f64> {
         let r = http(self.node_ports[i], "GET", "/metrics", &[]);
-        r.body
+        let value = r
+            .body
             .lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))?;
+        Some(
+            value
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("node {i}: {series} = {value:?}: {e}")),
+        )
     }
 
-    /// The series summed over both nodes.
+    /// The series summed over the nodes that export it; panics, naming it, when none does
+    /// (a misspelt or missing series must not read as 0).
     pub fn nodes_metric(&self, series: &str) -> f64 {
-        (0..2).map(|i| self.node_metric(i, series)).sum()
+        let values: Vec<f64> = (0..2).filter_map(|i| self.node_metric(i, series)).collect();
+        assert!(!values.is_empty(), "no node exports the series {series}");
+        values.iter().sum()
+    }
+
+    /// Asserts every service node is still running (not crashed) and answers `/metrics`.
+    pub fn assert_nodes_up(&mut self) {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            assert!(node.is_running(), "service node {i} is not running");
+            let r = http(self.node_ports[i], "GET", "/metrics", &[]);
+            assert_eq!(r.status, 200, "service node {i} does not answer: {}", r.body);
+        }
+    }
+
+    /// Asserts every proxy is still running and forwards a request from a fresh client
+    /// (`x-forwarded-for: 192.0.2.99`, its IP with one trusted hop).
+    pub fn assert_proxies_up(&mut self) {
+        for (i, proxy) in self.proxy_children.iter_mut().enumerate() {
+            assert!(proxy.is_running(), "proxy {i} is not running");
+        }
+        for (i, port) in self.proxies.iter().enumerate() {
+            let r = http(*port, "GET", "/ok", &[("x-forwarded-for", "192.0.2.99")]);
+            assert_eq!(r.status, 200, "proxy {i} does not forward: {}", r.body);
+        }
     }
 
     /// A process's resident memory in bytes, from /proc.

@@ -33,32 +33,50 @@ pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Re
 
 /// A request with a body (its `content-length` is set here).
 pub fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut head = format!(
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    send_bytes(port, method, path, &headers, body)
+}
+
+/// A request whose header values are bytes, sent as they are: obs-text (0x80–0xFF), which a
+/// proxy passes on, or bytes no correct client sends.
+pub fn send_bytes(port: u16, method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Reply {
+    let mut raw = format!(
         "{method} {path} HTTP/1.1\r\nhost: sluice.test\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()
-    );
+    )
+    .into_bytes();
     for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
+        raw.extend_from_slice(k.as_bytes());
+        raw.extend_from_slice(b": ");
+        raw.extend_from_slice(v);
+        raw.extend_from_slice(b"\r\n");
     }
-    head.push_str("\r\n");
-    let mut raw = head.into_bytes();
+    raw.extend_from_slice(b"\r\n");
     raw.extend_from_slice(body);
     parse(&exchange(port, &raw).unwrap_or_else(|e| panic!("{method} {path} on port {port}: {e}")))
         .unwrap_or_else(|| panic!("{method} {path} on port {port}: no HTTP answer"))
 }
 
-/// Sends `raw` bytes as they are; the parsed answer, or `None` when the server closed the
-/// connection without one (what a proxy may do to garbage).
-pub fn raw(port: u16, raw: &[u8]) -> Option<Reply> {
-    exchange(port, raw).ok().and_then(|bytes| parse(&bytes))
+/// Sends `raw` bytes as they are and parses the answer; panics when the server closes the
+/// connection without one (every request, however malformed, must get a status line).
+pub fn raw(port: u16, raw: &[u8]) -> Reply {
+    let what = String::from_utf8_lossy(raw.get(..raw.len().min(80)).unwrap_or_default()).into_owned();
+    let answer = exchange(port, raw).unwrap_or_else(|e| panic!("{what:?} on port {port}: {e}"));
+    parse(&answer).unwrap_or_else(|| panic!("{what:?} on port {port}: closed without an HTTP answer"))
 }
 
 fn exchange(port: u16, raw: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(20)))?;
-    stream.write_all(raw)?;
+    // A server may answer and close before reading all of an oversized request: what it
+    // answered is read even when the write or the read then fails.
+    let sent = stream.write_all(raw);
     let mut answer = Vec::new();
-    stream.read_to_end(&mut answer)?;
+    let read = stream.read_to_end(&mut answer);
+    if answer.is_empty() {
+        sent?;
+        read?;
+    }
     Ok(answer)
 }
 

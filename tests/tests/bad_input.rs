@@ -6,13 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sluice_tests::chain::{Chain, Options, FILTER, RULES};
-use sluice_tests::http::{http, raw, send};
-
-/// The answers a proxy may give bad input: the request's own fate (200/429) or a client
-/// error; never a 5xx.
-fn acceptable(status: u16) -> bool {
-    (200..500).contains(&status)
-}
+use sluice_tests::http::{http, raw, send, send_bytes};
 
 #[test]
 fn malformed_and_oversized_headers_are_answered_and_the_proxy_goes_on() {
@@ -27,6 +21,7 @@ fn malformed_and_oversized_headers_are_answered_and_the_proxy_goes_on() {
         .map(|i| format!("10.0.{}.{}", i / 250, i % 250))
         .collect::<Vec<_>>()
         .join(", ");
+    // Odd but well-formed: the filter decides, well within the limits, so each passes.
     let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
         ("xff not an address", vec![("x-forwarded-for", "not-an-ip")]),
         ("xff empty", vec![("x-forwarded-for", "")]),
@@ -39,49 +34,55 @@ fn malformed_and_oversized_headers_are_answered_and_the_proxy_goes_on() {
         ("api key of 10 kB", vec![("x-api-key", &long_key)]),
         ("api key of spaces", vec![("x-api-key", "   ")]),
         ("user id with quotes", vec![("x-user-id", "\"};{\\\"")]),
-        ("tier unknown", vec![("x-tier", "platinum\u{7f}")]),
+        ("tier unknown", vec![("x-tier", "platinum")]),
     ];
     for (what, headers) in &cases {
         let r = http(chain.proxies[0], "GET", "/api/x", headers);
-        assert!(acceptable(r.status), "{what}: {} {}", r.status, r.body);
+        assert_eq!(r.status, 200, "{what}: {}", r.body);
     }
-    // Bytes no correct client sends.
-    let garbage: [&[u8]; 5] = [
-        b"GARBAGE\r\n\r\n",
-        b"GET /x HTTP/1.1\r\nhost: a\r\nx-api-key: \xff\xfe\r\nconnection: close\r\n\r\n",
-        b"GET /x HTTP/1.1\r\nhost: a\r\nx-forwarded-for: 1.2.3.4\x00evil\r\nconnection: close\r\n\r\n",
-        b"GET /x HTTP/1.1\r\nhost: a\r\nbad header name: 1\r\nconnection: close\r\n\r\n",
-        b"GET /x HTTP/1.1\r\nhost: a\r\ncontent-length: nope\r\nconnection: close\r\n\r\n",
+    // Bytes no correct client sends: each gets a status line, never a silent close.
+    let garbage: [(&[u8], u16); 6] = [
+        (b"GARBAGE\r\n\r\n", 400),
+        // obs-text in a value is legal on the wire: it reaches the filter, which decides.
+        (
+            b"GET /x HTTP/1.1\r\nhost: a\r\nx-api-key: \xff\xfe\r\nconnection: close\r\n\r\n",
+            200,
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nhost: a\r\nx-forwarded-for: 1.2.3.4\x00evil\r\nconnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nhost: a\r\nx-tier: platinum\x7f\r\nconnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nhost: a\r\nbad header name: 1\r\nconnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nhost: a\r\ncontent-length: nope\r\nconnection: close\r\n\r\n",
+            400,
+        ),
     ];
-    for bytes in garbage {
-        if let Some(r) = raw(chain.proxies[1], bytes) {
-            assert!(
-                acceptable(r.status),
-                "{:?}: {} {}",
-                String::from_utf8_lossy(bytes),
-                r.status,
-                r.body
-            );
-        }
+    for (bytes, expected) in garbage {
+        let r = raw(chain.proxies[1], bytes);
+        assert_eq!(r.status, expected, "{:?}: {}", String::from_utf8_lossy(bytes), r.body);
     }
     // A client that leaves in the middle of its headers.
     abandon(chain.proxies[1], b"GET /x HTTP/1.1\r\nhost: a\r\nx-forwarded-for: 1.2.");
-    // 100 kB of headers.
+    // 100 kB of headers in 100 fields: over the proxy's field count, a 431.
     let big = "v".repeat(1_000);
     let many: Vec<(String, &str)> = (0..100).map(|i| (format!("x-h{i}"), big.as_str())).collect();
     let refs: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    if let Some(r) = raw(chain.proxies[0], request_bytes(&refs).as_slice()) {
-        assert!(acceptable(r.status), "100 kB of headers: {}", r.status);
-    }
+    assert_eq!(
+        raw(chain.proxies[0], &request_bytes(&refs)).status,
+        431,
+        "100 kB of headers"
+    );
     // Both proxies and both nodes are still up and deciding.
-    for (i, proxy) in chain.proxies.iter().enumerate() {
-        assert_eq!(
-            http(*proxy, "GET", "/ok", &[("x-forwarded-for", "192.0.2.99")]).status,
-            200
-        );
-        assert!(chain.proxy_children[i].is_running(), "proxy {i} died");
-    }
-    assert!(chain.nodes.iter_mut().all(|n| n.is_running()));
+    chain.assert_proxies_up();
+    chain.assert_nodes_up();
     for i in 0..2 {
         assert_eq!(
             chain.proxy_stats(i)["calls_failed"].as_u64(),
@@ -89,6 +90,99 @@ fn malformed_and_oversized_headers_are_answered_and_the_proxy_goes_on() {
             "no check call failed"
         );
     }
+}
+
+/// Generous per IP; 3 a minute per user and per API key.
+const PER_IDENTITY: &str = r#"
+[[rule]]
+name      = "per-ip"
+by        = "ip"
+algorithm = "sliding_window_log"
+limit     = 1000
+window    = "1m"
+
+[[rule]]
+name      = "per-user"
+by        = "user"
+algorithm = "sliding_window_log"
+limit     = 3
+window    = "1m"
+
+[[rule]]
+name      = "per-key"
+by        = "api_key"
+algorithm = "sliding_window_log"
+limit     = 3
+window    = "1m"
+"#;
+
+/// GET /api through `port` with byte-valued headers; the status and the policy header.
+fn get_bytes(port: u16, headers: &[(&str, &[u8])]) -> (u16, String) {
+    let r = send_bytes(port, "GET", "/api", headers, b"");
+    (r.status, r.header("ratelimit-policy").unwrap_or_default().to_owned())
+}
+
+/// Whether a 429 came from the filter's local bucket.
+fn local_denial(answer: &(u16, String)) -> bool {
+    answer.0 == 429 && answer.1.starts_with("\"local\"")
+}
+
+#[test]
+fn header_values_that_are_not_utf8_reach_the_filter_and_are_limited_as_their_own_identities() {
+    // Local buckets of 20 refilling at 1/s: a client that spent its bucket is held by the
+    // filter alone, as long as the filter keeps its state.
+    let mut chain = Chain::with(Options {
+        rules: PER_IDENTITY.to_owned(),
+        filter: FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1").replace(
+            "\"rate_per_s\": 1000, \"burst\": 1000",
+            "\"rate_per_s\": 1, \"burst\": 20",
+        ),
+        ..Options::default()
+    });
+    let proxy = chain.proxies[0]; // the local buckets live in this proxy's VM
+    let limited: &[(&str, &[u8])] = &[("x-forwarded-for", b"198.51.100.7")];
+    let mut spent = 0;
+    while !local_denial(&get_bytes(proxy, limited)) {
+        spent += 1;
+        assert!(spent <= 100, "the local bucket never ran out");
+    }
+    let limited_at = Instant::now();
+
+    // Each non-UTF-8 user and key is an identity of its own: limited at 3, not bypassing
+    // the rule, and distinct from a value differing in one byte.
+    for (header, value, other, rule) in [
+        ("x-user-id", &b"\xff\xfe"[..], &b"\xff\xfd"[..], "per-user"),
+        ("x-api-key", b"caf\xe9", b"caf\xe8", "per-key"),
+    ] {
+        let headers: &[(&str, &[u8])] = &[(header, value), ("x-forwarded-for", b"192.0.2.1")];
+        let answers: Vec<(u16, String)> = (0..4).map(|_| get_bytes(proxy, headers)).collect();
+        let codes: Vec<u16> = answers.iter().map(|a| a.0).collect();
+        assert_eq!(codes, [200, 200, 200, 429], "{header}: {answers:?}");
+        assert!(
+            answers[3].1.starts_with(&format!("\"{rule}\"")),
+            "{header}: {answers:?}"
+        );
+        let (status, _) = get_bytes(proxy, &[(header, other), ("x-forwarded-for", b"192.0.2.1")]);
+        assert_eq!(status, 200, "{header}: a value one byte apart is another identity");
+    }
+    // Bytes in the forwarding header: left of the trusted hop they change nothing (the
+    // limited client stays limited); in the client's entry, the address is not an IP and
+    // the connection's is used.
+    let junk_left = get_bytes(proxy, &[("x-forwarded-for", b"\xfe\xff, 198.51.100.7")]);
+    assert!(local_denial(&junk_left), "{junk_left:?}");
+    let junk_entry = get_bytes(proxy, &[("x-forwarded-for", b"198.51.100.7\xff")]);
+    assert_eq!(junk_entry.0, 200, "{junk_entry:?}");
+
+    // The filter kept its buckets through all of it: the limited client gets no more than
+    // what its bucket refilled since (1/s), where a fresh bucket would pass all 15.
+    let allowed = (0..15).filter(|_| get_bytes(proxy, limited).0 == 200).count();
+    let refilled = limited_at.elapsed().as_secs_f64().ceil() as usize;
+    assert!(
+        allowed <= refilled,
+        "the limited client passed {allowed} times; its bucket refilled {refilled} tokens"
+    );
+    chain.assert_proxies_up();
+    chain.assert_nodes_up();
 }
 
 /// Sends `bytes` and hangs up.
@@ -108,18 +202,14 @@ fn request_bytes(headers: &[(&str, &str)]) -> Vec<u8> {
     s.into_bytes()
 }
 
-/// Runs `sluice-load` against proxy `port` with IPs from `offset` on; returns its report.
-fn flood(port: u16, offset: u64, seconds: u64) -> String {
+/// Runs `sluice-load` against proxy `port`: `requests` distinct client IPs from `offset`
+/// on, offered at 10,000/s (the benchmark's rate; a debug chain on a loaded machine takes
+/// longer, and the count, not the rate, is what the test needs); returns its report.
+fn flood(port: u16, offset: u64, requests: u64) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice-load"))
         .args(["--target", &format!("http://127.0.0.1:{port}"), "--mode", "get"])
-        .args([
-            "--rate",
-            "10000",
-            "--connections",
-            "32",
-            "--duration",
-            &format!("{seconds}s"),
-        ])
+        .args(["--rate", "10000", "--connections", "32"])
+        .args(["--requests", &requests.to_string(), "--duration", "600s"])
         .args(["--keys", "16777216", "--key-offset", &offset.to_string()])
         .output()
         .expect("cannot run sluice-load");
@@ -141,24 +231,27 @@ fn count(report: &str, prefix: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {prefix:?} in {report}"))
 }
 
+/// Local buckets the flood test caps the filter at.
+const MAX_KEYS: u64 = 2_000;
+
 #[test]
-fn ten_thousand_new_client_ips_per_second_leave_filter_and_service_memory_bounded() {
-    // Local buckets capped at 2,000 clients, so each flood passes the cap many times over.
+fn floods_of_new_client_ips_past_the_key_cap_leave_filter_and_service_memory_bounded() {
+    // Local buckets capped at 2,000 clients; each flood brings 4 times as many new ones.
     let chain = Chain::with(Options {
         rules: RULES.replace("limit     = 10", "limit     = 1000"),
         filter: FILTER
             .replace("\"trusted_hops\": 0", "\"trusted_hops\": 1")
-            .replace("\"max_keys\": 10000", "\"max_keys\": 2000"),
+            .replace("\"max_keys\": 10000", &format!("\"max_keys\": {MAX_KEYS}")),
         ..Options::default()
     });
     let vm = || chain.proxy_stats(0)["vm_memory_bytes"].as_u64().expect("vm memory");
     let service = || Chain::rss_bytes(&chain.nodes[0]) + Chain::rss_bytes(&chain.nodes[1]);
 
     // Warm-up: the first flood fills the caps and the allocators' pools.
-    let warm = flood(chain.proxies[0], 0, 10);
+    let warm = flood(chain.proxies[0], 0, 4 * MAX_KEYS);
     let (vm_warm, service_warm) = (vm(), service());
     let start = Instant::now();
-    let second = flood(chain.proxies[0], 8_000_000, 10);
+    let second = flood(chain.proxies[0], 8_000_000, 4 * MAX_KEYS);
     let elapsed = start.elapsed().as_secs_f64();
     let (vm_after, service_after) = (vm(), service());
 
@@ -179,7 +272,7 @@ fn ten_thousand_new_client_ips_per_second_leave_filter_and_service_memory_bounde
         sent,
         "every new client is allowed: {second}"
     );
-    assert!(sent >= 4_000, "too few requests to say anything: {second}");
+    assert_eq!(sent, 4 * MAX_KEYS, "the whole flood was sent: {second}");
     // Bounded: 2,000 local buckets cost far less than 512 KiB; an unbounded map of
     // {sent} keys would cost megabytes.
     assert!(
@@ -318,7 +411,10 @@ fn admin_calls_without_the_right_token_are_401_and_change_nothing() {
 
 #[test]
 fn a_rules_file_broken_mid_run_keeps_the_old_rules_until_it_is_fixed() {
-    let chain = Chain::start();
+    // How long a node may take to notice a saved file: a liveness bound (no figure is
+    // promised), generous for a loaded machine.
+    let notice = Duration::from_secs(10);
+    let mut chain = Chain::start();
     let reloads = |result: &str| chain.nodes_metric(&format!("sluice_rules_reloads_total{{result=\"{result}\"}}"));
     let file = chain.rules_file();
     for broken in [
@@ -332,14 +428,14 @@ fn a_rules_file_broken_mid_run_keeps_the_old_rules_until_it_is_fixed() {
         let started = Instant::now();
         // Each node notices and refuses it.
         while reloads("error") < errors + 2.0 {
-            assert!(started.elapsed() < Duration::from_secs(5), "{broken:?} was not noticed");
+            assert!(started.elapsed() < notice, "{broken:?} was not noticed");
             std::thread::sleep(Duration::from_millis(50));
         }
         // The old rules stay: the same limit answers.
         let r = http(chain.proxies[0], "GET", "/", &[]);
         assert_eq!(r.header("x-ratelimit-limit"), Some("10"), "after {broken:?}");
     }
-    assert!(chain.nodes.iter().all(|n| n.id().is_some()));
+    chain.assert_nodes_up();
     // Fixed with a new limit: it takes effect.
     std::fs::write(&file, RULES.replace("limit     = 10", "limit     = 50")).expect("write rules");
     let started = Instant::now();
@@ -348,10 +444,7 @@ fn a_rules_file_broken_mid_run_keeps_the_old_rules_until_it_is_fixed() {
         if r.header("x-ratelimit-limit") == Some("50") {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the fixed file was not loaded"
-        );
+        assert!(started.elapsed() < notice, "the fixed file was not loaded");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -29,9 +29,15 @@ window = "1m"
 failure = "closed"
 "#;
 
-/// One answer seen by a load thread: when (since the start), whether it was on the
-/// fail-closed route, and its status.
-type Seen = (Duration, bool, u16);
+/// One answer seen by a load thread: when its request was sent and when the answer came
+/// (since the start), whether it was on the fail-closed route, and its status.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    sent: Duration,
+    answered: Duration,
+    closed: bool,
+    status: u16,
+}
 
 /// Load on both routes through both proxies, from 4 threads, until `stop`.
 fn load(chain: &Chain, start: Instant, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<Vec<Seen>>> {
@@ -43,8 +49,14 @@ fn load(chain: &Chain, start: Instant, stop: Arc<AtomicBool>) -> Vec<std::thread
                 let mut seen = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let headers: &[(&str, &str)] = if closed { &[("x-api-key", "k")] } else { &[] };
+                    let sent = start.elapsed();
                     let status = http(proxy, "GET", "/load", headers).status;
-                    seen.push((start.elapsed(), closed, status));
+                    seen.push(Seen {
+                        sent,
+                        answered: start.elapsed(),
+                        closed,
+                        status,
+                    });
                 }
                 seen
             })
@@ -76,18 +88,28 @@ fn redis_killed_under_load_fails_open_or_closed_per_rule_never_5xx_and_recovers_
         .flat_map(|t| t.join().expect("load thread"))
         .collect();
 
-    let fives: Vec<&Seen> = seen.iter().filter(|s| s.2 >= 500).collect();
+    let fives: Vec<&Seen> = seen.iter().filter(|s| s.status >= 500).collect();
     assert!(fives.is_empty(), "5xx answers: {fives:?}");
+    // The statuses of requests sent at or after `from` and answered before `to`: a request
+    // is classed by when it ran, however long a loaded machine made it take.
     let phase = |from: Duration, to: Duration, closed: bool| -> Vec<u16> {
         seen.iter()
-            .filter(|s| s.0 >= from && s.0 < to && s.1 == closed)
-            .map(|s| s.2)
+            .filter(|s| s.sent >= from && s.answered < to && s.closed == closed)
+            .map(|s| s.status)
             .collect()
     };
     // Healthy: everything passes.
     assert!(phase(Duration::ZERO, killed, false).iter().all(|&s| s == 200));
     assert!(phase(Duration::ZERO, killed, true).iter().all(|&s| s == 200));
-    // Dead (after the first answers that were in flight): fail-open serves, fail-closed denies.
+    // The chain's own time per request on this machine now: the slowest healthy one.
+    let baseline = seen
+        .iter()
+        .filter(|s| s.answered < killed)
+        .map(|s| s.answered - s.sent)
+        .max()
+        .unwrap_or_default();
+    // Dead (requests sent from 500 ms after the kill: the nodes' connections have seen the
+    // crash): fail-open serves, fail-closed denies.
     let grace = killed + Duration::from_millis(500);
     let open_dead = phase(grace, dead_until, false);
     let closed_dead = phase(grace, dead_until, true);
@@ -103,25 +125,26 @@ fn redis_killed_under_load_fails_open_or_closed_per_rule_never_5xx_and_recovers_
         chain.nodes_metric("sluice_degraded_total") > 0.0,
         "fail-open answers are counted as degraded"
     );
-    // Restarted: the last 429 on the fail-closed route comes within 2 s; all 200 after it.
+    // Restarted: the last request denied on the fail-closed route was sent within 2 s (the
+    // figure README promises) plus the chain's own time per request; all 200 after it.
     let last_denial = seen
         .iter()
-        .filter(|s| s.1 && s.2 == 429)
-        .map(|s| s.0)
+        .filter(|s| s.closed && s.status == 429)
+        .map(|s| s.sent)
         .max()
         .unwrap_or(restarted);
     let recovery = last_denial.saturating_sub(restarted);
     let total = seen.len();
     println!(
         "Redis killed under load: {total} answers, {} while dead (open {} × 200, closed {} × 429), \
-         0 × 5xx; shared decisions back {recovery:?} after the restart",
+         0 × 5xx; shared decisions back {recovery:?} after the restart (slowest healthy request {baseline:?})",
         open_dead.len() + closed_dead.len(),
         open_dead.len(),
         closed_dead.len()
     );
     assert!(
-        recovery <= Duration::from_secs(2),
-        "shared decisions resumed only after {recovery:?}"
+        recovery <= Duration::from_secs(2) + baseline,
+        "shared decisions resumed only after {recovery:?} (the chain's own time: {baseline:?})"
     );
     assert!(!phase(last_denial + Duration::from_millis(1), start.elapsed(), true).is_empty());
 }
@@ -201,8 +224,8 @@ fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
     let (upstream, proxy) = (free_port(), free_port());
     let dir = std::env::temp_dir().join(format!("sluice-stall-{}-{proxy}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let timeout = Duration::from_millis(100);
-    let config = FILTER.replace("\"timeout_ms\": 2000", "\"timeout_ms\": 100").replace(
+    let timeout = Duration::from_millis(300);
+    let config = FILTER.replace("\"timeout_ms\": 2000", "\"timeout_ms\": 300").replace(
         "\"failures\": 1000, \"cooldown_ms\": 1000",
         "\"failures\": 3, \"cooldown_ms\": 60000",
     );
@@ -229,13 +252,15 @@ fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
     // The breaker stopped calling after three failures: the stalled service saw three calls.
     assert_eq!(connections.lock().expect("lock").len(), 3, "request times: {held:?}");
     // The ten after the breaker opened made no call: they measure the proxy's own cost on
-    // this machine now, the baseline the stalled ones are compared with.
+    // this machine now, the baseline the stalled ones are compared with. A stalled request
+    // costs the timeout once: well under one and a half timeouts beyond that baseline
+    // (timers fire late on a loaded machine, but not by half of 300 ms).
     let baseline = held[3..].iter().max().copied().unwrap_or_default();
     for (i, d) in held[..3].iter().enumerate() {
         assert!(*d >= timeout, "request {i} did not wait for the check: {held:?}");
         assert!(
-            *d <= timeout + Duration::from_millis(20) + baseline,
-            "request {i} took {d:?}, more than the timeout + 20 ms + the proxy's own {baseline:?}"
+            *d <= timeout + timeout / 2 + baseline,
+            "request {i} took {d:?}, more than 1.5 × the timeout + the proxy's own {baseline:?}"
         );
     }
     println!("stalled check service: requests took {held:?}");

@@ -35,6 +35,10 @@ struct Args {
     /// Total requests per second across connections (0: as fast as possible).
     #[arg(long, default_value_t = 0)]
     rate: u64,
+    /// Stop after this many requests across connections (0: no count; --duration still
+    /// bounds the run).
+    #[arg(long, default_value_t = 0)]
+    requests: u64,
     /// Distinct client identities to spread requests over (IPs 10.x.y.z; at most 2^24).
     /// Connections take them in turn, so a run sends min(keys, requests) distinct ones.
     #[arg(long, default_value_t = 10_000)]
@@ -97,9 +101,10 @@ async fn main() -> anyhow::Result<()> {
             count: args.keys.clamp(1, 1 << 24),
             index: c as u64,
         };
+        let quota = share(args.requests, c as u64, args.connections as u64);
         let (authority, path, mode) = (authority.clone(), args.path.clone(), args.mode);
         tasks.push(tokio::spawn(async move {
-            run_connection(authority, path, mode, keys, deadline, per_conn_interval).await
+            run_connection(authority, path, mode, keys, deadline, per_conn_interval, quota).await
         }));
     }
     let started = Instant::now();
@@ -142,6 +147,15 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Connection `c`'s share of `total` requests over `connections`; `u64::MAX` when there is
+/// no count.
+fn share(total: u64, c: u64, connections: u64) -> u64 {
+    if total == 0 {
+        return u64::MAX;
+    }
+    total / connections + u64::from(c < total % connections)
+}
+
 /// Which identities one connection sends: `first`, `first + step`, ... modulo `count`.
 #[derive(Clone, Copy)]
 struct Keys {
@@ -166,6 +180,7 @@ async fn run_connection(
     keys: Keys,
     deadline: Instant,
     interval: Option<Duration>,
+    quota: u64,
 ) -> anyhow::Result<Outcome> {
     let stream = TcpStream::connect(&authority)
         .await
@@ -182,7 +197,9 @@ async fn run_connection(
     // stream rather than every connection sending at the same instant.
     let mut next = Instant::now() + interval.map_or(Duration::ZERO, |iv| iv.mul_f64(keys.phase()));
     let mut i = keys.first;
-    while Instant::now() < deadline {
+    let mut sent = 0;
+    while Instant::now() < deadline && sent < quota {
+        sent += 1;
         if let Some(iv) = interval {
             tokio::time::sleep_until(next.into()).await;
             next += iv;
