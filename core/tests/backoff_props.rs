@@ -104,7 +104,19 @@ proptest! {
         }
         let mean = sum / samples as f64;
         prop_assert!((mean - ceiling / 2.0).abs() <= ceiling * 0.05, "mean {mean} for ceiling {ceiling}");
-        // About 10% of the draws in each tail.
-        prop_assert!((250..=550).contains(&low) && (250..=550).contains(&high), "tails {low} {high}");
+        // Each tail holds its share of the whole milliseconds `0..=ceiling` (for a small
+        // ceiling more than 10 %: 3 of the 22 values of 0..=21 are below 2.1), within five
+        // standard deviations of the binomial count (a false alarm about once in 10^4 runs).
+        let values = ceiling as u64 + 1;
+        let below = (0..values).filter(|&k| (k as f64) < ceiling * 0.1).count() as f64;
+        let above = (0..values).filter(|&k| (k as f64) > ceiling * 0.9).count() as f64;
+        for (what, count, share) in [("low", low, below / values as f64), ("high", high, above / values as f64)] {
+            let expected = samples as f64 * share;
+            let sigma = (samples as f64 * share * (1.0 - share)).sqrt();
+            prop_assert!(
+                (count as f64 - expected).abs() <= 5.0 * sigma,
+                "{what} tail: {count} draws, {expected:.0} ± {:.0} expected", 5.0 * sigma
+            );
+        }
     }
 }
