@@ -25,6 +25,18 @@ pub(crate) fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
+/// The method a check request carries for `method`: itself when it is an HTTP token of at
+/// most [`MAX_METHOD_BYTES`], else `OTHER`. No rule can name such a method, and the service
+/// refuses a request that carries one: a caller forwarding a client's method uses this, so
+/// that a client cannot make its checks fail.
+pub fn check_method(method: &str) -> &str {
+    if method.len() <= MAX_METHOD_BYTES && is_token(method) {
+        method
+    } else {
+        "OTHER"
+    }
+}
+
 /// A check request that cannot be used; the message names the field.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{0}")]
@@ -285,9 +297,18 @@ impl CheckResponse {
         response
     }
 
-    /// Parses a response body leniently: unknown fields are ignored, missing ones default.
+    /// Parses a response body leniently: unknown fields are ignored and missing ones
+    /// default, except the verdict. A body without `allowed` (`{}`, or whatever a proxy in
+    /// between answers) is an error for the caller's failure policy, never an allow.
     pub fn from_json(body: &[u8]) -> Result<CheckResponse, WireError> {
-        serde_json::from_slice(body).map_err(|e| WireError(format!("invalid check response: {e}")))
+        #[derive(Deserialize)]
+        struct Verdict {
+            #[allow(dead_code)] // read only to require it
+            allowed: bool,
+        }
+        let invalid = |e: serde_json::Error| WireError(format!("invalid check response: {e}"));
+        serde_json::from_slice::<Verdict>(body).map_err(invalid)?;
+        serde_json::from_slice(body).map_err(invalid)
     }
 }
 

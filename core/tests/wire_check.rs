@@ -342,8 +342,8 @@ fn responses_round_trip_and_parse_leniently() {
         CheckResponse::from_json(br#"{"allowed":false,"future":{"x":1},"rules":[{"name":"a","extra":true}]}"#).unwrap();
     assert!(!lenient.allowed);
     assert_eq!(lenient.rules[0].name, "a");
-    let empty = CheckResponse::from_json(b"{}").unwrap();
-    assert!(empty.allowed, "a missing verdict defaults to allowed");
+    let empty = CheckResponse::from_json(b"{}").unwrap_err().to_string();
+    assert!(empty.contains("missing field `allowed`"), "{empty}");
     assert!(CheckResponse::from_json(b"[1]")
         .unwrap_err()
         .to_string()
@@ -395,5 +395,22 @@ proptest! {
         prop_assert_eq!(r.rules.len(), outcomes.len());
         prop_assert_eq!(r.policy.is_some(), outcomes.iter().any(|o| !o.shadow));
         if r.allowed { prop_assert_eq!(r.retry_after_ms, 0); } else { prop_assert_eq!(r.delay_ms, 0); }
+    }
+}
+
+#[test]
+fn a_method_the_service_would_refuse_is_sent_as_other() {
+    use sluice_core::wire::check_method;
+    assert_eq!(check_method("PATCH"), "PATCH");
+    assert_eq!(check_method("M-SEARCH"), "M-SEARCH");
+    for bad in ["", "GET /", "G\u{e9}T", &"A".repeat(40)] {
+        assert_eq!(check_method(bad), "OTHER", "{bad:?}");
+        let r = CheckRequest {
+            identities: Default::default(),
+            method: check_method(bad).to_owned(),
+            path: "/".into(),
+            cost: 1,
+        };
+        assert_eq!(r.validate(), Ok(()), "{bad:?} forwarded as is would be refused");
     }
 }

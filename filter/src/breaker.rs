@@ -65,6 +65,15 @@ impl Breaker {
         }
     }
 
+    /// The probe's stream ended before its answer, or the answer says nothing of the
+    /// service's health: the next request probes instead (a half-open breaker would
+    /// otherwise wait for an answer that never comes, skipping calls forever).
+    pub fn release_probe(&mut self, now: Micros) {
+        if self.state == State::HalfOpen {
+            self.state = State::Open { until: now };
+        }
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         self.state
@@ -90,5 +99,24 @@ mod tests {
         assert!(b.allow(2_000_001));
         b.success();
         assert!(b.allow(2_000_001) && b.allow(2_000_001));
+    }
+
+    #[test]
+    fn a_released_probe_lets_the_next_request_probe() {
+        let mut b = Breaker::new(1, 1_000);
+        b.failure(0);
+        assert!(b.allow(1_000_000), "the probe");
+        assert!(!b.allow(1_000_001));
+        b.release_probe(1_000_002);
+        assert!(b.allow(1_000_002), "a new probe");
+        assert_eq!(b.state(), State::HalfOpen);
+        b.release_probe(1_000_003);
+        b.success();
+        b.release_probe(1_000_004);
+        assert_eq!(
+            b.state(),
+            State::Closed,
+            "only a half-open breaker has a probe to release"
+        );
     }
 }

@@ -10,9 +10,10 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 use sluice_core::headers::{denial_body, format_headers, Quota};
-use sluice_core::wire::{CheckRequest, CheckResponse};
+use sluice_core::wire::{check_method, CheckRequest, CheckResponse};
 use sluice_core::{Decision, Micros};
 
+use crate::breaker::State;
 use crate::config::{FailureMode, IpSource};
 use crate::identity::{bounded, client_ip, header_text, source_ip};
 use crate::root::{now_us, Metrics, Shared};
@@ -29,6 +30,8 @@ pub struct Stream {
     bucket_key: Option<String>,
     /// When the check call went out.
     called_at: Micros,
+    /// The call out is the half-open breaker's probe.
+    probe: bool,
     /// Headers to add to the upstream's response.
     response_headers: Vec<(&'static str, String)>,
 }
@@ -60,6 +63,29 @@ fn call_response_body(max: usize) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// Why a check call gave no decision.
+enum Failure {
+    /// The service is unwell or unreachable: no answer, a 5xx, a body that is not a check
+    /// response. Counts towards the breaker.
+    Service(String),
+    /// The service answered 4xx: it refused this request, which says nothing of its health
+    /// (the filter forwards only what the service accepts, so this is a version skew).
+    Request(String),
+}
+
+/// The check call's answer, or why there is none.
+fn read_answer() -> Result<CheckResponse, Failure> {
+    match call_response_header(":status").as_deref() {
+        None => Err(Failure::Service("no response (timeout or connection failure)".into())),
+        Some(b"200") => CheckResponse::from_json(&call_response_body(64 * 1024)).map_err(|e| Failure::Service(e.0)),
+        Some(status) if status.starts_with(b"4") => Err(Failure::Request(format!(
+            "status {}: the check service refused the request",
+            header_text(status)
+        ))),
+        Some(status) => Err(Failure::Service(format!("status {}", header_text(status)))),
+    }
+}
+
 /// The client IP: from the forwarding header with trusted hops, else the connection's.
 fn request_ip(source: &IpSource) -> Option<IpAddr> {
     let forwarded = request_header(&source.header);
@@ -82,6 +108,7 @@ impl Stream {
             identities: BTreeMap::new(),
             bucket_key: None,
             called_at: 0,
+            probe: false,
             response_headers: Vec::new(),
         }
     }
@@ -158,23 +185,18 @@ impl Stream {
 
     fn on_check_answer(&mut self, now: Micros) -> bool {
         let metrics = self.shared.borrow().metrics;
-        let status = call_response_header(":status");
-        let failure = match status.as_deref() {
-            None => Some("no response (timeout or connection failure)".to_owned()),
-            Some(b"200") => None,
-            Some(other) => Some(format!("status {}", header_text(other))),
-        };
-        let answer = match failure {
-            Some(why) => Err(why),
-            None => CheckResponse::from_json(&call_response_body(64 * 1024)).map_err(|e| e.0),
-        };
-        let answer = match answer {
+        self.probe = false;
+        let answer = match read_answer() {
             Ok(a) => {
                 self.shared.borrow_mut().breaker.success();
                 a
             }
-            Err(why) => {
+            Err(Failure::Service(why)) => {
                 self.shared.borrow_mut().breaker.failure(now);
+                return self.fail(now, &why);
+            }
+            Err(Failure::Request(why)) => {
+                self.shared.borrow_mut().breaker.release_probe(now);
                 return self.fail(now, &why);
             }
         };
@@ -247,16 +269,22 @@ impl HttpContext for Stream {
             return Action::Pause;
         }
 
-        if !self.shared.borrow_mut().breaker.allow(now) {
+        let (allowed, state) = {
+            let breaker = &mut self.shared.borrow_mut().breaker;
+            (breaker.allow(now), breaker.state())
+        };
+        if !allowed {
             return if self.fail(now, "circuit breaker open") {
                 Action::Continue
             } else {
                 Action::Pause
             };
         }
+        self.probe = state == State::HalfOpen;
+        let method = request_header(":method");
         let request = CheckRequest {
             identities: std::mem::take(&mut self.identities),
-            method: request_header(":method").unwrap_or_else(|| "GET".into()),
+            method: check_method(method.as_deref().unwrap_or("GET")).to_owned(),
             path: request_header(":path")
                 .map(|p| bounded_path(&p))
                 .unwrap_or_else(|| "/".into()),
@@ -292,6 +320,7 @@ impl HttpContext for Stream {
                 Action::Pause
             }
             Err(status) => {
+                self.probe = false;
                 self.shared.borrow_mut().breaker.failure(now);
                 if self.fail(now, &format!("dispatch refused: {status:?}")) {
                     Action::Continue
@@ -311,7 +340,11 @@ impl HttpContext for Stream {
 
     fn on_log(&mut self) {
         let id = self.id;
-        self.shared.borrow_mut().delayed.retain(|(d, _)| *d != id);
+        let mut s = self.shared.borrow_mut();
+        s.delayed.retain(|(d, _)| *d != id);
+        if self.probe {
+            s.breaker.release_probe(now_us()); // ended before its probe's answer
+        }
     }
 }
 

@@ -172,15 +172,20 @@ fn errors_fail_closed_with_a_503_when_configured() {
     assert_eq!(host.metric("sluice_filter_requests_failed_closed"), Some(2));
 }
 
-#[test]
-fn the_breaker_opens_probes_and_closes() {
-    let mut host = host(); // breaker: 3 failures, 1000ms cooldown
+/// Three check calls from `ip` time out: the breaker of [`config`] opens.
+fn open_the_breaker(host: &mut sluice_harness::Host, ip: &str) {
     for _ in 0..3 {
-        let (s, _) = request(&mut host, "5.5.5.5", "/", &[]);
-        let (call, _) = the_call(&host);
+        let (s, _) = request(host, ip, "/", &[]);
+        let (call, _) = the_call(host);
         host.fail_call(call.token).unwrap();
         host.finish_stream(s).unwrap();
     }
+}
+
+#[test]
+fn the_breaker_opens_probes_and_closes() {
+    let mut host = host(); // breaker: 3 failures, 1000ms cooldown
+    open_the_breaker(&mut host, "5.5.5.5");
     // Open: no call goes out, the failure policy answers at once.
     let (_, o) = request(&mut host, "5.5.5.5", "/", &[]);
     assert_eq!(o, Outcome::Continue);
@@ -377,4 +382,88 @@ fn runs_under_nginx_semantics_without_trapping() {
     host.response_headers(s, &[(":status", "200")], false).unwrap();
     host.finish_stream(s).unwrap();
     assert!(host.unimplemented_calls().is_empty());
+}
+
+/// Opens a stream from 6.6.6.6 and delivers request headers with `method`.
+fn request_with_method(host: &mut sluice_harness::Host, method: &[u8]) -> (u32, Outcome) {
+    let s = host.new_stream().expect("stream");
+    host.set_property(s, "source.address", "127.0.0.1:5555");
+    let headers: [(&str, &[u8]); 4] = [
+        (":method", method),
+        (":path", b"/"),
+        (":authority", b"example.com"),
+        ("x-forwarded-for", b"6.6.6.6"),
+    ];
+    let outcome = host.request_headers(s, &headers, true).expect("no trap");
+    (s, outcome)
+}
+
+#[test]
+fn a_client_cannot_open_the_breaker() {
+    let mut host = host(); // breaker: 3 failures
+                           // A method the service would refuse goes out as one it accepts.
+    for method in [&b"A".repeat(40)[..], b"GET /x", b"G\"T"] {
+        let (s, _) = request_with_method(&mut host, method);
+        let (call, body) = the_call(&host);
+        assert_eq!(body["method"], "OTHER", "{:?}", String::from_utf8_lossy(method));
+        host.respond_call(call.token, answer(true, 9, 1_000, 0)).unwrap();
+        host.finish_stream(s).unwrap();
+    }
+    // Should the service refuse a request all the same (4xx), that is this request's
+    // failure, not the service's: five of them leave the breaker closed.
+    for _ in 0..5 {
+        let (s, _) = request(&mut host, "6.6.6.6", "/", &[]);
+        let (call, _) = the_call(&host);
+        host.respond_call(call.token, CallResponse::new(400, "bad request"))
+            .unwrap();
+        assert_eq!(host.stream(s).unwrap().request_resumes, 1, "fail open");
+        host.finish_stream(s).unwrap();
+    }
+    assert_eq!(host.metric("sluice_filter_requests_failed_open"), Some(5));
+    let (_, o) = request(&mut host, "6.6.6.6", "/", &[]);
+    assert_eq!(o, Outcome::Pause);
+    assert_eq!(host.pending_calls().len(), 1, "the breaker opened on 4xx answers");
+}
+
+#[test]
+fn an_answer_without_a_verdict_is_a_failure_never_an_allow() {
+    let mut cfg = config();
+    cfg["failure"]["mode"] = json!("closed");
+    let mut host = host_with(&cfg, Flavor::Envoy);
+    for body in ["{}", r#"{"limit": 10, "remaining": 9}"#, "null"] {
+        let (s, _) = request(&mut host, "7.7.7.7", "/", &[]);
+        let (call, _) = the_call(&host);
+        host.respond_call(call.token, CallResponse::new(200, body)).unwrap();
+        let stream = host.stream(s).unwrap();
+        assert_eq!(stream.request_resumes, 0, "{body} let the request through");
+        assert_eq!(stream.local_response.as_ref().map(|r| r.status), Some(503), "{body}");
+        host.finish_stream(s).unwrap();
+    }
+    // They count as the service's failures: three open the breaker.
+    let (_, o) = request(&mut host, "7.7.7.7", "/", &[]);
+    assert!(
+        matches!(o, Outcome::LocalResponse(ref r) if r.status == 503),
+        "fail-closed answers at once: {o:?}"
+    );
+    assert!(host.pending_calls().is_empty(), "the breaker is open: no call");
+}
+
+#[test]
+fn a_probe_whose_stream_ends_first_lets_the_next_request_probe() {
+    let mut host = host(); // breaker: 3 failures, 1000 ms cooldown
+    open_the_breaker(&mut host, "8.8.8.8");
+    host.advance(Duration::from_millis(1_000)).unwrap();
+    let (probe, _) = request(&mut host, "8.8.8.8", "/", &[]);
+    assert_eq!(host.pending_calls().len(), 1, "the probe");
+    host.finish_stream(probe).unwrap(); // the client went away; its call is cancelled
+    let (s, o) = request(&mut host, "8.8.8.8", "/", &[]);
+    assert_eq!(o, Outcome::Pause, "no new probe after the first one's stream ended");
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, answer(true, 9, 1_000, 0)).unwrap();
+    assert_eq!(host.stream(s).unwrap().request_resumes, 1);
+    assert_eq!(
+        request(&mut host, "8.8.8.8", "/", &[]).1,
+        Outcome::Pause,
+        "closed again"
+    );
 }
