@@ -1,15 +1,36 @@
 //! Child processes and ports.
 
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, RandomState};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, ExitStatus};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// Ports [`free_port`] draws from: below the kernel's ephemeral range (32768–60999 on
+/// Linux), from which `bind(":0")` and every outgoing connection take their local ports.
+const PORTS: std::ops::Range<u16> = 12_000..32_000;
+
+/// A port on 127.0.0.1 that is free now and that no other call in this process returned.
+///
+/// Given ports are bound by a server some time later. Taken from the ephemeral range (as
+/// `bind(":0")` does), one could meanwhile become another port's `:0` or an outgoing
+/// connection's local port, and the server would fail to start; so ports come at random
+/// from [`PORTS`] instead (test processes run in parallel draw independently: 20,000 ports
+/// keep their collisions rare), never the same twice in a process, and only if they bind now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+    let span = u64::from(PORTS.end - PORTS.start);
+    for attempt in 0u32..10_000 {
+        let draw = RandomState::new().hash_one(attempt) % span;
+        let port = PORTS.start + u16::try_from(draw).unwrap_or(0);
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in {PORTS:?}");
 }
 
 /// Waits until something accepts connections on 127.0.0.1:`port`; panics after `timeout`.

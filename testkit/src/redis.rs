@@ -113,9 +113,14 @@ impl RedisCluster {
                 let node_dir = dir.join(p.to_string());
                 let _ = std::fs::create_dir_all(&node_dir);
                 let conf = format!("nodes-{p}.conf");
+                // The bus port is explicit: by default it is the port + 10,000, which can be
+                // taken, or past 65535.
+                let bus = free_port().to_string();
                 let extra = [
                     "--cluster-enabled",
                     "yes",
+                    "--cluster-port",
+                    &bus,
                     "--cluster-config-file",
                     &conf,
                     "--cluster-node-timeout",
