@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
+use sluice_harness::abi::LogLevel;
 use sluice_harness::proxy::{Proxy, ProxyConfig};
-use sluice_harness::Flavor;
+use sluice_harness::{Flavor, Host, HostOptions};
 
 /// A proxy-wasm (ABI 0.2.1) host on wasmtime.
 #[derive(Parser)]
@@ -21,6 +22,22 @@ struct Cli {
 enum Command {
     /// Run a module in an HTTP/1.1 proxy in front of an upstream.
     Proxy(ProxyArgs),
+    /// Start a module with a configuration and report whether it accepts it (the module's own
+    /// `proxy_on_configure`, which `nginx -t` does not run): run it before a reload.
+    CheckConfig(CheckConfigArgs),
+}
+
+#[derive(Parser)]
+struct CheckConfigArgs {
+    /// The proxy-wasm module (.wasm).
+    #[arg(long)]
+    wasm: PathBuf,
+    /// The plugin configuration file to check (JSON for Sluice's filter).
+    #[arg(long)]
+    config: PathBuf,
+    /// Which proxy's behaviour to imitate.
+    #[arg(long, value_enum, default_value_t = HostFlavor::Envoy)]
+    host_flavor: HostFlavor,
 }
 
 #[derive(Parser)]
@@ -57,11 +74,55 @@ enum HostFlavor {
     Nginx,
 }
 
+impl From<HostFlavor> for Flavor {
+    fn from(flavor: HostFlavor) -> Flavor {
+        match flavor {
+            HostFlavor::Envoy => Flavor::Envoy,
+            HostFlavor::Nginx => Flavor::Nginx,
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).init();
-    let Command::Proxy(args) = Cli::parse().command;
+    match Cli::parse().command {
+        Command::Proxy(args) => proxy(args).await,
+        Command::CheckConfig(args) => check_config(&args),
+    }
+}
+
+/// Starts the module on a host of the chosen flavor with the configuration; an error carries
+/// what the module logged about it.
+fn check_config(args: &CheckConfigArgs) -> anyhow::Result<()> {
+    let wasm = std::fs::read(&args.wasm).with_context(|| format!("cannot read the module {}", args.wasm.display()))?;
+    let config = std::fs::read(&args.config)
+        .with_context(|| format!("cannot read the configuration {}", args.config.display()))?;
+    let options = HostOptions {
+        flavor: args.host_flavor.into(),
+        ..HostOptions::default()
+    };
+    let mut host = Host::new(&wasm, options).context("the module does not load")?;
+    if let Err(e) = host.start(b"", &config) {
+        let said: Vec<&str> = host
+            .logs()
+            .iter()
+            .filter(|l| l.level >= LogLevel::Warn)
+            .map(|l| l.message.as_str())
+            .collect();
+        bail!("{} is refused ({e}): {}", args.config.display(), said.join("; "));
+    }
+    println!(
+        "{}: configuration accepted by {}",
+        args.config.display(),
+        args.wasm.display()
+    );
+    Ok(())
+}
+
+/// The `proxy` command.
+async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if args.wasm.is_none() && args.config.is_some() {
         bail!("--config configures a module: give the module with --wasm too");
     }
@@ -92,10 +153,7 @@ async fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         clusters.insert(name.to_owned(), endpoints);
     }
-    let flavor = match args.host_flavor {
-        HostFlavor::Envoy => Flavor::Envoy,
-        HostFlavor::Nginx => Flavor::Nginx,
-    };
+    let flavor = args.host_flavor.into();
     let config = ProxyConfig {
         wasm,
         plugin_config,

@@ -448,3 +448,39 @@ fn a_rules_file_broken_mid_run_keeps_the_old_rules_until_it_is_fixed() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
+    let dir = std::env::temp_dir().join(format!("sluice-check-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let check = |config: &str| {
+        let file = dir.join("filter.json");
+        std::fs::write(&file, config).expect("write config");
+        let out = Command::new(sluice_tests::chain::binary("sluice-harness"))
+            .arg("check-config")
+            .arg("--wasm")
+            .arg(sluice_tests::chain::filter_wasm())
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .expect("run sluice-harness");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/filter.json"))
+        .expect("examples/filter.json");
+    let (ok, stderr) = check(&example);
+    assert!(ok, "the example configuration is refused: {stderr}");
+    for (config, named) in [
+        (r#"{"check": {"cluster": "c", "timeout_ms": 0}}"#, "check.timeout_ms"),
+        (r#"{"check": {"cluster": "c"}, "failure": {"mode": "maybe"}}"#, "maybe"),
+        ("not json", "configuration refused"),
+    ] {
+        let (ok, stderr) = check(config);
+        assert!(!ok, "{config} accepted");
+        assert!(
+            stderr.contains(named),
+            "{config}: the error does not name {named:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
