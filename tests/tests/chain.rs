@@ -267,6 +267,11 @@ fn limit_at(port: u16, probe: usize) -> Option<u64> {
         r#"{{"identities": {{"ip": "198.51.100.{}"}}, "method": "GET", "path": "/", "cost": 1}}"#,
         probe % 250
     );
+    limit_in_answer(port, &body)
+}
+
+/// POSTs the check `body` to the node on `port`; the `limit` of its answer.
+fn limit_in_answer(port: u16, body: &str) -> Option<u64> {
     let r = send(
         port,
         "POST",
@@ -341,15 +346,7 @@ fn a_rule_changed_through_the_admin_api_takes_effect_on_both_nodes_within_a_seco
 /// limit: a denial, which takes nothing from the user's quota.
 fn user_limit_at(port: u16, user: &str) -> Option<u64> {
     let body = format!(r#"{{"identities": {{"user": "{user}"}}, "method": "GET", "path": "/api", "cost": 1000}}"#);
-    let r = send(
-        port,
-        "POST",
-        "/v1/check",
-        &[("content-type", "application/json")],
-        body.as_bytes(),
-    );
-    let v: serde_json::Value = serde_json::from_str(&r.body).ok()?;
-    v["limit"].as_u64()
+    limit_in_answer(port, &body)
 }
 
 #[test]
