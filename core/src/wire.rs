@@ -7,6 +7,9 @@ use thiserror::Error;
 
 use crate::algorithm::{Decision, Micros, MICROS_PER_MS};
 
+/// The longest a shaped request is held (a rule's `max_delay`, the service's `/v1/wait`):
+/// the request holds a proxy stream and a connection meanwhile.
+pub const MAX_HOLD_MS: u64 = 60_000;
 /// Most identities one request may carry.
 pub const MAX_IDENTITIES: usize = 16;
 /// Longest identity key or value, in bytes.
@@ -202,7 +205,7 @@ pub struct CheckResponse {
     pub window_ms: u64,
     /// Every matching rule's result.
     pub rules: Vec<RuleResult>,
-    /// Hold the request this long before forwarding (shaping).
+    /// Hold the request this long before forwarding (shaping); at most [`MAX_HOLD_MS`].
     pub delay_ms: u64,
     /// The decision came from a node-local fallback: the store was unreachable.
     pub degraded: bool,

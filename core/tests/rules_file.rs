@@ -153,6 +153,10 @@ fn validation_errors_name_rule_and_field() {
         ),
         (with("max_delay = \"soon\""), "rule \"r\": field max_delay: \"soon\" is not a duration"),
         (with("max_delay = \"2\""), "rule \"r\": field max_delay: \"2\" has no unit"),
+        (
+            BASE.replace("gcra", "leaky_bucket") + "shaping = true\nmax_delay = \"61s\"\n",
+            "rule \"r\": field max_delay: 61000 ms is longer than a request may be held (60000 ms)",
+        ),
         (format!("{BASE}{}", OVERRIDE.replace("\"r\"", "\"nope\"")), "override #1 (rule \"nope\", identity \"1\"): field rule: no rule has this name"),
         (format!("{BASE}{}", OVERRIDE.replace("2030-01-01T00:00:00Z", "tomorrow")), "override #1 (rule \"r\", identity \"1\"): field until: \"tomorrow\" is not an RFC 3339"),
         (format!("{BASE}{}", OVERRIDE.replace("2030-01-01", "2030-02-30")), "override #1 (rule \"r\", identity \"1\"): field until"),

@@ -38,6 +38,9 @@ fn default_authority() -> String {
 fn default_path() -> String {
     "/v1/check".into()
 }
+fn default_wait_path() -> String {
+    "/v1/wait".into()
+}
 fn default_timeout() -> u32 {
     25
 }
@@ -54,6 +57,10 @@ pub struct Check {
     /// Path of the check endpoint.
     #[serde(default = "default_path")]
     pub path: String,
+    /// Path of the service's wait endpoint, which holds a shaped request: the filter calls
+    /// `{wait_path}?ms={delay_ms}` and forwards the request when the answer comes.
+    #[serde(default = "default_wait_path")]
+    pub wait_path: String,
     /// Timeout of the check call in milliseconds.
     #[serde(default = "default_timeout")]
     pub timeout_ms: u32,
@@ -225,11 +232,15 @@ impl Config {
                 "check.cluster: must name the check service's cluster (or host:port)".into(),
             ));
         }
-        if !self.check.path.starts_with('/') {
-            return Err(ConfigError(format!(
-                "check.path: {:?} must start with /",
-                self.check.path
-            )));
+        for (field, path) in [
+            ("check.path", &self.check.path),
+            ("check.wait_path", &self.check.wait_path),
+        ] {
+            if !path.starts_with('/') || path.contains('?') {
+                return Err(ConfigError(format!(
+                    "{field}: {path:?} must start with / and have no query"
+                )));
+            }
         }
         range("check.timeout_ms", u64::from(self.check.timeout_ms), 1, 60_000)?;
         if let Some(ip) = &self.identities.ip {

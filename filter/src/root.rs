@@ -1,9 +1,8 @@
-//! The root context: configuration, shared per-VM state, metrics and the tick that releases
-//! delayed requests.
+//! The root context: configuration, shared per-VM state and metrics.
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -14,9 +13,6 @@ use crate::breaker::Breaker;
 use crate::buckets::Buckets;
 use crate::config::Config;
 use crate::stream::Stream;
-
-/// Tick period while requests are being held.
-const TICK: Duration = Duration::from_millis(10);
 
 /// Metric ids, defined once per VM.
 #[derive(Debug, Clone, Copy, Default)]
@@ -60,19 +56,6 @@ pub struct Shared {
     pub fallback: Buckets,
     pub breaker: Breaker,
     pub metrics: Metrics,
-    /// Streams held for shaping: (context id, release time).
-    pub delayed: Vec<(u32, Micros)>,
-    pub ticking: bool,
-}
-
-impl Shared {
-    /// Holds stream `id` until `at`, starting the tick if needed.
-    pub fn delay(&mut self, id: u32, at: Micros) {
-        self.delayed.push((id, at));
-        if !self.ticking {
-            self.ticking = hostcalls::set_tick_period(TICK).is_ok();
-        }
-    }
 }
 
 /// The root context.
@@ -140,34 +123,13 @@ impl RootContext for Root {
             fallback,
             breaker,
             metrics: Metrics::define(),
-            delayed: Vec::new(),
-            ticking: false,
         })));
         true
     }
 
-    fn on_tick(&mut self) {
-        let Some(shared) = &self.shared else { return };
-        let now = now_us();
-        let due: Vec<u32> = {
-            let mut s = shared.borrow_mut();
-            let (due, wait): (Vec<_>, Vec<_>) = s.delayed.iter().partition(|(_, at)| *at <= now);
-            s.delayed = wait;
-            if s.delayed.is_empty() && s.ticking {
-                s.ticking = hostcalls::set_tick_period(Duration::ZERO).is_err();
-            }
-            due.into_iter().map(|(id, _)| id).collect()
-        };
-        for id in due {
-            if hostcalls::set_effective_context(id).is_ok() {
-                let _ = hostcalls::resume_http_request();
-            }
-        }
-    }
-
-    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let shared = self.shared.clone()?;
-        Some(Box::new(Stream::new(context_id, shared)))
+        Some(Box::new(Stream::new(shared)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

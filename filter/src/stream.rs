@@ -10,7 +10,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 use sluice_core::headers::{denial_body, format_headers, Quota};
-use sluice_core::wire::{check_method, CheckRequest, CheckResponse};
+use sluice_core::wire::{check_method, CheckRequest, CheckResponse, MAX_HOLD_MS};
 use sluice_core::{Decision, Micros};
 
 use crate::breaker::State;
@@ -23,7 +23,6 @@ const UNAVAILABLE: &str =
 
 /// The HTTP context of one stream.
 pub struct Stream {
-    id: u32,
     shared: Rc<RefCell<Shared>>,
     identities: BTreeMap<String, String>,
     /// The key of the local and fallback buckets.
@@ -32,6 +31,8 @@ pub struct Stream {
     called_at: Micros,
     /// The call out is the half-open breaker's probe.
     probe: bool,
+    /// The call out is the wait call holding a shaped request.
+    holding: bool,
     /// Headers to add to the upstream's response.
     response_headers: Vec<(&'static str, String)>,
 }
@@ -101,14 +102,14 @@ fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
 }
 
 impl Stream {
-    pub fn new(id: u32, shared: Rc<RefCell<Shared>>) -> Stream {
+    pub fn new(shared: Rc<RefCell<Shared>>) -> Stream {
         Stream {
-            id,
             shared,
             identities: BTreeMap::new(),
             bucket_key: None,
             called_at: 0,
             probe: false,
+            holding: false,
             response_headers: Vec::new(),
         }
     }
@@ -233,17 +234,57 @@ impl Stream {
         Metrics::bump(metrics.allowed);
         if answer.delay_ms > 0 {
             Metrics::bump(metrics.delayed);
-            self.shared.borrow_mut().delay(self.id, now + answer.delay_ms * 1_000);
-            return false; // stays paused; the root's tick resumes it
+            return !self.hold(answer.delay_ms);
         }
         true
+    }
+
+    /// Dispatches a call to the check service's cluster; whether it went out.
+    fn call(&mut self, method: &str, path: &str, body: Option<&[u8]>, timeout_ms: u64) -> Result<u32, String> {
+        let (cluster, authority) = {
+            let s = self.shared.borrow();
+            (s.config.check.cluster.clone(), s.config.check.authority.clone())
+        };
+        let mut headers = vec![(":method", method), (":path", path), (":authority", authority.as_str())];
+        if body.is_some() {
+            headers.push(("content-type", "application/json"));
+        }
+        self.dispatch_http_call(&cluster, headers, body, vec![], Duration::from_millis(timeout_ms))
+            .map_err(|status| format!("dispatch refused: {status:?}"))
+    }
+
+    /// Holds the request `delay_ms` on the service's wait endpoint: the stream stays paused
+    /// and the call's answer (or its failure, at the latest `delay_ms + timeout_ms` later)
+    /// resumes it, so no host needs to resume a stream from a timer (ngx_wasm_module cannot).
+    /// Returns whether the call went out; if not, the request goes on at once: the check
+    /// already admitted it, shaping only spaces requests out.
+    fn hold(&mut self, delay_ms: u64) -> bool {
+        let delay_ms = delay_ms.min(MAX_HOLD_MS);
+        let (wait_path, timeout) = {
+            let s = self.shared.borrow();
+            (s.config.check.wait_path.clone(), s.config.check.timeout_ms)
+        };
+        let path = format!("{wait_path}?ms={delay_ms}");
+        match self.call("GET", &path, None, delay_ms + u64::from(timeout)) {
+            Ok(_) => {
+                self.holding = true;
+                true
+            }
+            Err(why) => {
+                let _ = hostcalls::log(
+                    LogLevel::Warn,
+                    &format!("sluice-filter: cannot hold the request ({why})"),
+                );
+                false
+            }
+        }
     }
 }
 
 impl Context for Stream {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
         let now = now_us();
-        if self.on_check_answer(now) {
+        if std::mem::take(&mut self.holding) || self.on_check_answer(now) {
             let _ = hostcalls::resume_http_request();
         }
     }
@@ -297,32 +338,19 @@ impl HttpContext for Stream {
                 Action::Pause
             };
         };
-        let (cluster, authority, path, timeout) = {
-            let s = self.shared.borrow();
-            let c = &s.config.check;
-            (c.cluster.clone(), c.authority.clone(), c.path.clone(), c.timeout_ms)
+        let (path, timeout) = {
+            let c = &self.shared.borrow().config.check;
+            (c.path.clone(), c.timeout_ms)
         };
-        let headers = vec![
-            (":method", "POST"),
-            (":path", path.as_str()),
-            (":authority", authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        match self.dispatch_http_call(
-            &cluster,
-            headers,
-            Some(&body),
-            vec![],
-            Duration::from_millis(u64::from(timeout)),
-        ) {
+        match self.call("POST", &path, Some(&body), u64::from(timeout)) {
             Ok(_) => {
                 self.called_at = now;
                 Action::Pause
             }
-            Err(status) => {
+            Err(why) => {
                 self.probe = false;
                 self.shared.borrow_mut().breaker.failure(now);
-                if self.fail(now, &format!("dispatch refused: {status:?}")) {
+                if self.fail(now, &why) {
                     Action::Continue
                 } else {
                     Action::Pause
@@ -339,10 +367,8 @@ impl HttpContext for Stream {
     }
 
     fn on_log(&mut self) {
-        let id = self.id;
-        let mut s = self.shared.borrow_mut();
-        s.delayed.retain(|(d, _)| *d != id);
         if self.probe {
+            let mut s = self.shared.borrow_mut();
             s.breaker.release_probe(now_us()); // ended before its probe's answer
         }
     }

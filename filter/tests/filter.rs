@@ -33,9 +33,8 @@ fn imports_are_a_subset_of_what_envoy_provides() {
     }
 }
 
-#[test]
-fn an_allowed_request_is_checked_resumed_and_gets_the_headers() {
-    let mut host = host();
+fn an_allowed_request_is_checked_resumed_and_gets_the_headers(flavor: Flavor) {
+    let mut host = host_in(flavor);
     let (s, outcome) = request(
         &mut host,
         "9.9.9.9, 203.0.113.9",
@@ -44,7 +43,7 @@ fn an_allowed_request_is_checked_resumed_and_gets_the_headers() {
     );
     assert_eq!(outcome, Outcome::Pause);
     let (call, body) = the_call(&host);
-    assert_eq!(call.upstream, "sluice_check");
+    assert_eq!(call.upstream, cluster(flavor));
     assert_eq!(call.timeout_ms, 25);
     assert_eq!(
         (call.header(":method"), call.header(":path"), call.header(":authority")),
@@ -82,9 +81,8 @@ fn an_allowed_request_is_checked_resumed_and_gets_the_headers() {
     host.finish_stream(s).unwrap();
 }
 
-#[test]
-fn a_global_denial_is_a_429_with_exact_headers_and_body() {
-    let mut host = host();
+fn a_global_denial_is_a_429_with_exact_headers_and_body(flavor: Flavor) {
+    let mut host = host_in(flavor);
     let (_s, _) = request(&mut host, "203.0.113.9", "/api/search", &[]);
     let (call, _) = the_call(&host);
     let now_s = host.now_ns() / 1_000_000_000;
@@ -113,11 +111,10 @@ fn a_global_denial_is_a_429_with_exact_headers_and_body() {
     assert_eq!(host.metric("sluice_filter_requests_denied_global"), Some(1));
 }
 
-#[test]
-fn the_local_prefilter_answers_at_once_without_a_call() {
-    let mut cfg = config();
+fn the_local_prefilter_answers_at_once_without_a_call(flavor: Flavor) {
+    let mut cfg = config_in(flavor);
     cfg["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 2, "max_keys": 100});
-    let mut host = host_with(&cfg, Flavor::Envoy);
+    let mut host = host_with(&cfg, flavor);
     for _ in 0..2 {
         let (s, o) = request(&mut host, "1.1.1.1", "/", &[]);
         assert_eq!(o, Outcome::Pause);
@@ -141,9 +138,8 @@ fn the_local_prefilter_answers_at_once_without_a_call() {
     assert_eq!(request(&mut host, "2.2.2.2", "/", &[]).1, Outcome::Pause);
 }
 
-#[test]
-fn timeouts_fail_open_with_the_fallback_bucket() {
-    let mut host = host();
+fn timeouts_fail_open_with_the_fallback_bucket(flavor: Flavor) {
+    let mut host = host_in(flavor);
     let (s, _) = request(&mut host, "3.3.3.3", "/", &[]);
     host.advance(Duration::from_millis(25)).unwrap(); // the call's timeout: Envoy answers with no headers
     assert!(host.pending_calls().is_empty());
@@ -155,11 +151,10 @@ fn timeouts_fail_open_with_the_fallback_bucket() {
     assert_eq!(host.metric("sluice_filter_requests_failed_open"), Some(1));
 }
 
-#[test]
-fn errors_fail_closed_with_a_503_when_configured() {
-    let mut cfg = config();
+fn errors_fail_closed_with_a_503_when_configured(flavor: Flavor) {
+    let mut cfg = config_in(flavor);
     cfg["failure"]["mode"] = json!("closed");
-    let mut host = host_with(&cfg, Flavor::Envoy);
+    let mut host = host_with(&cfg, flavor);
     for response in [CallResponse::new(500, "oops"), CallResponse::new(200, "not json")] {
         let (s, _) = request(&mut host, "4.4.4.4", "/", &[]);
         let (call, _) = the_call(&host);
@@ -182,9 +177,8 @@ fn open_the_breaker(host: &mut sluice_harness::Host, ip: &str) {
     }
 }
 
-#[test]
-fn the_breaker_opens_probes_and_closes() {
-    let mut host = host(); // breaker: 3 failures, 1000ms cooldown
+fn the_breaker_opens_probes_and_closes(flavor: Flavor) {
+    let mut host = host_in(flavor); // breaker: 3 failures, 1000ms cooldown
     open_the_breaker(&mut host, "5.5.5.5");
     // Open: no call goes out, the failure policy answers at once.
     let (_, o) = request(&mut host, "5.5.5.5", "/", &[]);
@@ -204,33 +198,62 @@ fn the_breaker_opens_probes_and_closes() {
     assert_eq!(host.pending_calls().len(), 1);
 }
 
-#[test]
-fn shaping_delays_hold_the_request_then_forward_it() {
-    let mut host = host();
+fn shaping_holds_the_request_on_a_wait_call_without_a_timer(flavor: Flavor) {
+    let mut host = host_in(flavor);
     let (s, _) = request(&mut host, "6.6.6.6", "/upload", &[]);
     let (call, _) = the_call(&host);
     host.respond_call(call.token, answer(true, 0, 1_000, 300)).unwrap();
     assert_eq!(host.stream(s).unwrap().request_resumes, 0, "released before its delay");
-    host.advance(Duration::from_millis(290)).unwrap();
-    assert_eq!(host.stream(s).unwrap().request_resumes, 0, "released before its delay");
-    host.advance(Duration::from_millis(20)).unwrap();
+    // The request waits on the service's wait endpoint, not on a timer (a stream cannot be
+    // resumed from on_tick in ngx_wasm_module, nor set a tick period).
+    assert_eq!(host.next_tick_ns(), None, "a timer was started");
+    let calls = host.pending_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let wait = &calls[0];
+    assert_eq!(
+        (wait.upstream.as_str(), wait.header(":method"), wait.header(":path")),
+        (cluster(flavor), Some("GET"), Some("/v1/wait?ms=300"))
+    );
+    assert_eq!(wait.timeout_ms, 300 + 25, "the delay plus the check timeout");
+    host.respond_call(wait.token, CallResponse::new(200, r#"{"waited_ms":300}"#))
+        .unwrap();
     assert_eq!(host.stream(s).unwrap().request_resumes, 1);
     assert_eq!(host.metric("sluice_filter_requests_delayed"), Some(1));
+    host.finish_stream(s).unwrap();
+
+    // A wait call that fails or times out releases the request all the same (the check
+    // admitted it), and costs the breaker nothing; a delay is held 60 s at most.
+    for (ip, delay, end) in [("6.6.6.7", 200, "fail"), ("6.6.6.8", u64::MAX, "timeout")] {
+        let (s, _) = request(&mut host, ip, "/upload", &[]);
+        let (call, _) = the_call(&host);
+        host.respond_call(call.token, answer(true, 0, 1_000, delay)).unwrap();
+        let wait = host.pending_calls().remove(0);
+        if end == "fail" {
+            host.fail_call(wait.token).unwrap();
+        } else {
+            assert_eq!(wait.header(":path"), Some("/v1/wait?ms=60000"));
+            host.advance(Duration::from_millis(60_000 + 25)).unwrap();
+        }
+        assert_eq!(host.stream(s).unwrap().request_resumes, 1, "{end}");
+        host.finish_stream(s).unwrap();
+    }
+    assert_eq!(host.metric("sluice_filter_requests_failed_open"), Some(0));
+    assert_eq!(request(&mut host, "6.6.6.9", "/", &[]).1, Outcome::Pause);
+    assert_eq!(host.pending_calls().len(), 1, "the breaker stays closed");
 }
 
-#[test]
-fn spoofed_forwarding_entries_do_not_change_the_client_ip() {
-    let mut h = host(); // trusted_hops 1: the rightmost entry, added by our trusted proxy
+fn spoofed_forwarding_entries_do_not_change_the_client_ip(flavor: Flavor) {
+    let mut h = host_in(flavor); // trusted_hops 1: the rightmost entry, added by our trusted proxy
     request(&mut h, "6.6.6.6, 7.7.7.7, 10.1.2.3", "/", &[]);
     assert_eq!(the_call(&h).1["identities"]["ip"], "10.1.2.3");
-    let mut h = host();
+    let mut h = host_in(flavor);
     request(&mut h, "garbage", "/", &[]);
     assert_eq!(
         the_call(&h).1["identities"]["ip"],
         "127.0.0.1",
         "falls back to source.address"
     );
-    let mut host = host();
+    let mut host = host_in(flavor);
     let huge = "u".repeat(10_000);
     request(&mut host, "1.2.3.4", "/", &[("x-user-id", &huge)]);
     assert_eq!(
@@ -239,11 +262,10 @@ fn spoofed_forwarding_entries_do_not_change_the_client_ip() {
     );
 }
 
-#[test]
-fn header_values_that_are_not_utf8_are_escaped_identities_and_never_trap() {
-    let mut cfg = config();
+fn header_values_that_are_not_utf8_are_escaped_identities_and_never_trap(flavor: Flavor) {
+    let mut cfg = config_in(flavor);
     cfg["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 2, "max_keys": 100});
-    let mut host = host_with(&cfg, Flavor::Envoy);
+    let mut host = host_with(&cfg, flavor);
     // A client spends its local bucket (the virtual clock stands still: no refill).
     for _ in 0..2 {
         let (s, _) = request(&mut host, "1.1.1.1", "/", &[]);
@@ -291,8 +313,7 @@ fn header_values_that_are_not_utf8_are_escaped_identities_and_never_trap() {
     );
 }
 
-#[test]
-fn bad_configurations_are_refused_naming_the_field() {
+fn bad_configurations_are_refused_naming_the_field(flavor: Flavor) {
     let cases = [
         (json!({}), "missing field `check`"),
         (json!({"check": {"cluster": ""}}), "check.cluster"),
@@ -319,7 +340,7 @@ fn bad_configurations_are_refused_naming_the_field() {
         ),
     ];
     for (cfg, want) in cases {
-        let mut host = sluice_harness::Host::from_plugin(plugin(), Default::default()).unwrap();
+        let mut host = sluice_harness::Host::from_plugin(plugin(), options(flavor)).unwrap();
         let err = host.start(b"", cfg.to_string().as_bytes()).unwrap_err();
         assert!(
             matches!(err, sluice_harness::HarnessError::StartRefused("proxy_on_configure")),
@@ -337,15 +358,14 @@ fn bad_configurations_are_refused_naming_the_field() {
             lines[0].message
         );
     }
-    let mut host = sluice_harness::Host::from_plugin(plugin(), Default::default()).unwrap();
+    let mut host = sluice_harness::Host::from_plugin(plugin(), options(flavor)).unwrap();
     assert!(host.start(b"", b"{not json").is_err());
 }
 
-#[test]
-fn a_flood_of_random_ips_keeps_vm_memory_bounded() {
-    let mut cfg = config();
+fn a_flood_of_random_ips_keeps_vm_memory_bounded(flavor: Flavor) {
+    let mut cfg = config_in(flavor);
     cfg["local"]["max_keys"] = json!(1_000);
-    let mut host = host_with(&cfg, Flavor::Envoy);
+    let mut host = host_with(&cfg, flavor);
     let run = |host: &mut sluice_harness::Host, from: u32, n: u32| {
         for i in from..from + n {
             let ip = format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255);
@@ -370,20 +390,6 @@ fn a_flood_of_random_ips_keeps_vm_memory_bounded() {
     );
 }
 
-#[test]
-fn runs_under_nginx_semantics_without_trapping() {
-    let mut host = host_with(&config(), Flavor::Nginx);
-    let (s, o) = request(&mut host, "8.8.8.8", "/", &[]);
-    assert_eq!(o, Outcome::Pause);
-    let (call, _) = the_call(&host);
-    host.respond_call(call.token, answer(true, 1, 1_000, 120)).unwrap();
-    host.advance(Duration::from_millis(200)).unwrap();
-    assert_eq!(host.stream(s).unwrap().request_resumes, 1);
-    host.response_headers(s, &[(":status", "200")], false).unwrap();
-    host.finish_stream(s).unwrap();
-    assert!(host.unimplemented_calls().is_empty());
-}
-
 /// Opens a stream from 6.6.6.6 and delivers request headers with `method`.
 fn request_with_method(host: &mut sluice_harness::Host, method: &[u8]) -> (u32, Outcome) {
     let s = host.new_stream().expect("stream");
@@ -398,10 +404,9 @@ fn request_with_method(host: &mut sluice_harness::Host, method: &[u8]) -> (u32, 
     (s, outcome)
 }
 
-#[test]
-fn a_client_cannot_open_the_breaker() {
-    let mut host = host(); // breaker: 3 failures
-                           // A method the service would refuse goes out as one it accepts.
+fn a_client_cannot_open_the_breaker(flavor: Flavor) {
+    let mut host = host_in(flavor); // breaker: 3 failures
+                                    // A method the service would refuse goes out as one it accepts.
     for method in [&b"A".repeat(40)[..], b"GET /x", b"G\"T"] {
         let (s, _) = request_with_method(&mut host, method);
         let (call, body) = the_call(&host);
@@ -425,11 +430,10 @@ fn a_client_cannot_open_the_breaker() {
     assert_eq!(host.pending_calls().len(), 1, "the breaker opened on 4xx answers");
 }
 
-#[test]
-fn an_answer_without_a_verdict_is_a_failure_never_an_allow() {
-    let mut cfg = config();
+fn an_answer_without_a_verdict_is_a_failure_never_an_allow(flavor: Flavor) {
+    let mut cfg = config_in(flavor);
     cfg["failure"]["mode"] = json!("closed");
-    let mut host = host_with(&cfg, Flavor::Envoy);
+    let mut host = host_with(&cfg, flavor);
     for body in ["{}", r#"{"limit": 10, "remaining": 9}"#, "null"] {
         let (s, _) = request(&mut host, "7.7.7.7", "/", &[]);
         let (call, _) = the_call(&host);
@@ -448,9 +452,8 @@ fn an_answer_without_a_verdict_is_a_failure_never_an_allow() {
     assert!(host.pending_calls().is_empty(), "the breaker is open: no call");
 }
 
-#[test]
-fn a_probe_whose_stream_ends_first_lets_the_next_request_probe() {
-    let mut host = host(); // breaker: 3 failures, 1000 ms cooldown
+fn a_probe_whose_stream_ends_first_lets_the_next_request_probe(flavor: Flavor) {
+    let mut host = host_in(flavor); // breaker: 3 failures, 1000 ms cooldown
     open_the_breaker(&mut host, "8.8.8.8");
     host.advance(Duration::from_millis(1_000)).unwrap();
     let (probe, _) = request(&mut host, "8.8.8.8", "/", &[]);
@@ -467,3 +470,43 @@ fn a_probe_whose_stream_ends_first_lets_the_next_request_probe() {
         "closed again"
     );
 }
+
+fn options(flavor: Flavor) -> sluice_harness::HostOptions {
+    sluice_harness::HostOptions {
+        flavor,
+        ..Default::default()
+    }
+}
+
+/// Each behaviour above, on both hosts: `name::envoy` and `name::nginx`.
+macro_rules! on_both_hosts {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn envoy() {
+                super::$name(sluice_harness::Flavor::Envoy)
+            }
+            #[test]
+            fn nginx() {
+                super::$name(sluice_harness::Flavor::Nginx)
+            }
+        }
+    )*};
+}
+
+on_both_hosts!(
+    an_allowed_request_is_checked_resumed_and_gets_the_headers,
+    a_global_denial_is_a_429_with_exact_headers_and_body,
+    the_local_prefilter_answers_at_once_without_a_call,
+    timeouts_fail_open_with_the_fallback_bucket,
+    errors_fail_closed_with_a_503_when_configured,
+    the_breaker_opens_probes_and_closes,
+    shaping_holds_the_request_on_a_wait_call_without_a_timer,
+    spoofed_forwarding_entries_do_not_change_the_client_ip,
+    header_values_that_are_not_utf8_are_escaped_identities_and_never_trap,
+    bad_configurations_are_refused_naming_the_field,
+    a_flood_of_random_ips_keeps_vm_memory_bounded,
+    a_client_cannot_open_the_breaker,
+    an_answer_without_a_verdict_is_a_failure_never_an_allow,
+    a_probe_whose_stream_ends_first_lets_the_next_request_probe,
+);

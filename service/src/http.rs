@@ -1,4 +1,4 @@
-//! The HTTP interface: `/v1/check`, health, metrics and the admin API.
+//! The HTTP interface: `/v1/check`, `/v1/wait`, health, metrics and the admin API.
 //!
 //! Every error is JSON `{"error": "..."}` with a 4xx status that names the client's mistake,
 //! or 503 when the store is down; nothing a client sends produces a 500.
@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use sluice_core::rules::{parse_rfc3339, Override, RuleSet};
-use sluice_core::wire::CheckRequest;
+use sluice_core::wire::{CheckRequest, MAX_HOLD_MS};
 
 use crate::check::check;
 use crate::node::Node;
@@ -43,6 +43,7 @@ fn bad(msg: impl Into<String>) -> ApiError {
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/v1/check", post(check_handler))
+        .route("/v1/wait", get(wait))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -79,6 +80,23 @@ async fn check_handler(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRe
         Ok(req) => Json(check(&node, &req).await).into_response(),
         Err(e) => bad(e.0).into_response(),
     }
+}
+
+/// `GET /v1/wait?ms=N`: answers after `N` milliseconds. A filter that got `delay_ms` from a
+/// check holds its request on this call: proxy-wasm hosts can resume a stream from a call's
+/// answer, but not all of them from a timer (ngx_wasm_module cannot).
+async fn wait(Query(q): Query<HashMap<String, String>>) -> Result<Response, ApiError> {
+    let ms = match q.get("ms") {
+        Some(v) => v
+            .parse::<u64>()
+            .map_err(|_| bad(format!("ms {v:?} is not a whole number of milliseconds")))?,
+        None => return Err(bad("ms is missing: /v1/wait?ms=N holds the answer N milliseconds")),
+    };
+    if ms > MAX_HOLD_MS {
+        return Err(bad(format!("ms {ms} is longer than the longest wait, {MAX_HOLD_MS}")));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    Ok(Json(json!({ "waited_ms": ms })).into_response())
 }
 
 async fn readyz(State(node): State<Arc<Node>>) -> Response {

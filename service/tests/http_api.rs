@@ -177,6 +177,34 @@ async fn bad_input_gets_a_4xx_naming_the_problem() {
 }
 
 #[tokio::test]
+async fn wait_holds_its_answer_for_the_time_asked_and_refuses_what_it_cannot_serve() {
+    let n = node().await;
+    let started = Instant::now();
+    let r = n.client.get(n.url("/v1/wait?ms=80")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        started.elapsed().as_millis() >= 80,
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["waited_ms"], 80);
+    for (query, want) in [
+        ("", "ms is missing"),
+        ("?ms=soon", "\"soon\" is not a whole number"),
+        ("?ms=-1", "is not a whole number"),
+        ("?ms=60001", "longer than the longest wait"),
+    ] {
+        let r = n.client.get(n.url(&format!("/v1/wait{query}"))).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{query}");
+        let err: serde_json::Value = r.json().await.unwrap();
+        assert!(
+            err["error"].as_str().unwrap().contains(want),
+            "{query}: {err} lacks {want}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn admin_api_needs_the_token() {
     let n = node().await;
     for auth in [None, Some("Bearer wrong"), Some("s3cret-token")] {

@@ -110,6 +110,7 @@ pub fn upstream_command(port: u16) -> Command {
 
 /// `sluice-harness proxy` on `port` running the filter with the configuration in `config`,
 /// in front of the upstream on `upstream`, its check cluster `sluice_check` = `checks`.
+/// (No `--cluster` when `checks` is empty: the filter calls a `host:port`, as on Nginx.)
 pub fn proxy_command(port: u16, config: &Path, upstream: u16, checks: &[u16]) -> Command {
     let checks: Vec<String> = checks.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let mut c = Command::new(binary("sluice-harness"));
@@ -119,9 +120,18 @@ pub fn proxy_command(port: u16, config: &Path, upstream: u16, checks: &[u16]) ->
         .arg("--config")
         .arg(config)
         .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--upstream", &format!("127.0.0.1:{upstream}")])
-        .args(["--cluster", &format!("sluice_check={}", checks.join(","))]);
+        .args(["--upstream", &format!("127.0.0.1:{upstream}")]);
+    if !checks.is_empty() {
+        c.args(["--cluster", &format!("sluice_check={}", checks.join(","))]);
+    }
     c
+}
+
+/// The filter configuration `filter` with `check.cluster` set to `address`.
+pub fn with_check_address(filter: &str, address: &str) -> String {
+    let mut config: serde_json::Value = serde_json::from_str(filter).expect("filter configuration is JSON");
+    config["check"]["cluster"] = address.into();
+    config.to_string()
 }
 
 /// The counter store under the service nodes.
@@ -130,6 +140,15 @@ pub enum Store {
     Redis(RedisServer),
     /// A Redis Cluster.
     Cluster(RedisCluster),
+}
+
+/// The host the proxies play, as `sluice-harness proxy --host-flavor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyHost {
+    /// Envoy: the check cluster lists both nodes.
+    Envoy,
+    /// Nginx with ngx_wasm_module: each proxy's filter calls one node at its `host:port`.
+    Nginx,
 }
 
 /// How to build a chain.
@@ -142,6 +161,8 @@ pub struct Options {
     pub cluster_masters: usize,
     /// `--store-timeout-ms` of the nodes.
     pub store_timeout_ms: u64,
+    /// The host the proxies play.
+    pub host: ProxyHost,
 }
 
 impl Default for Options {
@@ -151,6 +172,7 @@ impl Default for Options {
             filter: FILTER.to_owned(),
             cluster_masters: 0,
             store_timeout_ms: 200,
+            host: ProxyHost::Envoy,
         }
     }
 }
@@ -221,14 +243,22 @@ impl Chain {
             .collect();
         let proxies = [free_port(), free_port()];
         let proxy_admins = [free_port(), free_port()];
-        let proxy_children = proxies
-            .iter()
-            .zip(&proxy_admins)
-            .map(|(port, admin)| {
+        let proxy_children = (0..2)
+            .map(|i| {
+                let mut command = match options.host {
+                    ProxyHost::Envoy => proxy_command(proxies[i], &dir.join("filter.json"), upstream, &node_ports),
+                    ProxyHost::Nginx => {
+                        let config = dir.join(format!("filter-{i}.json"));
+                        let check = format!("127.0.0.1:{}", node_ports[i]);
+                        std::fs::write(&config, with_check_address(&options.filter, &check)).expect("filter config");
+                        let mut c = proxy_command(proxies[i], &config, upstream, &[]);
+                        c.args(["--host-flavor", "nginx"]);
+                        c
+                    }
+                };
                 Child::spawn(
                     "sluice-harness proxy",
-                    proxy_command(*port, &dir.join("filter.json"), upstream, &node_ports)
-                        .args(["--admin", &format!("127.0.0.1:{admin}")]),
+                    command.args(["--admin", &format!("127.0.0.1:{}", proxy_admins[i])]),
                 )
             })
             .collect();

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sluice_tests::chain::{Chain, Options, FILTER, RULES};
+use sluice_tests::chain::{Chain, Options, ProxyHost, FILTER, RULES};
 use sluice_tests::http::{http, raw, send, send_bytes};
 
 #[test]
@@ -125,6 +125,56 @@ fn get_bytes(port: u16, headers: &[(&str, &[u8])]) -> (u16, String) {
 /// Whether a 429 came from the filter's local bucket.
 fn local_denial(answer: &(u16, String)) -> bool {
     answer.0 == 429 && answer.1.starts_with("\"local\"")
+}
+
+#[test]
+fn what_a_client_sends_cannot_open_the_filters_breaker_on_envoy_or_nginx() {
+    // A breaker that opens after 3 failures: were any of the requests below a failure of the
+    // check service, it would open, and the fallback (50/s) would admit what the service
+    // denies.
+    for host in [ProxyHost::Envoy, ProxyHost::Nginx] {
+        let mut chain = Chain::with(Options {
+            rules: PER_IDENTITY.to_owned(),
+            filter: FILTER
+                .replace("\"trusted_hops\": 0", "\"trusted_hops\": 1")
+                .replace("\"failures\": 1000", "\"failures\": 3"),
+            host,
+            ..Options::default()
+        });
+        let proxy = chain.proxies[0];
+        let long_method = "A".repeat(40);
+        let long_path = format!("/{}", "p".repeat(9_000));
+        let long_user = "u".repeat(1_000);
+        let requests: [(&str, &str, &[u8], &str); 5] = [
+            (long_method.as_str(), "/api", b"", ""),
+            ("PROPFIND", long_path.as_str(), b"", ""),
+            ("GET", "/api", long_user.as_bytes(), ""),
+            ("GET", "/api", b"\xff\xfe\x01", ""),
+            ("DELETE", "/api?x=\u{1}", b"", "caf\u{e9}"),
+        ];
+        // Each kind three times in a row: three consecutive failures would open the breaker.
+        for (i, (method, path, user, key)) in requests.iter().enumerate() {
+            for round in 0..3 {
+                let ip = format!("192.0.2.{}", 10 + round * 10 + i);
+                let mut headers: Vec<(&str, &[u8])> = vec![("x-forwarded-for", ip.as_bytes())];
+                if !user.is_empty() {
+                    headers.push(("x-user-id", user));
+                }
+                if !key.is_empty() {
+                    headers.push(("x-api-key", key.as_bytes()));
+                }
+                let r = send_bytes(proxy, method, path, &headers, b"");
+                assert!(r.status < 500, "{host:?}: {method} {:.40}: {}", path, r.status);
+            }
+        }
+        // The service still decides: a user is held to its rule's 3, named in the 429.
+        let steady: &[(&str, &[u8])] = &[("x-user-id", b"steady"), ("x-forwarded-for", b"192.0.2.99")];
+        let answers: Vec<(u16, String)> = (0..4).map(|_| get_bytes(proxy, steady)).collect();
+        let codes: Vec<u16> = answers.iter().map(|a| a.0).collect();
+        assert_eq!(codes, [200, 200, 200, 429], "{host:?}: {answers:?}");
+        assert!(answers[3].1.starts_with("\"per-user\""), "{host:?}: {answers:?}");
+        chain.assert_proxies_up();
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::rules::format_rfc3339;
-use sluice_tests::chain::{Chain, Options, FILTER};
+use sluice_tests::chain::{Chain, Options, ProxyHost, FILTER};
 use sluice_tests::http::{http, send, Reply};
 
 /// The filter trusting one proxy hop of `x-forwarded-for`, so each test client can have its
@@ -452,4 +452,65 @@ window = "1m"
         (series("allowed"), series("shadow_denied"), series("denied")),
         (3.0, 7.0, 0.0)
     );
+}
+
+/// The `[[rule]]` named `name` in examples/rules.toml, as it is written there.
+fn example_rule(name: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+    let block = text
+        .split("\n[[")
+        .find(|b| b.starts_with("rule]]") && b.contains(&format!("\"{name}\"")))
+        .unwrap_or_else(|| panic!("no rule {name:?} in {path}"));
+    format!("[[{block}\n")
+}
+
+#[test]
+fn the_uploads_shaped_example_rule_spaces_uploads_out_on_envoy_and_nginx() {
+    // limit 10 per 1s, burst 2, max_delay 2s: uploads beyond the burst are held 100 ms
+    // apart, those that would wait longer than 2 s are refused.
+    let rule = example_rule("uploads-shaped");
+    for host in [ProxyHost::Envoy, ProxyHost::Nginx] {
+        let chain = Chain::with(Options {
+            rules: rule.clone(),
+            host,
+            ..Options::default()
+        });
+        let proxy = chain.proxies[0];
+        let started = Instant::now();
+        let uploads: Vec<_> = (0..30)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let r = send(proxy, "POST", "/api/upload", &[("x-user-id", "uploader")], b"data");
+                    (r.status, started.elapsed())
+                })
+            })
+            .collect();
+        let mut done: Vec<(u16, Duration)> = uploads.into_iter().map(|t| t.join().unwrap()).collect();
+        done.sort_by_key(|(_, at)| *at);
+        let admitted: Vec<Duration> = done.iter().filter(|(s, _)| *s == 200).map(|(_, at)| *at).collect();
+        let refused = done.iter().filter(|(s, _)| *s == 429).count();
+        assert_eq!(admitted.len() + refused, 30, "{host:?}: only 200 and 429: {done:?}");
+        // 2 s of 100 ms steps plus the burst: about 22 held or passed, the rest refused.
+        assert!(
+            (18..=25).contains(&admitted.len()),
+            "{host:?}: {} admitted: {done:?}",
+            admitted.len()
+        );
+        assert_eq!(chain.upstream_count(), admitted.len() as u64, "{host:?}");
+        // Held, not passed at once: the k-th upload reaches the upstream no sooner than
+        // (k - 3) steps of 100 ms (the burst and the first token pass at once; 10 ms of
+        // slack for the service's clock against ours).
+        for (k, at) in admitted.iter().enumerate() {
+            let earliest = Duration::from_millis((k.saturating_sub(3) as u64 * 100).saturating_sub(10));
+            assert!(
+                *at >= earliest,
+                "{host:?}: upload {k} admitted after {at:?}, before {earliest:?}"
+            );
+        }
+        assert!(
+            *admitted.last().unwrap() >= Duration::from_millis(1_500),
+            "{host:?}: {admitted:?}"
+        );
+    }
 }

@@ -7,7 +7,7 @@ use super::file::RuleSpec;
 use super::glob::Glob;
 use super::RulesError;
 use crate::algorithm::{Algorithm, Limit, LimitError, UnknownAlgorithm, MICROS_PER_MS};
-use crate::wire::{is_token, MAX_IDENTITY_BYTES, MAX_METHOD_BYTES, MAX_PATH_BYTES};
+use crate::wire::{is_token, MAX_HOLD_MS, MAX_IDENTITY_BYTES, MAX_METHOD_BYTES, MAX_PATH_BYTES};
 
 /// Longest rule name, in bytes.
 pub const MAX_RULE_NAME_BYTES: usize = 128;
@@ -219,6 +219,12 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         return Err(fail(
             "max_delay",
             "shaping = true needs how long a request may be held, e.g. max_delay = \"2s\"".into(),
+        ));
+    }
+    if spec.shaping && max_delay_ms > MAX_HOLD_MS {
+        return Err(fail(
+            "max_delay",
+            format!("{max_delay_ms} ms is longer than a request may be held ({MAX_HOLD_MS} ms)"),
         ));
     }
     let limit = Limit::new(

@@ -73,6 +73,27 @@ pub fn host() -> Host {
     host_with(&config(), Flavor::Envoy)
 }
 
+/// Where the check service is on `flavor`'s host: an Envoy cluster name, or the `host:port`
+/// ngx_wasm_module dispatches to.
+pub fn cluster(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::Envoy => "sluice_check",
+        Flavor::Nginx => "127.0.0.1:8081",
+    }
+}
+
+/// [`config`] for `flavor`'s host.
+pub fn config_in(flavor: Flavor) -> Value {
+    let mut config = config();
+    config["check"]["cluster"] = cluster(flavor).into();
+    config
+}
+
+/// A host of `flavor` running the filter with [`config_in`].
+pub fn host_in(flavor: Flavor) -> Host {
+    host_with(&config_in(flavor), flavor)
+}
+
 /// Opens a stream from `ip` and delivers GET `path` request headers.
 pub fn request(host: &mut Host, ip: &str, path: &str, extra: &[(&str, &str)]) -> (u32, Outcome) {
     let extra: Vec<(&str, &[u8])> = extra.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
