@@ -1,6 +1,6 @@
 //! Rate-limit response headers: formatting what the filter sends, parsing what the SDKs read.
 //!
-//! Formatting follows DESIGN.md exactly (`X-RateLimit-*`, IETF `RateLimit` and
+//! Formatting follows docs/design.md exactly (`X-RateLimit-*`, IETF `RateLimit` and
 //! `RateLimit-Policy`, `Retry-After` on denials, and the 429 JSON body). Parsing reads those
 //! and what real APIs send; it never fails and never panics: a malformed value is ignored.
 

@@ -1,4 +1,4 @@
-//! Every case of the shared header vectors (`../shared/vectors/headers.json`), the parser's
+//! Every case of the header vectors (`vectors/headers.json`, shared with the JS SDK), the parser's
 //! robustness on arbitrary input, and formatting round trips.
 
 use proptest::prelude::*;
@@ -6,7 +6,7 @@ use serde_json::Value;
 use sluice_core::headers::{format_headers, parse_headers, HeaderMode, Quota, RateLimitInfo};
 
 fn vectors() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/headers.json");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../vectors/headers.json");
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
 }

@@ -1,6 +1,6 @@
 // A local HTTP server for the tests (node:http, on a free loopback port), the same as the
 // Rust SDK's: `/limited` enforces a token bucket with sluice-core's Limiter and sends the
-// DESIGN.md headers (policy `test`); `/deny-first` refuses the first N requests with
+// docs/design.md headers (policy `test`); `/deny-first` refuses the first N requests with
 // `Retry-After: 1` (policy `deny_first`);
 // `/gate` holds requests until released. Other files are served from `static` roots.
 // `startScripted` answers with header lines written out in the test instead, so that what

@@ -1,11 +1,11 @@
-// Every case of the shared header vectors (../shared/vectors/headers.json, beside the
-// project's root), read through the WebAssembly parser; and the parser's robustness.
+// Every case of the header vectors (vectors/headers.json at the repository's root, shared
+// with sluice-core's tests), read through the WebAssembly parser; and the parser's robustness.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import { parseHeaders, formatHeaders } from '../js/index.js';
 
-const VECTORS = new URL('../../../shared/vectors/headers.json', import.meta.url);
+const VECTORS = new URL('../../vectors/headers.json', import.meta.url);
 
 function close(got, want) {
   if (want === undefined || want === null) return got === undefined;

@@ -1,5 +1,5 @@
 //! The whole chain, correct end to end: limits hold across both proxies and both nodes,
-//! rules combine as DESIGN.md says, the SDK paces itself from the headers, and rules,
+//! rules combine as docs/design.md says, the SDK paces itself from the headers, and rules,
 //! overrides and shadow rules change and behave at run time with no restart.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

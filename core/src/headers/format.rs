@@ -82,7 +82,7 @@ impl HeaderBuf {
         self.len == 0
     }
 
-    /// The headers as `(name, value)` pairs, in the order of DESIGN.md.
+    /// The headers as `(name, value)` pairs, in the order of docs/design.md.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
         self.entries
             .iter()
@@ -107,7 +107,7 @@ impl HeaderBuf {
     }
 }
 
-/// Formats the headers for `quota` into `buf` (cleared first), in the order of DESIGN.md:
+/// Formats the headers for `quota` into `buf` (cleared first), in the order of docs/design.md:
 /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (unix seconds of
 /// `now_ms + reset_after_ms`, rounded up), `RateLimit-Policy` (`"name";q=limit;w=window
 /// seconds`), `RateLimit` (`"name";r=remaining;t=reset seconds`, rounded up) and, whenever

@@ -39,7 +39,7 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// One `[[rule]]` as written; see DESIGN.md for each field.
+/// One `[[rule]]` as written; see docs/design.md for each field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {

@@ -39,7 +39,7 @@ pub fn wasm() -> &'static [u8] {
     })
 }
 
-/// A configuration like DESIGN.md's, as JSON.
+/// A configuration like docs/design.md's, as JSON.
 pub fn config() -> Value {
     json!({
         "check": {"cluster": "sluice_check", "authority": "sluice-check", "path": "/v1/check", "timeout_ms": 25},

@@ -1,5 +1,5 @@
 //! Local HTTP servers for the tests. [`Server`] enforces a token bucket with `sluice-core`
-//! and sends the DESIGN.md headers, and offers routes that deny a set number of requests or
+//! and sends the docs/design.md headers, and offers routes that deny a set number of requests or
 //! hold them until released. [`Scripted`] answers with header lines written out in the
 //! test, so that what the SDK reads does not come from `sluice-core`'s formatter.
 #![allow(dead_code)]
