@@ -7,7 +7,7 @@ fn decide(c: &mut Criterion) {
     let mut group = c.benchmark_group("decide");
     for algorithm in Algorithm::ALL {
         // Admitting: a limit so high that the steady 1µs-apart stream always passes.
-        let open = Limit::new(algorithm, 1_000_000, 1_000_000_000, 0, false, 0).unwrap();
+        let open = Limit::builder(algorithm, 1_000_000, 1_000_000_000).build().unwrap();
         let mut state = State::Fresh;
         let mut now = 1_700_000_000_000_000u64;
         group.bench_function(format!("{algorithm}/allow"), |b| {
@@ -17,7 +17,7 @@ fn decide(c: &mut Criterion) {
             })
         });
         // Denying: the quota is spent and time stands still.
-        let tight = Limit::new(algorithm, 10, 60_000_000, 0, false, 0).unwrap();
+        let tight = Limit::builder(algorithm, 10, 60_000_000).build().unwrap();
         let mut state = State::Fresh;
         for _ in 0..10 {
             tight.decide(&mut state, 5_000_000, 1);

@@ -3,17 +3,50 @@
 //! No I/O, no clock, no globals: time is always an argument. The check service, the
 //! proxy-wasm filter and both client SDKs call this crate, so a decision, a header or a
 //! backoff delay is computed the same way everywhere.
+//!
+//! # The modules, by who uses them
+//!
+//! **Deciding** — the check service and the filter:
+//! - [`algorithm`]: the six algorithms as state machines ([`Limit`], [`State`], [`Decision`]);
+//! - [`state_map`]: limit state per key with bounded memory (the filter's buckets, the
+//!   service's memory store and fallback buckets);
+//! - [`breaker`]: the circuit breaker around a call that may fail (the filter's check
+//!   calls, the service's store calls);
+//! - [`rules`]: the rule file, its validation and matching a request to its rules;
+//! - [`wire`]: the `POST /v1/check` request and answer;
+//! - [`headers`] (formatting): the rate-limit headers and the 429 body the filter sends.
+//!
+//! **Pacing and retrying** — the client SDKs (Rust, and JavaScript through wasm-bindgen):
+//! - [`headers`] (parsing): reading any server's rate-limit headers into [`RateLimitInfo`];
+//! - [`pacing`]: when the next request may go to stay under the advertised quota;
+//! - [`backoff`]: jittered exponential backoff after a failure;
+//! - [`retry`]: what is retried, after how long, and the retry budget.
+//!
+//! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges) and
+//! [`text`] (UTF-8-safe truncation).
 
+// Deciding.
 pub mod algorithm;
-pub mod backoff;
+pub mod breaker;
 pub mod headers;
-pub mod pacing;
-pub mod retry;
 pub mod rules;
+pub mod state_map;
 pub mod wire;
 
-pub use algorithm::{Algorithm, Decision, Limit, LimitError, Micros, State};
+// Pacing and retrying.
+pub mod backoff;
+pub mod pacing;
+pub mod retry;
+
+// Basics.
+pub mod text;
+pub mod time;
+
+pub use algorithm::{Algorithm, Decision, Limit, LimitBuilder, LimitError, State};
 pub use backoff::{Backoff, BackoffPolicy, Jitter, RandomSource, SplitMix64};
+pub use breaker::{Breaker, BreakerState};
 pub use headers::{parse_headers, write_headers, HeaderBuf, HeaderMode, Quota, RateLimitInfo};
 pub use pacing::{Pacer, PacerConfig};
 pub use retry::{BudgetConfig, RetryBudget};
+pub use state_map::StateMap;
+pub use time::Micros;

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::algorithm::{Decision, Micros, MICROS_PER_MS};
+use crate::algorithm::Decision;
+use crate::headers::Quota;
+use crate::text::truncate;
+use crate::time::wait_ms;
 
 /// The longest a shaped request is held (a rule's `max_delay`, the service's `/v1/wait`):
 /// the request holds a proxy stream and a connection meanwhile.
@@ -127,14 +130,14 @@ impl CheckRequest {
             if k.len() > MAX_IDENTITY_BYTES {
                 return Err(WireError(format!(
                     "identity key `{}…` is {} bytes; at most {MAX_IDENTITY_BYTES}",
-                    truncate(k),
+                    truncate(k, SHOWN_BYTES),
                     k.len()
                 )));
             }
             if v.len() > MAX_IDENTITY_BYTES {
                 return Err(WireError(format!(
                     "identity `{}` value is {} bytes; at most {MAX_IDENTITY_BYTES}",
-                    truncate(k),
+                    truncate(k, SHOWN_BYTES),
                     v.len()
                 )));
             }
@@ -142,7 +145,7 @@ impl CheckRequest {
         if self.method.len() > MAX_METHOD_BYTES || !is_token(&self.method) {
             return Err(WireError(format!(
                 "method `{}` is not an HTTP method: 1 to {MAX_METHOD_BYTES} token characters",
-                truncate(&self.method)
+                truncate(&self.method, SHOWN_BYTES)
             )));
         }
         if self.path.is_empty() || self.path.len() > MAX_PATH_BYTES {
@@ -158,13 +161,8 @@ impl CheckRequest {
     }
 }
 
-fn truncate(s: &str) -> &str {
-    let mut end = s.len().min(40);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
+/// How much of a refused value an error message shows: enough to recognise it.
+const SHOWN_BYTES: usize = 40;
 
 /// One rule's part in a decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,10 +242,6 @@ pub struct Outcome<'a> {
     pub degraded: bool,
 }
 
-fn ms(us: Micros) -> u64 {
-    us.div_ceil(MICROS_PER_MS)
-}
-
 impl CheckResponse {
     /// Combines the outcomes of every matching rule into the response.
     ///
@@ -268,11 +262,11 @@ impl CheckResponse {
             allowed,
             retry_after_ms: enforced()
                 .filter(|o| !o.decision.allowed)
-                .map(|o| ms(o.decision.retry_after))
+                .map(|o| wait_ms(o.decision.retry_after))
                 .max()
                 .unwrap_or(0),
             delay_ms: if allowed {
-                enforced().map(|o| ms(o.decision.delay)).max().unwrap_or(0)
+                enforced().map(|o| wait_ms(o.decision.delay)).max().unwrap_or(0)
             } else {
                 0
             },
@@ -284,7 +278,7 @@ impl CheckResponse {
                     allowed: o.decision.allowed,
                     limit: o.decision.limit,
                     remaining: o.decision.remaining,
-                    reset_after_ms: ms(o.decision.reset_after),
+                    reset_after_ms: wait_ms(o.decision.reset_after),
                 })
                 .collect(),
             ..CheckResponse::default()
@@ -292,12 +286,39 @@ impl CheckResponse {
         if let Some(h) = headline {
             response.limit = h.decision.limit;
             response.remaining = h.decision.remaining;
-            response.reset_after_ms = ms(h.decision.reset_after);
+            response.reset_after_ms = wait_ms(h.decision.reset_after);
             response.reset_at = now_ms.saturating_add(response.reset_after_ms).div_ceil(1000);
             response.policy = Some(h.rule.to_owned());
             response.window_ms = h.window_ms;
         }
         response
+    }
+
+    /// The quota this answer advertises at `now_ms`: its headline rule's, with
+    /// `retry_after_ms` on a denial. When no rule is named, the policy is empty and every
+    /// number zero (a denial still carries its `retry_after_ms`).
+    pub fn quota(&self, now_ms: u64) -> Quota<'_> {
+        let retry_after_ms = (!self.allowed).then_some(self.retry_after_ms);
+        match self.policy.as_deref() {
+            Some(policy) => Quota {
+                policy,
+                limit: self.limit,
+                remaining: self.remaining,
+                reset_after_ms: self.reset_after_ms,
+                window_ms: self.window_ms,
+                retry_after_ms,
+                now_ms,
+            },
+            None => Quota {
+                policy: "",
+                limit: 0,
+                remaining: 0,
+                reset_after_ms: 0,
+                window_ms: 0,
+                retry_after_ms,
+                now_ms,
+            },
+        }
     }
 
     /// Parses a response body leniently: unknown fields are ignored and missing ones
@@ -429,5 +450,21 @@ mod tests {
         assert_eq!(CheckResponse::from_json(json.as_bytes()).unwrap(), r);
         let lenient = CheckResponse::from_json(br#"{"allowed":false,"future_field":1}"#).unwrap();
         assert!(!lenient.allowed);
+    }
+
+    #[test]
+    fn the_quota_of_an_answer_is_its_headline_rule_and_a_denial_always_says_when_to_retry() {
+        let denied = CheckResponse::from_outcomes(&[outcome("b", false, 0, 7_000, false)], 5_000);
+        let q = denied.quota(5_000);
+        assert_eq!((q.policy, q.limit, q.window_ms), ("b", 100, 60_000));
+        assert_eq!(
+            (q.reset_after_ms, q.retry_after_ms, q.now_ms),
+            (7_000, Some(7_000), 5_000)
+        );
+        let allowed = CheckResponse::from_outcomes(&[outcome("a", true, 4, 1_000, false)], 0);
+        assert_eq!(allowed.quota(0).retry_after_ms, None);
+        let bare = CheckResponse::from_json(br#"{"allowed":false,"limit":9,"retry_after_ms":2000}"#).unwrap();
+        let q = bare.quota(1);
+        assert_eq!((q.policy, q.limit, q.retry_after_ms), ("", 0, Some(2_000)));
     }
 }

@@ -142,7 +142,7 @@ proptest! {
 
     #[test]
     fn sliding_window_log_never_exceeds_limit_in_any_window(t in trace()) {
-        let l = Limit::new(Algorithm::SlidingWindowLog, t.limit, t.window, 0, false, 0).unwrap();
+        let l = Limit::builder(Algorithm::SlidingWindowLog, t.limit, t.window).build().unwrap();
         let ok = admitted(&t.arrivals, &run(&l, &t.arrivals));
         for (i, &(end, _)) in ok.iter().enumerate() {
             let in_window: u64 = ok[..=i].iter().filter(|(ts, _)| ts + t.window > end).map(|(_, c)| c).sum();
@@ -154,7 +154,7 @@ proptest! {
 
     #[test]
     fn fixed_window_never_exceeds_limit_per_aligned_window(t in trace()) {
-        let l = Limit::new(Algorithm::FixedWindow, t.limit, t.window, 0, false, 0).unwrap();
+        let l = Limit::builder(Algorithm::FixedWindow, t.limit, t.window).build().unwrap();
         let ok = admitted(&t.arrivals, &run(&l, &t.arrivals));
         let mut per_window = std::collections::HashMap::new();
         for (ts, c) in ok {
@@ -167,7 +167,7 @@ proptest! {
 
     #[test]
     fn token_bucket_never_exceeds_burst_plus_rate(t in trace()) {
-        let l = Limit::new(Algorithm::TokenBucket, t.limit, t.window, t.burst, false, 0).unwrap();
+        let l = Limit::builder(Algorithm::TokenBucket, t.limit, t.window).burst(t.burst).build().unwrap();
         let ok = admitted(&t.arrivals, &run(&l, &t.arrivals));
         assert_rate_bound(&ok, l.capacity(), t.limit, t.window)?;
         assert_retry_after_exact(&l, &t.arrivals, l.capacity())?;
@@ -177,7 +177,7 @@ proptest! {
     #[test]
     fn gcra_and_leaky_meter_never_exceed_burst_plus_rate(t in trace()) {
         for algorithm in [Algorithm::Gcra, Algorithm::LeakyBucket] {
-            let l = Limit::new(algorithm, t.limit, t.window, t.burst, false, 0).unwrap();
+            let l = Limit::builder(algorithm, t.limit, t.window).burst(t.burst).build().unwrap();
             let ok = admitted(&t.arrivals, &run(&l, &t.arrivals));
             assert_rate_bound(&ok, l.capacity(), t.limit, t.window)?;
             assert_retry_after_exact(&l, &t.arrivals, l.capacity())?;
@@ -188,7 +188,7 @@ proptest! {
     #[test]
     fn shaping_leaky_bucket_releases_at_the_rate_and_delays_within_max_delay(t in trace(), max_delay_ms in 0u64..3_000) {
         let max_delay = max_delay_ms * MS;
-        let l = Limit::new(Algorithm::LeakyBucket, t.limit, t.window, t.burst, true, max_delay).unwrap();
+        let l = Limit::builder(Algorithm::LeakyBucket, t.limit, t.window).burst(t.burst).shaping(Some(max_delay)).build().unwrap();
         let decisions = run(&l, &t.arrivals);
         let mut released = Vec::new();
         for (&(ts, cost), d) in t.arrivals.iter().zip(&decisions) {
@@ -204,7 +204,7 @@ proptest! {
 
     #[test]
     fn sliding_window_counter_never_exceeds_its_estimate(t in trace()) {
-        let l = Limit::new(Algorithm::SlidingWindowCounter, t.limit, t.window, 0, false, 0).unwrap();
+        let l = Limit::builder(Algorithm::SlidingWindowCounter, t.limit, t.window).build().unwrap();
         let ok = admitted(&t.arrivals, &run(&l, &t.arrivals));
         let w = t.window / MS;
         for (i, &(now, _)) in ok.iter().enumerate() {
@@ -221,7 +221,7 @@ proptest! {
 
     #[test]
     fn a_denial_leaves_the_state_as_if_the_request_never_came(t in trace(), a in 0usize..6) {
-        let l = Limit::new(Algorithm::ALL[a], t.limit, t.window, t.burst, false, 0).unwrap();
+        let l = Limit::builder(Algorithm::ALL[a], t.limit, t.window).burst(t.burst).build().unwrap();
         let mut state = State::Fresh;
         for &(now, cost) in &t.arrivals {
             let before = state.clone();

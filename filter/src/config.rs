@@ -2,6 +2,7 @@
 
 use serde::Deserialize;
 use sluice_core::headers::HeaderMode;
+use sluice_core::rules::FailureMode;
 
 /// Why a configuration is refused: the field and the problem, for one log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +134,7 @@ pub struct Local {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Failure {
-    /// `open` or `closed`.
+    /// `open` lets traffic through (with the fallback bucket); `closed` answers 503.
     #[serde(default)]
     pub mode: FailureMode,
     /// Per-key bucket deciding while failing open.
@@ -152,17 +153,6 @@ impl Default for Failure {
             breaker: BreakerConfig::default(),
         }
     }
-}
-
-/// `open` lets traffic through (with the fallback bucket); `closed` answers 503.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureMode {
-    /// Allow, within the fallback bucket.
-    #[default]
-    Open,
-    /// Deny with 503.
-    Closed,
 }
 
 /// A rate and a burst.

@@ -4,8 +4,11 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
+use sluice_core::text::truncate;
+use sluice_core::wire::{MAX_IDENTITY_BYTES, MAX_PATH_BYTES};
+
 /// Longest identity value sent to the check service (the wire limit).
-pub const MAX_VALUE: usize = 256;
+pub const MAX_VALUE: usize = MAX_IDENTITY_BYTES;
 
 /// A header value as text. Header values are bytes: a proxy passes obs-text (0x80–0xFF) on
 /// to the filter. Valid UTF-8 is kept as it is. Otherwise `%` and every byte that is not
@@ -29,11 +32,18 @@ pub fn header_text(raw: &[u8]) -> Cow<'_, str> {
 
 /// Cuts `v` to at most [`MAX_VALUE`] bytes on a character boundary.
 pub fn bounded(v: &str) -> &str {
-    let mut end = v.len().min(MAX_VALUE);
-    while !v.is_char_boundary(end) {
-        end -= 1;
+    truncate(v, MAX_VALUE)
+}
+
+/// The path a check carries for request path `p`: without its query, at most
+/// [`MAX_PATH_BYTES`] (cut on a character boundary), `/` when nothing is left.
+pub fn bounded_path(p: &str) -> &str {
+    let path = truncate(p.split('?').next().unwrap_or("/"), MAX_PATH_BYTES);
+    if path.is_empty() {
+        "/"
+    } else {
+        path
     }
-    &v[..end]
 }
 
 /// The client IP from a forwarding header with `trusted_hops` trusted proxies (Envoy's
@@ -94,6 +104,16 @@ mod tests {
         // `%` is escaped too in such a value: these two stay two identities.
         assert_eq!(header_text(b"%E9\xff"), "%25E9%FF");
         assert_eq!(header_text(b"\xe9%FF"), "%E9%25FF");
+    }
+
+    #[test]
+    fn paths_lose_their_query_and_are_bounded() {
+        assert_eq!(bounded_path("/a/b?x=1"), "/a/b");
+        assert_eq!(bounded_path("?x=1"), "/");
+        assert_eq!(bounded_path(""), "/");
+        let long = format!("/{}", "é".repeat(3_000));
+        assert!(bounded_path(&long).len() <= MAX_PATH_BYTES);
+        assert!(bounded_path(&long).starts_with("/é"));
     }
 
     #[test]

@@ -6,14 +6,20 @@
 //! and add the headers to the response. When the check service fails, the failure policy
 //! answers, and a circuit breaker stops calling a dead service.
 //!
-//! One root context per VM holds the configuration, the buckets and the breaker; each HTTP
-//! stream gets a [`stream::Stream`] context.
+//! One root context per VM (`root`) builds the state its streams share (`shared`: the
+//! configuration, the buckets, the breaker, the metric ids); each HTTP stream gets a
+//! `stream` context over it. The modules depend one way: `root` → `stream` → `answer`,
+//! `host`, `clock`, `metrics`, `shared`, `buckets`, `identity`, `config`.
 
-pub mod breaker;
+mod answer;
 pub mod buckets;
+mod clock;
 pub mod config;
+mod host;
 pub mod identity;
+mod metrics;
 mod root;
+mod shared;
 mod stream;
 
 proxy_wasm::main! {{

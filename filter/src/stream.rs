@@ -2,21 +2,25 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
+use proxy_wasm::types::{Action, LogLevel};
+use sluice_core::breaker::BreakerState;
 use sluice_core::headers::{denial_body, format_headers, Quota};
-use sluice_core::wire::{check_method, CheckRequest, CheckResponse, MAX_HOLD_MS};
+use sluice_core::rules::FailureMode;
+use sluice_core::time::instant_ms;
+use sluice_core::wire::{check_method, CheckRequest, MAX_HOLD_MS};
 use sluice_core::{Decision, Micros};
 
-use crate::breaker::State;
-use crate::config::{FailureMode, IpSource};
-use crate::identity::{bounded, client_ip, header_text, source_ip};
-use crate::root::{now_us, Metrics, Shared};
+use crate::answer::{read_answer, Failure};
+use crate::buckets;
+use crate::clock::now_us;
+use crate::host::{add_response_header, log, request_header, request_ip, respond, resume_request};
+use crate::identity::{bounded, bounded_path};
+use crate::metrics::Metrics;
+use crate::shared::Shared;
 
 const UNAVAILABLE: &str =
     r#"{"status":"error","code":503,"message":"Rate limit service unavailable. Please retry later."}"#;
@@ -35,70 +39,6 @@ pub struct Stream {
     holding: bool,
     /// Headers to add to the upstream's response.
     response_headers: Vec<(&'static str, String)>,
-}
-
-fn ms(us: Micros) -> u64 {
-    us.div_ceil(1_000)
-}
-
-// Host calls on the traffic path: a failing host call is an absent value or a no-op, never
-// a trap (the SDK's context methods unwrap their results; header reads there also unwrap
-// the value's UTF-8).
-
-/// Request header `name` as text ([`header_text`]); `None` when absent.
-fn request_header(name: &str) -> Option<String> {
-    let raw = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok()??;
-    Some(header_text(&raw).into_owned())
-}
-
-/// Header `name` of the check call's response, as bytes.
-fn call_response_header(name: &str) -> Option<Vec<u8>> {
-    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name).ok()?
-}
-
-/// The check call's response body, at most `max` bytes.
-fn call_response_body(max: usize) -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, max)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
-}
-
-/// Why a check call gave no decision.
-enum Failure {
-    /// The service is unwell or unreachable: no answer, a 5xx, a body that is not a check
-    /// response. Counts towards the breaker.
-    Service(String),
-    /// The service answered 4xx: it refused this request, which says nothing of its health
-    /// (the filter forwards only what the service accepts, so this is a version skew).
-    Request(String),
-}
-
-/// The check call's answer, or why there is none.
-fn read_answer() -> Result<CheckResponse, Failure> {
-    match call_response_header(":status").as_deref() {
-        None => Err(Failure::Service("no response (timeout or connection failure)".into())),
-        Some(b"200") => CheckResponse::from_json(&call_response_body(64 * 1024)).map_err(|e| Failure::Service(e.0)),
-        Some(status) if status.starts_with(b"4") => Err(Failure::Request(format!(
-            "status {}: the check service refused the request",
-            header_text(status)
-        ))),
-        Some(status) => Err(Failure::Service(format!("status {}", header_text(status)))),
-    }
-}
-
-/// The client IP: from the forwarding header with trusted hops, else the connection's.
-fn request_ip(source: &IpSource) -> Option<IpAddr> {
-    let forwarded = request_header(&source.header);
-    client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| {
-        let raw = hostcalls::get_property(vec!["source", "address"]).ok()??;
-        source_ip(std::str::from_utf8(&raw).ok()?)
-    })
-}
-
-/// Answers the stream with a local response (the host ends it).
-fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
-    let _ = hostcalls::send_http_response(status, headers, Some(body));
 }
 
 impl Stream {
@@ -142,16 +82,14 @@ impl Stream {
         respond(429, pairs, body.as_bytes());
     }
 
-    fn local_quota(d: &Decision, policy: &'static str, now: Micros) -> Quota<'static> {
-        Quota {
+    /// Answers 429 for a local or fallback bucket's denial `d`.
+    fn deny_by_bucket(&self, d: &Decision, policy: &'static str, now: Micros) {
+        self.deny(&Quota::from_decision(
             policy,
-            limit: d.limit,
-            remaining: d.remaining,
-            reset_after_ms: ms(d.reset_after),
-            window_ms: 1_000,
-            retry_after_ms: (!d.allowed).then(|| ms(d.retry_after)),
-            now_ms: now / 1_000,
-        }
+            d,
+            instant_ms(buckets::WINDOW),
+            instant_ms(now),
+        ));
     }
 
     /// The check service failed (or the breaker is open): apply the failure policy.
@@ -159,7 +97,7 @@ impl Stream {
     fn fail(&mut self, now: Micros, why: &str) -> bool {
         let mut s = self.shared.borrow_mut();
         let metrics = s.metrics;
-        let _ = hostcalls::log(
+        log(
             LogLevel::Debug,
             &format!(
                 "sluice-filter: check failed ({why}); failing {:?}",
@@ -180,8 +118,18 @@ impl Stream {
         if d.allowed {
             return true;
         }
-        self.deny(&Self::local_quota(&d, "fallback", now));
+        self.deny_by_bucket(&d, "fallback", now);
         false
+    }
+
+    /// [`Stream::fail`] while the request's headers are being handled: the request goes
+    /// on, or stays paused with its answer sent.
+    fn fail_headers(&mut self, now: Micros, why: &str) -> Action {
+        if self.fail(now, why) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
     }
 
     fn on_check_answer(&mut self, now: Micros) -> bool {
@@ -201,35 +149,16 @@ impl Stream {
                 return self.fail(now, &why);
             }
         };
-        if metrics.check_latency_ms != 0 {
-            let _ = hostcalls::record_metric(metrics.check_latency_ms, now.saturating_sub(self.called_at) / 1_000);
-        }
-        let quota = answer.policy.as_deref().map(|policy| Quota {
-            policy,
-            limit: answer.limit,
-            remaining: answer.remaining,
-            reset_after_ms: answer.reset_after_ms,
-            window_ms: answer.window_ms,
-            retry_after_ms: (!answer.allowed).then_some(answer.retry_after_ms),
-            now_ms: now / 1_000,
-        });
+        Metrics::record(metrics.check_latency_ms, instant_ms(now.saturating_sub(self.called_at)));
+        let quota = answer.quota(instant_ms(now));
         if !answer.allowed {
             Metrics::bump(metrics.denied_global);
-            let fallback = Quota {
-                policy: "",
-                limit: 0,
-                remaining: 0,
-                reset_after_ms: 0,
-                window_ms: 0,
-                retry_after_ms: Some(answer.retry_after_ms),
-                now_ms: now / 1_000,
-            };
-            self.deny(quota.as_ref().unwrap_or(&fallback));
+            self.deny(&quota);
             return false;
         }
-        if let Some(q) = &quota {
+        if answer.policy.is_some() {
             let mode = self.shared.borrow().config.headers;
-            format_headers(q, mode, &mut self.response_headers);
+            format_headers(&quota, mode, &mut self.response_headers);
         }
         Metrics::bump(metrics.allowed);
         if answer.delay_ms > 0 {
@@ -271,7 +200,7 @@ impl Stream {
                 true
             }
             Err(why) => {
-                let _ = hostcalls::log(
+                log(
                     LogLevel::Warn,
                     &format!("sluice-filter: cannot hold the request ({why})"),
                 );
@@ -285,7 +214,7 @@ impl Context for Stream {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
         let now = now_us();
         if std::mem::take(&mut self.holding) || self.on_check_answer(now) {
-            let _ = hostcalls::resume_http_request();
+            resume_request();
         }
     }
 }
@@ -306,7 +235,7 @@ impl HttpContext for Stream {
         };
         if let Some(d) = local.filter(|d| !d.allowed) {
             Metrics::bump(metrics.denied_local);
-            self.deny(&Self::local_quota(&d, "local", now));
+            self.deny_by_bucket(&d, "local", now);
             return Action::Pause;
         }
 
@@ -315,28 +244,18 @@ impl HttpContext for Stream {
             (breaker.allow(now), breaker.state())
         };
         if !allowed {
-            return if self.fail(now, "circuit breaker open") {
-                Action::Continue
-            } else {
-                Action::Pause
-            };
+            return self.fail_headers(now, "circuit breaker open");
         }
-        self.probe = state == State::HalfOpen;
+        self.probe = state == BreakerState::HalfOpen;
         let method = request_header(":method");
         let request = CheckRequest {
             identities: std::mem::take(&mut self.identities),
             method: check_method(method.as_deref().unwrap_or("GET")).to_owned(),
-            path: request_header(":path")
-                .map(|p| bounded_path(&p))
-                .unwrap_or_else(|| "/".into()),
+            path: request_header(":path").map_or_else(|| "/".into(), |p| bounded_path(&p).to_owned()),
             cost: 1,
         };
         let Ok(body) = serde_json::to_vec(&request) else {
-            return if self.fail(now, "cannot encode the check") {
-                Action::Continue
-            } else {
-                Action::Pause
-            };
+            return self.fail_headers(now, "cannot encode the check");
         };
         let (path, timeout) = {
             let c = &self.shared.borrow().config.check;
@@ -350,18 +269,14 @@ impl HttpContext for Stream {
             Err(why) => {
                 self.probe = false;
                 self.shared.borrow_mut().breaker.failure(now);
-                if self.fail(now, &why) {
-                    Action::Continue
-                } else {
-                    Action::Pause
-                }
+                self.fail_headers(now, &why)
             }
         }
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         for (name, value) in std::mem::take(&mut self.response_headers) {
-            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value);
+            add_response_header(name, &value);
         }
         Action::Continue
     }
@@ -371,19 +286,5 @@ impl HttpContext for Stream {
             let mut s = self.shared.borrow_mut();
             s.breaker.release_probe(now_us()); // ended before its probe's answer
         }
-    }
-}
-
-/// The path without its query, at most 4 KiB (the wire limit).
-fn bounded_path(p: &str) -> String {
-    let path = p.split('?').next().unwrap_or("/");
-    let mut end = path.len().min(4096);
-    while !path.is_char_boundary(end) {
-        end -= 1;
-    }
-    if end == 0 {
-        "/".into()
-    } else {
-        path[..end].to_owned()
     }
 }

@@ -318,7 +318,9 @@ impl Limiter {
     pub fn new(algorithm: &str, limit: f64, window_ms: f64, burst: f64) -> Result<Limiter, JsError> {
         let algorithm: Algorithm = algorithm.parse().map_err(|e| JsError::new(&format!("{e}")))?;
         let window = whole(window_ms).saturating_mul(1_000);
-        let limit = Limit::new(algorithm, whole(limit), window, whole(burst), false, 0)
+        let limit = Limit::builder(algorithm, whole(limit), window)
+            .burst(whole(burst))
+            .build()
             .map_err(|e| JsError::new(&e.to_string()))?;
         Ok(Limiter {
             limit,

@@ -1,103 +1,90 @@
-//! A circuit breaker around the store: after `failures` consecutive errors it opens and
-//! callers fail fast for `cooldown`; then one probe is let through (half-open), and its
-//! success closes the breaker again.
+//! The node's circuit breaker around its store: core's [`sluice_core::breaker::Breaker`]
+//! (after `failures` consecutive errors callers fail fast for `cooldown`, then one probe is
+//! let through and its success closes it again) shared by every request of the node,
+//! on a monotonic clock, logging when it opens and closes.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// The breaker's state, as `/readyz` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
-    /// Calls go through.
-    Closed,
-    /// Calls fail fast.
-    Open,
-    /// One probe is in flight.
-    HalfOpen,
-}
+pub use sluice_core::breaker::BreakerState;
+use sluice_core::time::micros_from_duration;
+use sluice_core::Micros;
 
-impl BreakerState {
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-}
-
-/// Lock-free breaker shared by all requests of a node.
+/// A breaker shared by all requests of a node.
 #[derive(Debug)]
 pub struct Breaker {
-    threshold: u32,
-    cooldown: Duration,
+    inner: Mutex<sluice_core::Breaker>,
+    /// Closed with no failure counted: `allow` and `success` have nothing to do, so the
+    /// path of a healthy store takes no lock.
+    clean: AtomicBool,
     epoch: Instant,
-    consecutive: AtomicU32,
-    /// Nanoseconds since `epoch` when the breaker may let a probe through; 0 when closed.
-    open_until: AtomicU64,
-    probing: AtomicBool,
+    cooldown: Duration,
 }
 
 impl Breaker {
     /// Opens after `threshold` consecutive failures, for `cooldown`.
     pub fn new(threshold: u32, cooldown: Duration) -> Breaker {
         Breaker {
-            threshold: threshold.max(1),
-            cooldown,
+            inner: Mutex::new(sluice_core::Breaker::new(threshold, micros_from_duration(cooldown))),
+            clean: AtomicBool::new(true),
             epoch: Instant::now(),
-            consecutive: AtomicU32::new(0),
-            open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
+            cooldown,
         }
     }
 
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+    fn now(&self) -> Micros {
+        micros_from_duration(self.epoch.elapsed())
     }
 
-    /// Whether a call may go to the store now.
+    fn lock(&self) -> MutexGuard<'_, sluice_core::Breaker> {
+        // Every update replaces the breaker's fields whole: a poisoned lock is safe to use.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a call may go to the store now; after the cooldown exactly one caller probes.
     pub fn allow(&self) -> bool {
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return true;
-        }
-        // Open: after the cooldown, exactly one caller becomes the probe.
-        self.now() >= until && !self.probing.swap(true, Ordering::AcqRel)
+        self.clean.load(Ordering::Acquire) || self.lock().allow(self.now())
     }
 
     /// Records a successful call: closes the breaker.
     pub fn success(&self) {
-        self.consecutive.store(0, Ordering::Relaxed);
-        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+        if self.clean.load(Ordering::Acquire) {
+            return;
+        }
+        let mut breaker = self.lock();
+        let was = breaker.state();
+        breaker.success();
+        self.clean.store(true, Ordering::Release);
+        drop(breaker);
+        if !was.is_closed() {
             tracing::info!("store recovered: circuit breaker closed");
         }
-        self.probing.store(false, Ordering::Release);
     }
 
-    /// Records a failed call: opens the breaker at the threshold (or re-opens after a failed probe).
+    /// Records a failed call: opens the breaker at the threshold (or again after a failed probe).
     pub fn failure(&self) {
-        let n = self.consecutive.fetch_add(1, Ordering::Relaxed) + 1;
-        let was_probe = self.probing.swap(false, Ordering::AcqRel);
-        if n >= self.threshold || was_probe {
-            let until = self.now() + self.cooldown.as_nanos() as u64;
-            if self.open_until.swap(until.max(1), Ordering::AcqRel) == 0 {
-                tracing::warn!(
-                    failures = n,
-                    cooldown_ms = self.cooldown.as_millis() as u64,
-                    "store failing: circuit breaker open"
-                );
-            }
+        let mut breaker = self.lock();
+        let was = breaker.state();
+        breaker.failure(self.now());
+        self.clean.store(false, Ordering::Release);
+        let (state, failures) = (breaker.state(), breaker.failures());
+        drop(breaker);
+        if was.is_closed() && !state.is_closed() {
+            tracing::warn!(
+                failures,
+                cooldown_ms = self.cooldown.as_millis() as u64,
+                "store failing: circuit breaker open"
+            );
         }
     }
 
     /// The current state.
     pub fn state(&self) -> BreakerState {
-        match self.open_until.load(Ordering::Acquire) {
-            0 => BreakerState::Closed,
-            _ if self.probing.load(Ordering::Acquire) => BreakerState::HalfOpen,
-            _ => BreakerState::Open,
+        if self.clean.load(Ordering::Acquire) {
+            return BreakerState::Closed;
         }
+        self.lock().state()
     }
 }
 
@@ -112,12 +99,12 @@ mod tests {
         b.failure();
         assert_eq!(b.state(), BreakerState::Closed);
         b.failure();
-        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.state().name(), "open");
         assert!(b.allow(), "cooldown of zero: the probe goes");
         assert!(!b.allow(), "only one probe at a time");
         assert_eq!(b.state(), BreakerState::HalfOpen);
         b.failure();
-        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.state().name(), "open");
         assert!(b.allow());
         b.success();
         assert_eq!(b.state(), BreakerState::Closed);
@@ -129,5 +116,15 @@ mod tests {
         let b = Breaker::new(1, Duration::from_secs(3600));
         b.failure();
         assert!(!b.allow());
+    }
+
+    #[test]
+    fn failures_below_the_threshold_are_forgotten_on_success() {
+        let b = Breaker::new(2, Duration::from_secs(3600));
+        b.failure();
+        b.success();
+        b.failure();
+        assert!(b.allow(), "one failure since the last success");
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 }

@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use sluice_core::rules::{limit_key, FailureMode, Rule};
+use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, Outcome};
 use sluice_core::{Limit, Micros};
 
@@ -29,7 +30,7 @@ struct Admitted {
 pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let rules = node.rules();
     let now_us = node.clock.now_us();
-    let now_ms = now_us / 1000;
+    let now_ms = instant_ms(now_us);
     let mut outcomes: Vec<Outcome<'_>> = Vec::new();
     let mut admitted: Vec<Admitted> = Vec::new();
     let mut denied_by: Option<(&Rule, &str)> = None;

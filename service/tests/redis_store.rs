@@ -48,7 +48,11 @@ fn case() -> impl Strategy<Value = Case> {
             } else {
                 (Algorithm::ALL[a], false)
             };
-            let limit = Limit::new(algorithm, limit, window_ms * 1000, burst, shaping, max_delay_ms * 1000).unwrap();
+            let limit = Limit::builder(algorithm, limit, window_ms * 1000)
+                .burst(burst)
+                .shaping(shaping.then_some(max_delay_ms * 1000))
+                .build()
+                .unwrap();
             let gap = 0..(window_ms * 1000 / 3).max(2);
             proptest::collection::vec((gap, 1u64..4, proptest::bool::weighted(0.1)), 1..40)
                 .prop_map(move |steps| Case { limit, steps, start })
@@ -98,9 +102,15 @@ const CLOCK_WINDOW_US: u64 = 4_000_000;
 fn redis_clock_limits() -> Vec<Limit> {
     let mut limits: Vec<Limit> = Algorithm::ALL
         .iter()
-        .map(|&a| Limit::new(a, 2, CLOCK_WINDOW_US, 0, false, 0).unwrap())
+        .map(|&a| Limit::builder(a, 2, CLOCK_WINDOW_US).build().unwrap())
         .collect();
-    limits.push(Limit::new(Algorithm::LeakyBucket, 2, CLOCK_WINDOW_US, 1, true, 2_500_000).unwrap());
+    limits.push(
+        Limit::builder(Algorithm::LeakyBucket, 2, CLOCK_WINDOW_US)
+            .burst(1)
+            .shaping(Some(2_500_000))
+            .build()
+            .unwrap(),
+    );
     limits
 }
 
@@ -158,7 +168,7 @@ fn lua_scripts_on_redis_time_agree_with_the_memory_store() {
 
 /// 4 stores (separate connections, as 4 nodes) × 16 clients each hammer one key.
 async fn admitted_by_64_clients(url: &str, algorithm: Algorithm, key: &str) -> u64 {
-    let limit = Limit::new(algorithm, 1_000, 86_400_000_000, 0, false, 0).unwrap();
+    let limit = Limit::builder(algorithm, 1_000, 86_400_000_000).build().unwrap();
     let mut stores = Vec::new();
     for _ in 0..4 {
         stores.push(Arc::new(
@@ -221,7 +231,7 @@ fn every_key_gets_a_ttl_and_a_script_flush_is_survived() {
     runtime().block_on(async {
         let store = RedisStore::connect(&server.url(), TIMEOUT).await.unwrap();
         for a in Algorithm::ALL {
-            let limit = Limit::new(a, 5, 60_000_000, 0, false, 0).unwrap();
+            let limit = Limit::builder(a, 5, 60_000_000).build().unwrap();
             assert!(
                 store
                     .decide(&format!("sluice:{{ttl:{a}}}"), &limit, 1)
@@ -238,7 +248,7 @@ fn every_key_gets_a_ttl_and_a_script_flush_is_survived() {
             assert!(ttl > 0 && ttl <= 120_000, "{key} has pttl {ttl}");
         }
         server.cli(&["script", "flush"]);
-        let limit = Limit::new(Algorithm::Gcra, 5, 60_000_000, 0, false, 0).unwrap();
+        let limit = Limit::builder(Algorithm::Gcra, 5, 60_000_000).build().unwrap();
         assert!(
             store.decide("sluice:{after-flush}", &limit, 1).await.is_ok(),
             "NOSCRIPT not recovered"
@@ -253,7 +263,7 @@ fn a_dead_redis_fails_fast_and_a_restarted_one_is_used_again() {
         let store = RedisStore::connect(&server.url(), Duration::from_millis(200))
             .await
             .unwrap();
-        let limit = Limit::new(Algorithm::FixedWindow, 100, 60_000_000, 0, false, 0).unwrap();
+        let limit = Limit::builder(Algorithm::FixedWindow, 100, 60_000_000).build().unwrap();
         assert!(store.decide("sluice:{k}", &limit, 1).await.is_ok());
         server.stop();
         let started = std::time::Instant::now();

@@ -1,8 +1,11 @@
 //! Test fixtures: free loopback ports, child processes killed when the fixture drops (even
-//! when a test panics), and real `redis-server` instances and clusters on loopback.
+//! when a test panics), real `redis-server` instances and clusters on loopback, and the
+//! workspace's wasm modules built for the tests that load them.
 
 mod process;
 mod redis;
+mod wasm;
 
 pub use process::{free_port, wait_for_port, Child, Stopped};
 pub use redis::{RedisCluster, RedisServer};
+pub use wasm::{wasm_module, wasm_module_bytes};

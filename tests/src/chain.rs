@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use sluice_testkit::{free_port, wait_for_port, Child, RedisCluster, RedisServer};
+use sluice_testkit::{free_port, wait_for_port, wasm_module, Child, RedisCluster, RedisServer};
 
 use crate::http::http;
 
@@ -87,18 +87,7 @@ pub fn binary(name: &str) -> PathBuf {
 /// `sluice_filter.wasm`, built once into target/wasm-modules.
 pub fn filter_wasm() -> &'static Path {
     static WASM: OnceLock<PathBuf> = OnceLock::new();
-    WASM.get_or_init(|| {
-        let target = root().join("target").join("wasm-modules");
-        let status = Command::new(env!("CARGO"))
-            .current_dir(root())
-            .args(["build", "-p", "sluice-filter", "--target", "wasm32-wasip1", "--release"])
-            .arg("--target-dir")
-            .arg(&target)
-            .status()
-            .expect("cannot run cargo");
-        assert!(status.success(), "building the filter failed (run scripts/setup)");
-        target.join("wasm32-wasip1/release/sluice_filter.wasm")
-    })
+    WASM.get_or_init(|| wasm_module("sluice-filter"))
 }
 
 /// `sluice-demo-upstream` listening on `port`.

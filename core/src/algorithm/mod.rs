@@ -6,7 +6,7 @@
 //! epoch, so the same code runs in the service, the filter, the SDKs and the tests.
 //!
 //! All arithmetic is on integers that stay below 2^53, so the Redis Lua scripts (whose
-//! numbers are doubles) reach exactly the same decisions; [`Limit::new`] rejects limits
+//! numbers are doubles) reach exactly the same decisions; [`LimitBuilder::build`] rejects limits
 //! whose numbers would break that promise.
 
 mod fixed_window;
@@ -22,11 +22,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// A point in time or a duration, in microseconds.
-pub type Micros = u64;
-
-/// Microseconds in one millisecond.
-pub const MICROS_PER_MS: Micros = 1_000;
+use crate::time::{Micros, MICROS_PER_MS};
 
 /// The largest integer every number in a decision must stay below (2^53): doubles, and so
 /// Redis Lua, represent every integer up to it exactly.
@@ -142,7 +138,7 @@ pub enum LimitError {
 
 /// Validated parameters of one limit, with the derived numbers every decision needs.
 ///
-/// Build it with [`Limit::new`]; the accessors expose the derived numbers so that the Redis
+/// Build it with [`Limit::builder`]; the accessors expose the derived numbers so that the Redis
 /// scripts can be called with exactly what the Rust state machine uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limit {
@@ -159,19 +155,40 @@ pub struct Limit {
     rate: u64,
 }
 
-impl Limit {
-    /// Validates a limit of `limit` cost units per `window` for `algorithm`.
-    ///
-    /// `burst` is the bucket capacity for the bucket algorithms (0 means `limit`); `shaping`
-    /// and `max_delay` apply to `leaky_bucket` only and are ignored elsewhere.
-    pub fn new(
-        algorithm: Algorithm,
-        limit: u64,
-        window: Micros,
-        burst: u64,
-        shaping: bool,
-        max_delay: Micros,
-    ) -> Result<Limit, LimitError> {
+/// The parameters of a [`Limit`] before validation: start with [`Limit::builder`], set what
+/// differs from the defaults (no burst beyond `limit`, no shaping), then [`LimitBuilder::build`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build`"]
+pub struct LimitBuilder {
+    algorithm: Algorithm,
+    limit: u64,
+    window: Micros,
+    burst: u64,
+    max_delay: Option<Micros>,
+}
+
+impl LimitBuilder {
+    /// The bucket capacity of the bucket algorithms (`token_bucket`, `gcra`, `leaky_bucket`);
+    /// 0, the default, means `limit`.
+    pub fn burst(self, burst: u64) -> LimitBuilder {
+        LimitBuilder { burst, ..self }
+    }
+
+    /// With `Some(max_delay)`, a `leaky_bucket` holds an excess request up to `max_delay`
+    /// instead of denying it (the other algorithms ignore it); `None`, the default, denies.
+    pub fn shaping(self, max_delay: Option<Micros>) -> LimitBuilder {
+        LimitBuilder { max_delay, ..self }
+    }
+
+    /// Validates the parameters and derives the numbers every decision needs.
+    pub fn build(self) -> Result<Limit, LimitError> {
+        let LimitBuilder {
+            algorithm,
+            limit,
+            window,
+            burst,
+            max_delay,
+        } = self;
         if limit == 0 {
             return Err(LimitError::ZeroLimit);
         }
@@ -183,8 +200,10 @@ impl Limit {
             return Err(LimitError::TooFast { limit, window_ms });
         }
         let capacity = if burst == 0 { limit } else { burst };
-        let shaping = shaping && algorithm == Algorithm::LeakyBucket;
-        let max_delay = if shaping { max_delay } else { 0 };
+        let (shaping, max_delay) = match max_delay {
+            Some(max_delay) if algorithm == Algorithm::LeakyBucket => (true, max_delay),
+            _ => (false, 0),
+        };
         let interval = window.div_ceil(limit);
         let g = gcd(window, limit);
         let (unit, rate) = (window / g, limit / g);
@@ -222,6 +241,20 @@ impl Limit {
                 unit,
                 rate,
             }),
+        }
+    }
+}
+
+impl Limit {
+    /// A limit of `limit` cost units per `window` for `algorithm`, with no burst beyond
+    /// `limit` and no shaping until the builder says otherwise.
+    pub fn builder(algorithm: Algorithm, limit: u64, window: Micros) -> LimitBuilder {
+        LimitBuilder {
+            algorithm,
+            limit,
+            window,
+            burst: 0,
+            max_delay: None,
         }
     }
 

@@ -6,7 +6,7 @@ use super::*;
 const SEC: Micros = 1_000_000;
 
 fn limit(algorithm: Algorithm, n: u64, window: Micros) -> Limit {
-    Limit::new(algorithm, n, window, 0, false, 0).unwrap()
+    Limit::builder(algorithm, n, window).build().unwrap()
 }
 
 #[test]
@@ -41,7 +41,7 @@ fn token_bucket_refills_at_limit_per_window() {
 
 #[test]
 fn gcra_burst_is_capacity_and_interval_is_window_over_limit() {
-    let l = Limit::new(Algorithm::Gcra, 60, 60 * SEC, 3, false, 0).unwrap();
+    let l = Limit::builder(Algorithm::Gcra, 60, 60 * SEC).burst(3).build().unwrap();
     let mut s = State::Fresh;
     for _ in 0..3 {
         assert!(l.decide(&mut s, 0, 1).allowed);
@@ -54,7 +54,11 @@ fn gcra_burst_is_capacity_and_interval_is_window_over_limit() {
 
 #[test]
 fn shaping_leaky_bucket_delays_up_to_max_delay() {
-    let l = Limit::new(Algorithm::LeakyBucket, 10, SEC, 1, true, 250_000).unwrap();
+    let l = Limit::builder(Algorithm::LeakyBucket, 10, SEC)
+        .burst(1)
+        .shaping(Some(250_000))
+        .build()
+        .unwrap();
     let mut s = State::Fresh;
     let delays: Vec<_> = (0..5).map(|_| l.decide(&mut s, 0, 1)).collect();
     // One passes at once, the next two wait 100ms and 200ms; 300ms would exceed max_delay.
@@ -160,21 +164,25 @@ fn state_expires_once_the_quota_is_whole_again() {
 #[test]
 fn invalid_limits_are_rejected_with_the_field() {
     assert_eq!(
-        Limit::new(Algorithm::Gcra, 0, SEC, 0, false, 0),
+        Limit::builder(Algorithm::Gcra, 0, SEC).build(),
         Err(LimitError::ZeroLimit)
     );
     assert_eq!(
-        Limit::new(Algorithm::Gcra, 1, 1_500, 0, false, 0),
+        Limit::builder(Algorithm::Gcra, 1, 1_500).build(),
         Err(LimitError::BadWindow)
     );
     assert!(matches!(
-        Limit::new(Algorithm::Gcra, 2_000, 1_000, 0, false, 0),
+        Limit::builder(Algorithm::Gcra, 2_000, 1_000).build(),
         Err(LimitError::TooFast { .. })
     ));
-    let e = Limit::new(Algorithm::SlidingWindowCounter, 1 << 30, 86_400 * SEC, 0, false, 0).unwrap_err();
+    let e = Limit::builder(Algorithm::SlidingWindowCounter, 1 << 30, 86_400 * SEC)
+        .build()
+        .unwrap_err();
     assert!(matches!(e, LimitError::TooLarge { field: "limit", .. }), "{e}");
     // Round numbers stay valid thanks to the gcd scaling: a million a day.
-    assert!(Limit::new(Algorithm::TokenBucket, 1_000_000, 86_400 * SEC, 0, false, 0).is_ok());
+    assert!(Limit::builder(Algorithm::TokenBucket, 1_000_000, 86_400 * SEC)
+        .build()
+        .is_ok());
 }
 
 #[test]

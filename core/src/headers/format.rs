@@ -1,5 +1,8 @@
 //! Formatting the headers and the 429 body that the filter sends.
 
+use crate::algorithm::Decision;
+use crate::time::wait_ms;
+
 /// Which header families to send; the filter's `"headers"` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -32,6 +35,22 @@ pub struct Quota<'a> {
     pub retry_after_ms: Option<u64>,
     /// The current time, unix milliseconds (for the absolute `X-RateLimit-Reset`).
     pub now_ms: u64,
+}
+
+impl<'a> Quota<'a> {
+    /// The quota one limit's decision advertises as `policy`, whose window is `window_ms`, at
+    /// `now_ms`: times rounded up to whole milliseconds, `retry_after_ms` on a denial only.
+    pub fn from_decision(policy: &'a str, decision: &Decision, window_ms: u64, now_ms: u64) -> Quota<'a> {
+        Quota {
+            policy,
+            limit: decision.limit,
+            remaining: decision.remaining,
+            reset_after_ms: wait_ms(decision.reset_after),
+            window_ms,
+            retry_after_ms: (!decision.allowed).then(|| wait_ms(decision.retry_after)),
+            now_ms,
+        }
+    }
 }
 
 /// Whole seconds, rounded up: a client that waits this long is never early.
@@ -286,6 +305,26 @@ mod tests {
         write_headers(&q, HeaderMode::Legacy, &mut buf);
         assert_eq!(buf.get("X-RateLimit-Reset"), Some("18446744073709552"));
         assert_eq!(denial_body(0), denial_body(1_000));
+    }
+
+    #[test]
+    fn a_decision_advertises_waits_rounded_up_and_retry_after_on_denials_only() {
+        let mut d = Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 0,
+            reset_after: 1_500,
+            retry_after: 1,
+            delay: 0,
+        };
+        let q = Quota::from_decision("local", &d, 1_000, 7);
+        assert_eq!(
+            (q.policy, q.limit, q.remaining, q.window_ms, q.now_ms),
+            ("local", 10, 0, 1_000, 7)
+        );
+        assert_eq!((q.reset_after_ms, q.retry_after_ms), (2, Some(1)));
+        d.allowed = true;
+        assert_eq!(Quota::from_decision("local", &d, 1_000, 7).retry_after_ms, None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::timestamp::{format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
 use super::validate::{limit_error_field, rule_label, validate_rule, Identity, Rule};
 use super::RulesError;
 use crate::algorithm::Limit;
+use crate::text::truncate;
 use crate::wire::MAX_IDENTITY_BYTES;
 
 /// A temporary limit for one identity under one rule (`[[override]]`, or the admin API).
@@ -54,12 +55,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 /// The text of line `line` (1-based), trimmed and cut to a readable length.
 fn line_text(text: &str, line: usize) -> &str {
-    let l = text.lines().nth(line.saturating_sub(1)).unwrap_or("").trim();
-    let mut end = l.len().min(80);
-    while !l.is_char_boundary(end) {
-        end -= 1;
-    }
-    &l[..end]
+    truncate(text.lines().nth(line.saturating_sub(1)).unwrap_or("").trim(), 80)
 }
 
 impl RuleSet {
@@ -278,22 +274,18 @@ impl RuleSet {
             let scaled = u128::from(base.capacity()) * u128::from(o.limit) / u128::from(base.limit());
             u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
         };
-        let limit = Limit::new(
-            base.algorithm(),
-            o.limit,
-            base.window(),
-            burst,
-            base.shaping(),
-            base.max_delay(),
-        )
-        .map_err(|e| {
-            // The override has no burst of its own: a too-large scaled burst means its limit is too large.
-            let field = match limit_error_field(&e) {
-                "burst" => "limit",
-                f => f,
-            };
-            fail(field, e.to_string())
-        })?;
+        let limit = Limit::builder(base.algorithm(), o.limit, base.window())
+            .burst(burst)
+            .shaping(base.shaping().then_some(base.max_delay()))
+            .build()
+            .map_err(|e| {
+                // The override has no burst of its own: a too-large scaled burst means its limit is too large.
+                let field = match limit_error_field(&e) {
+                    "burst" => "limit",
+                    f => f,
+                };
+                fail(field, e.to_string())
+            })?;
         self.overrides
             .entry(o.rule.clone())
             .or_default()

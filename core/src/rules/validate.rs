@@ -6,7 +6,8 @@ use super::duration::parse_duration;
 use super::file::RuleSpec;
 use super::glob::Glob;
 use super::RulesError;
-use crate::algorithm::{Algorithm, Limit, LimitError, UnknownAlgorithm, MICROS_PER_MS};
+use crate::algorithm::{Algorithm, Limit, LimitError, UnknownAlgorithm};
+use crate::time::micros_from_ms;
 use crate::wire::{is_token, MAX_HOLD_MS, MAX_IDENTITY_BYTES, MAX_METHOD_BYTES, MAX_PATH_BYTES};
 
 /// Longest rule name, in bytes.
@@ -73,12 +74,15 @@ impl Identity {
     }
 }
 
-/// What a rule does when the counter store is unreachable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What to do when no decision can be had: a rule's `failure` when the service's counter
+/// store is unreachable, the filter's `failure.mode` when the check service is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FailureMode {
-    /// Decide from a node-local fallback bucket (`failure = "open"`, the default).
+    /// Decide from a local fallback bucket (`"open"`, the default).
+    #[default]
     Open,
-    /// Deny (`failure = "closed"`).
+    /// Deny (`"closed"`).
     Closed,
 }
 
@@ -227,15 +231,11 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
             format!("{max_delay_ms} ms is longer than a request may be held ({MAX_HOLD_MS} ms)"),
         ));
     }
-    let limit = Limit::new(
-        algorithm,
-        spec.limit,
-        window_ms * MICROS_PER_MS,
-        spec.burst,
-        spec.shaping,
-        max_delay_ms * MICROS_PER_MS,
-    )
-    .map_err(|e| fail(limit_error_field(&e), e.to_string()))?;
+    let limit = Limit::builder(algorithm, spec.limit, micros_from_ms(window_ms))
+        .burst(spec.burst)
+        .shaping(spec.shaping.then_some(micros_from_ms(max_delay_ms)))
+        .build()
+        .map_err(|e| fail(limit_error_field(&e), e.to_string()))?;
     Ok(Rule {
         name: spec.name.clone(),
         by,

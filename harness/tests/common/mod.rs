@@ -3,40 +3,15 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use sluice_harness::{Host, HostOptions, Outcome, Plugin};
+use sluice_testkit::wasm_module_bytes;
 
-/// The probe module's bytes, built by a nested cargo in its own target directory (so it
-/// never waits on the outer build's lock).
+/// The probe module's bytes, built once per test process ([`wasm_module_bytes`]).
 pub fn wasm() -> &'static [u8] {
     static WASM: OnceLock<Vec<u8>> = OnceLock::new();
-    WASM.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let target = root.join("target").join("wasm-modules");
-        let status = Command::new(env!("CARGO"))
-            .current_dir(&root)
-            .args([
-                "build",
-                "-p",
-                "sluice-harness-probe",
-                "--target",
-                "wasm32-wasip1",
-                "--release",
-            ])
-            .arg("--target-dir")
-            .arg(&target)
-            .status()
-            .expect("cannot run cargo");
-        assert!(
-            status.success(),
-            "building the probe module for wasm32-wasip1 failed (is the target installed? run scripts/setup)"
-        );
-        let path = target.join("wasm32-wasip1/release/sluice_harness_probe.wasm");
-        std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-    })
+    WASM.get_or_init(|| wasm_module_bytes("sluice-harness-probe"))
 }
 
 /// The probe compiled once per test process.

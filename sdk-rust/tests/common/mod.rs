@@ -49,7 +49,10 @@ impl Server {
     /// A server whose `/limited` allows `limit` per second with a burst of `burst`.
     pub async fn start(limit: u64, burst: u64) -> Server {
         let per_second = limit;
-        let limit = Limit::new(Algorithm::TokenBucket, limit, 1_000_000, burst, false, 0).expect("valid limit");
+        let limit = Limit::builder(Algorithm::TokenBucket, limit, 1_000_000)
+            .burst(burst)
+            .build()
+            .expect("valid limit");
         let state = Arc::new(ServerState {
             limit,
             per_second,

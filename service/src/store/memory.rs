@@ -1,17 +1,13 @@
 //! The in-process counter store: sharded maps of limit state with bounded memory.
 //!
-//! Each key hashes to one of [`SHARDS`] mutex-guarded maps, so concurrent checks rarely
-//! contend. Every entry carries the time its state becomes indistinguishable from fresh
-//! ([`Limit::expires_after`]); expired entries are swept periodically and whenever a shard
-//! reaches its capacity. If a shard is full of live entries, the one expiring soonest is
-//! evicted: under a flood of distinct keys memory stays bounded, and what is forgotten is
-//! the state closest to being forgotten anyway.
+//! Each key hashes to one of [`SHARDS`] mutex-guarded [`StateMap`]s, so concurrent checks
+//! rarely contend. A shard bounds its keys as core's map does (expired entries first, then
+//! the one expiring soonest); expired entries are also swept periodically.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
-use sluice_core::{Limit, Micros, State};
+use sluice_core::{Limit, Micros, StateMap};
 
 use super::Stamped;
 use crate::clock::Clock;
@@ -19,34 +15,25 @@ use crate::clock::Clock;
 /// Number of shards; a power of two.
 pub const SHARDS: usize = 64;
 
-/// One shard: key → entry.
-type Shard = HashMap<Box<str>, Entry>;
-
-struct Entry {
-    state: State,
-    expires_at: Micros,
-}
-
 /// Sharded in-memory store.
 pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Mutex<StateMap>]>,
     hasher: RandomState,
-    per_shard_cap: usize,
     clock: Clock,
 }
 
 impl MemoryStore {
     /// A store holding at most about `max_keys` keys.
     pub fn new(max_keys: usize) -> MemoryStore {
+        let per_shard = (max_keys / SHARDS).max(16);
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(StateMap::new(per_shard))).collect(),
             hasher: RandomState::new(),
-            per_shard_cap: (max_keys / SHARDS).max(16),
             clock: Clock::default(),
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+    fn shard(&self, key: &str) -> MutexGuard<'_, StateMap> {
         let i = self.hasher.hash_one(key) as usize & (SHARDS - 1);
         // A panic while holding a shard lock cannot leave an entry half-written (states are
         // replaced whole), so a poisoned lock is safe to keep using.
@@ -64,32 +51,12 @@ impl MemoryStore {
 
     /// Decides at an explicit time (tests and the fallback buckets).
     pub fn decide_at(&self, key: &str, limit: &Limit, cost: u64, now: Micros) -> sluice_core::Decision {
-        let mut shard = self.shard(key);
-        if let Some(entry) = shard.get_mut(key) {
-            if entry.expires_at <= now {
-                entry.state = State::Fresh;
-            }
-            let decision = limit.decide(&mut entry.state, now, cost);
-            entry.expires_at = now + limit.expires_after(&entry.state, now);
-            return decision;
-        }
-        let mut state = State::Fresh;
-        let decision = limit.decide(&mut state, now, cost);
-        if decision.allowed {
-            if shard.len() >= self.per_shard_cap {
-                make_room(&mut shard, now);
-            }
-            let expires_at = now + limit.expires_after(&state, now);
-            shard.insert(key.into(), Entry { state, expires_at });
-        }
-        decision
+        self.shard(key).decide(key, limit, cost, now)
     }
 
     /// Gives back `cost` admitted at `at`.
     pub fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) {
-        if let Some(entry) = self.shard(key).get_mut(key) {
-            limit.refund(&mut entry.state, at, cost);
-        }
+        self.shard(key).refund(key, limit, at, cost);
     }
 
     /// Drops every expired entry; returns how many keys remain.
@@ -97,11 +64,7 @@ impl MemoryStore {
         let now = self.clock.now_us();
         self.shards
             .iter()
-            .map(|s| {
-                let mut shard = s.lock().unwrap_or_else(|p| p.into_inner());
-                shard.retain(|_, e| e.expires_at > now);
-                shard.len()
-            })
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).sweep(now))
             .sum()
     }
 
@@ -119,18 +82,6 @@ impl MemoryStore {
     }
 }
 
-/// Frees at least one slot: expired entries first, else the live one expiring soonest.
-fn make_room(shard: &mut Shard, now: Micros) {
-    let before = shard.len();
-    shard.retain(|_, e| e.expires_at > now);
-    if shard.len() < before {
-        return;
-    }
-    if let Some(victim) = shard.iter().min_by_key(|(_, e)| e.expires_at).map(|(k, _)| k.clone()) {
-        shard.remove(&victim);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,7 +90,7 @@ mod tests {
     #[test]
     fn memory_stays_bounded_under_a_flood_of_distinct_keys() {
         let store = MemoryStore::new(SHARDS * 100);
-        let limit = Limit::new(Algorithm::TokenBucket, 10, 60_000_000, 0, false, 0).unwrap();
+        let limit = Limit::builder(Algorithm::TokenBucket, 10, 60_000_000).build().unwrap();
         for i in 0..100_000 {
             store.decide_at(&format!("k{i}"), &limit, 1, 1_000_000 + i);
         }
@@ -154,7 +105,7 @@ mod tests {
     #[test]
     fn expired_state_is_fresh_again_and_swept() {
         let store = MemoryStore::new(1_000);
-        let limit = Limit::new(Algorithm::FixedWindow, 1, 1_000_000, 0, false, 0).unwrap();
+        let limit = Limit::builder(Algorithm::FixedWindow, 1, 1_000_000).build().unwrap();
         assert!(store.decide_at("k", &limit, 1, 0).allowed);
         assert!(!store.decide_at("k", &limit, 1, 10).allowed);
         assert!(store.decide_at("k", &limit, 1, 1_000_000).allowed);
@@ -166,7 +117,9 @@ mod tests {
     #[test]
     fn refund_restores_quota() {
         let store = MemoryStore::new(1_000);
-        let limit = Limit::new(Algorithm::SlidingWindowLog, 1, 1_000_000, 0, false, 0).unwrap();
+        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, 1_000_000)
+            .build()
+            .unwrap();
         assert!(store.decide_at("k", &limit, 1, 5).allowed);
         store.refund("k", &limit, 5, 1);
         assert!(store.decide_at("k", &limit, 1, 6).allowed);

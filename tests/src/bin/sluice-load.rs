@@ -11,6 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
+use sluice_core::rules;
 use tokio::net::TcpStream;
 
 /// Load generator for Sluice: closed-loop (as fast as answers come) or at a fixed rate.
@@ -57,14 +58,9 @@ enum Mode {
     Get,
 }
 
+/// A duration as the rule file writes one (`500ms`, `10s`, `1m`; see [`rules::parse_duration`]).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Some(ms) = s.strip_suffix("ms") {
-        return ms.parse().map(Duration::from_millis).map_err(|e| format!("{s}: {e}"));
-    }
-    if let Some(secs) = s.strip_suffix('s') {
-        return secs.parse().map(Duration::from_secs).map_err(|e| format!("{s}: {e}"));
-    }
-    Err(format!("{s:?}: write a duration like 10s or 500ms"))
+    rules::parse_duration(s).map(Duration::from_millis)
 }
 
 struct Outcome {

@@ -1,0 +1,161 @@
+//! Limit state per key, in memory, with a bound on the number of keys: the filter's local
+//! and fallback buckets, and each shard of the service's memory store and fallback buckets.
+//!
+//! Every entry carries the time its state becomes indistinguishable from a fresh one
+//! ([`Limit::expires_after`]); an expired entry decides as a fresh one would. When the bound
+//! is reached, expired entries are dropped first; if none is, the live entry expiring soonest
+//! is evicted. Under a flood of distinct keys memory stays bounded, and what is forgotten is
+//! the state closest to being forgotten anyway; an evicted key only gets a fresh (full)
+//! quota back, erring towards admitting.
+
+use std::collections::HashMap;
+
+use crate::algorithm::{Decision, Limit, State};
+use crate::time::Micros;
+
+struct Entry {
+    state: State,
+    expires_at: Micros,
+}
+
+/// Keyed limit states, at most `max_keys` of them.
+pub struct StateMap {
+    max_keys: usize,
+    entries: HashMap<Box<str>, Entry>,
+}
+
+impl StateMap {
+    /// An empty map that holds at most `max_keys` (at least 1) keys.
+    pub fn new(max_keys: usize) -> StateMap {
+        StateMap {
+            max_keys: max_keys.max(1),
+            entries: HashMap::new(),
+        }
+    }
+
+    /// Decides a request of `cost` against `limit` under `key` at `now`, keeping the new
+    /// state. A key seen for the first time is kept only when admitted (a denial changed
+    /// nothing a fresh state would not show again).
+    pub fn decide(&mut self, key: &str, limit: &Limit, cost: u64, now: Micros) -> Decision {
+        if let Some(entry) = self.entries.get_mut(key) {
+            if entry.expires_at <= now {
+                entry.state = State::Fresh;
+            }
+            let decision = limit.decide(&mut entry.state, now, cost);
+            entry.expires_at = now.saturating_add(limit.expires_after(&entry.state, now));
+            return decision;
+        }
+        let mut state = State::Fresh;
+        let decision = limit.decide(&mut state, now, cost);
+        if decision.allowed {
+            if self.entries.len() >= self.max_keys {
+                self.make_room(now);
+            }
+            let expires_at = now.saturating_add(limit.expires_after(&state, now));
+            self.entries.insert(key.into(), Entry { state, expires_at });
+        }
+        decision
+    }
+
+    /// Gives back `cost` admitted under `key` at `at` (see [`Limit::refund`]).
+    pub fn refund(&mut self, key: &str, limit: &Limit, at: Micros, cost: u64) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            limit.refund(&mut entry.state, at, cost);
+        }
+    }
+
+    /// Drops every entry expired at `now`; returns how many keys remain.
+    pub fn sweep(&mut self, now: Micros) -> usize {
+        self.entries.retain(|_, e| e.expires_at > now);
+        self.entries.len()
+    }
+
+    /// Keys held (expired or not).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Frees at least one slot: expired entries first, else the live one expiring soonest.
+    fn make_room(&mut self, now: Micros) {
+        let before = self.entries.len();
+        if self.sweep(now) < before {
+            return;
+        }
+        let victim = self
+            .entries
+            .iter()
+            .min_by_key(|(_, e)| e.expires_at)
+            .map(|(k, _)| k.clone());
+        if let Some(victim) = victim {
+            self.entries.remove(&victim);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::time::MICROS_PER_S;
+
+    #[test]
+    fn bounded_under_a_flood_and_still_limits() {
+        let limit = Limit::builder(Algorithm::TokenBucket, 1, MICROS_PER_S)
+            .burst(2)
+            .build()
+            .unwrap();
+        let mut map = StateMap::new(1_000);
+        for i in 0..50_000u64 {
+            map.decide(&format!("10.0.{}.{}", i / 256, i % 256), &limit, 1, 1_000 + i);
+        }
+        assert!(map.len() <= 1_000);
+        assert!(map.decide("x", &limit, 1, 0).allowed && map.decide("x", &limit, 1, 0).allowed);
+        assert!(!map.decide("x", &limit, 1, 0).allowed);
+    }
+
+    #[test]
+    fn makes_room_with_expired_entries_first_then_the_one_expiring_soonest() {
+        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, 10 * MICROS_PER_S)
+            .build()
+            .unwrap();
+        let mut map = StateMap::new(2);
+        assert!(map.decide("a", &limit, 1, 0).allowed); // expires at 10 s
+        assert!(map.decide("b", &limit, 1, MICROS_PER_S).allowed); // at 11 s
+        assert!(map.decide("c", &limit, 1, 2 * MICROS_PER_S).allowed); // evicts a
+        assert_eq!(map.len(), 2);
+        assert!(!map.decide("b", &limit, 1, 3 * MICROS_PER_S).allowed, "b is kept");
+        assert!(map.decide("a", &limit, 1, 3 * MICROS_PER_S).allowed, "a was forgotten");
+        assert!(map.decide("d", &limit, 1, 20 * MICROS_PER_S).allowed);
+        assert_eq!(map.len(), 1, "every expired entry went at once");
+    }
+
+    #[test]
+    fn expired_state_is_fresh_again_and_swept() {
+        let limit = Limit::builder(Algorithm::FixedWindow, 1, MICROS_PER_S).build().unwrap();
+        let mut map = StateMap::new(1_000);
+        assert!(map.decide("k", &limit, 1, 0).allowed);
+        assert!(!map.decide("k", &limit, 1, 10).allowed);
+        assert!(map.decide("k", &limit, 1, MICROS_PER_S).allowed);
+        assert_eq!(map.sweep(MICROS_PER_S), 1);
+        assert_eq!(map.sweep(2 * MICROS_PER_S), 0);
+        assert!(map.is_empty());
+    }
+
+    #[test]
+    fn a_first_denial_keeps_nothing_and_refunds_restore_quota() {
+        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, MICROS_PER_S)
+            .build()
+            .unwrap();
+        let mut map = StateMap::new(1_000);
+        assert!(!map.decide("big", &limit, 2, 0).allowed);
+        assert!(map.is_empty());
+        assert!(map.decide("k", &limit, 1, 5).allowed);
+        map.refund("k", &limit, 5, 1);
+        assert!(map.decide("k", &limit, 1, 6).allowed);
+    }
+}

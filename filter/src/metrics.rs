@@ -1,0 +1,48 @@
+//! The filter's metrics, defined once per VM. A metric the host refuses has id 0 and is
+//! skipped: metrics never fail a request.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MetricType;
+
+/// Metric ids (0: undefined).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Metrics {
+    pub allowed: u32,
+    pub denied_local: u32,
+    pub denied_global: u32,
+    pub failed_open: u32,
+    pub failed_closed: u32,
+    pub delayed: u32,
+    pub check_latency_ms: u32,
+}
+
+impl Metrics {
+    /// Defines every metric with the host.
+    pub fn define() -> Metrics {
+        let counter = |name: &str| hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0);
+        Metrics {
+            allowed: counter("sluice_filter_requests_allowed"),
+            denied_local: counter("sluice_filter_requests_denied_local"),
+            denied_global: counter("sluice_filter_requests_denied_global"),
+            failed_open: counter("sluice_filter_requests_failed_open"),
+            failed_closed: counter("sluice_filter_requests_failed_closed"),
+            delayed: counter("sluice_filter_requests_delayed"),
+            check_latency_ms: hostcalls::define_metric(MetricType::Histogram, "sluice_filter_check_latency_ms")
+                .unwrap_or(0),
+        }
+    }
+
+    /// Adds one to counter `id`.
+    pub fn bump(id: u32) {
+        if id != 0 {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+
+    /// Records `value` in histogram `id`.
+    pub fn record(id: u32, value: u64) {
+        if id != 0 {
+            let _ = hostcalls::record_metric(id, value);
+        }
+    }
+}

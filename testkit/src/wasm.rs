@@ -1,0 +1,39 @@
+//! Wasm modules of the workspace, built for the tests that run them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The workspace's root directory.
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds workspace package `package` for wasm32-wasip1 (release) and returns the path of
+/// its module. A nested cargo builds it into `target/wasm-modules`, a target directory of its
+/// own, so it never waits on the lock of the outer build that runs the test; an up-to-date
+/// module costs one no-op cargo run. Callers keep the result for the rest of the process.
+///
+/// Panics when the build fails, saying how to get the target.
+pub fn wasm_module(package: &str) -> PathBuf {
+    let root = workspace_root();
+    let target = root.join("target").join("wasm-modules");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "-p", package, "--target", "wasm32-wasip1", "--release"])
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("cannot run cargo");
+    assert!(
+        status.success(),
+        "building {package} for wasm32-wasip1 failed (is the target installed? run scripts/setup)"
+    );
+    let file = format!("{}.wasm", package.replace('-', "_"));
+    target.join("wasm32-wasip1").join("release").join(file)
+}
+
+/// The bytes of [`wasm_module`]`(package)`.
+pub fn wasm_module_bytes(package: &str) -> Vec<u8> {
+    let path = wasm_module(package);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
