@@ -378,6 +378,11 @@ impl Host {
         result.map(drop)
     }
 
+    /// The host this one plays.
+    pub fn flavor(&self) -> Flavor {
+        self.store.data().options.flavor
+    }
+
     /// The host clock, ns since the unix epoch.
     pub fn now_ns(&self) -> u64 {
         self.store.data().clock_ns

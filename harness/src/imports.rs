@@ -97,11 +97,18 @@ fn map_mut(s: &mut HostState, kind: MapType) -> Option<&mut HeaderMap> {
 
 fn nginx_trap(c: &mut Ctx<'_>, name: &str) -> wasmtime::Result<()> {
     if c.data().options.flavor == Flavor::Nginx {
-        let msg = format!("{name} is not supported by ngx_wasm_module: the call traps there");
-        c.data_mut().nginx_trap = Some(msg.clone());
-        return Err(wasmtime::Error::msg(msg));
+        nginx_trap_with(
+            c,
+            &format!("{name} is not supported by ngx_wasm_module: the call traps there"),
+        )?;
     }
     Ok(())
+}
+
+/// Traps as ngx_wasm_module does, with its message.
+fn nginx_trap_with(c: &mut Ctx<'_>, msg: &str) -> HostResult {
+    c.data_mut().nginx_trap = Some(msg.to_owned());
+    Err(wasmtime::Error::msg(msg.to_owned()))
 }
 
 fn current_stream(s: &mut HostState) -> Option<&mut Stream> {
@@ -157,6 +164,15 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "env",
         "proxy_set_tick_period_milliseconds",
         |mut c: Ctx<'_>, period: i32| -> HostResult {
+            if c.data().options.flavor == Flavor::Nginx {
+                // ngx_proxy_wasm_hfuncs_set_tick_period: root context only, and once.
+                if c.data().current != c.data().root_id {
+                    return nginx_trap_with(&mut c, "can only set tick_period in root context");
+                }
+                if period != 0 && c.data().tick_period_ms != 0 {
+                    return nginx_trap_with(&mut c, "tick_period already set");
+                }
+            }
             let s = c.data_mut();
             s.tick_period_ms = period as u32;
             s.next_tick_ns = s.clock_ns + u64::from(period as u32) * 1_000_000;
@@ -424,6 +440,15 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "env",
         "proxy_continue_stream",
         |mut c: Ctx<'_>, kind: i32| -> HostResult {
+            if c.data().options.flavor == Flavor::Nginx && c.data().current == c.data().root_id {
+                // With set_effective_context a no-op, a root's on_tick that resumes a stream
+                // reaches ngx_wasm_module with no request to resume (its source dereferences
+                // the root's missing request context): never rely on it.
+                return nginx_trap_with(
+                    &mut c,
+                    "resume outside a request context: the root has no request to resume",
+                );
+            }
             let Some(stream) = current_stream(c.data_mut()) else {
                 return status(Status::NotFound);
             };
@@ -511,13 +536,23 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                 return status(Status::BadArgument);
             };
             let s = c.data();
-            let known = s.options.clusters.is_empty() || s.options.clusters.contains(&upstream);
-            let has_pseudo = [":method", ":path", ":authority"]
-                .iter()
-                .all(|p| headers.iter().any(|(k, _)| k == p));
-            if !known || !has_pseudo {
-                // Envoy refuses a call to an unknown cluster or without :method/:path/:authority.
-                return status(Status::BadArgument);
+            let has = |p: &str| headers.iter().any(|(k, _)| k == p);
+            if s.options.flavor == Flavor::Nginx {
+                // ngx_wasm_module fails the dispatch inside the host call, which traps, for an
+                // upstream that is not `host[:port]` or a call without :method or :path; a
+                // name is resolved later, and a failure then is delivered as a failed call.
+                let problem = nginx_upstream_problem(&upstream)
+                    .or_else(|| (!has(":method")).then(|| "no :method".to_owned()))
+                    .or_else(|| (!has(":path")).then(|| "no :path".to_owned()));
+                if let Some(problem) = problem {
+                    return nginx_trap_with(&mut c, &format!("dispatch failed: {problem}"));
+                }
+            } else {
+                let known = s.options.clusters.is_empty() || s.options.clusters.contains(&upstream);
+                if !known || ![":method", ":path", ":authority"].iter().all(|p| has(p)) {
+                    // Envoy refuses a call to an unknown cluster or without :method/:path/:authority.
+                    return status(Status::BadArgument);
+                }
             }
             let s = c.data_mut();
             s.next_token += 1;
@@ -555,6 +590,9 @@ pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut c: Ctx<'_>, id: i32| -> HostResult {
             let id = id as u32;
             let s = c.data_mut();
+            if s.options.flavor == Flavor::Nginx {
+                return OK; // ngx_proxy_wasm_hfuncs_set_effective_context: answers Ok, does nothing
+            }
             if id != s.root_id && !s.streams.contains_key(&id) {
                 return status(Status::BadArgument);
             }
@@ -693,7 +731,9 @@ fn property_path(raw: &[u8]) -> String {
 }
 
 /// Defines every other `env` import of `module` as a function that logs and returns
-/// `Unimplemented`, so a module never traps because the harness lacks a host function.
+/// `Unimplemented`, so a module never traps because the harness lacks a host function. In
+/// the Nginx flavor it traps instead: ngx_wasm_module's not-yet-implemented host functions
+/// (the `proxy_grpc_*` calls among them) do.
 pub(crate) fn stub_missing(linker: &mut Linker<HostState>, module: &Module) -> wasmtime::Result<()> {
     let missing: Vec<_> = module
         .imports()
@@ -704,8 +744,13 @@ pub(crate) fn stub_missing(linker: &mut Linker<HostState>, module: &Module) -> w
         let fname = name.clone();
         let result_types: Vec<ValType> = ty.results().collect();
         let defined = linker.func_new("env", &name, ty, move |mut c: Caller<'_, HostState>, _args, results| {
-            tracing::warn!(function = %fname, "host function not implemented by the harness: returning Unimplemented");
             c.data_mut().unimplemented.push(fname.clone());
+            if c.data().options.flavor == Flavor::Nginx {
+                let msg = format!("{fname} is not implemented by ngx_wasm_module (NYI): it traps");
+                c.data_mut().nginx_trap = Some(msg.clone());
+                return Err(wasmtime::Error::msg(msg));
+            }
+            tracing::warn!(function = %fname, "host function not implemented by the harness: returning Unimplemented");
             for (r, t) in results.iter_mut().zip(&result_types) {
                 *r = match t {
                     ValType::I64 => Val::I64(Status::Unimplemented as i64),
@@ -718,4 +763,28 @@ pub(crate) fn stub_missing(linker: &mut Linker<HostState>, module: &Module) -> w
         drop(defined);
     }
     Ok(())
+}
+
+/// Why ngx_wasm_module's `ngx_wasm_socket_tcp_init` refuses `upstream` (`host[:port]`, port
+/// 80 by default, IPv6 in brackets), if it does.
+pub(crate) fn nginx_upstream_problem(upstream: &str) -> Option<String> {
+    let (host, port) = match upstream.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((host, tail)) => (host, tail.strip_prefix(':')),
+            None => return Some("tcp socket - invalid host".into()),
+        },
+        None => match upstream.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (upstream, None),
+        },
+    };
+    if host.is_empty() {
+        return Some("tcp socket - no host".into());
+    }
+    if let Some(port) = port {
+        if !matches!(port.parse::<u32>(), Ok(1..=65_535)) {
+            return Some("tcp socket - invalid port".into());
+        }
+    }
+    None
 }

@@ -154,6 +154,9 @@ async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         clusters.insert(name.to_owned(), endpoints);
     }
     let flavor = args.host_flavor.into();
+    if flavor == Flavor::Nginx && !clusters.is_empty() {
+        bail!("--cluster is Envoy's: ngx_wasm_module calls the `host:port` the module names (set check.cluster to it)");
+    }
     let config = ProxyConfig {
         wasm,
         plugin_config,

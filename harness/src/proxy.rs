@@ -525,12 +525,15 @@ fn vm_loop(
                 continue;
             }
             stats.calls += 1;
-            let mut endpoints = clusters
-                .get(&call.upstream)
-                .cloned()
-                .or_else(|| call.upstream.parse().ok().map(|a| vec![a]))
-                .unwrap_or_default();
-            if !endpoints.is_empty() {
+            // Envoy: a cluster's endpoints in turn; ngx_wasm_module: the `host:port` itself.
+            let mut endpoints = match host.flavor() {
+                Flavor::Envoy => clusters
+                    .get(&call.upstream)
+                    .cloned()
+                    .or_else(|| call.upstream.parse().ok().map(|a| vec![a])),
+                Flavor::Nginx => None,
+            };
+            if let Some(endpoints) = endpoints.as_mut().filter(|e| !e.is_empty()) {
                 turn = turn.wrapping_add(1);
                 let first = turn % endpoints.len();
                 endpoints.rotate_left(first);
@@ -538,10 +541,14 @@ fn vm_loop(
             let (tx, calls) = (tx.clone(), calls.clone());
             runtime.spawn(async move {
                 let timeout = Duration::from_millis(u64::from(call.timeout_ms));
-                let response = tokio::time::timeout(timeout, perform(&calls, &endpoints, &call.headers, call.body))
-                    .await
-                    .ok()
-                    .flatten();
+                let call_out = async {
+                    let endpoints = match endpoints {
+                        Some(endpoints) => endpoints,
+                        None => resolve(&call.upstream).await,
+                    };
+                    perform(&calls, &endpoints, &call.headers, call.body).await
+                };
+                let response = tokio::time::timeout(timeout, call_out).await.ok().flatten();
                 let _ = tx.send(Cmd::CallDone {
                     token: call.token,
                     response,
@@ -604,4 +611,26 @@ async fn perform(
         return Some(CallResponse { headers: out, body });
     }
     None
+}
+
+/// An ngx_wasm_module upstream, `host[:port]` (port 80 when none is given), resolved as
+/// Nginx does for each call; a name that does not resolve fails the call.
+async fn resolve(upstream: &str) -> Vec<SocketAddr> {
+    let has_port = match upstream.strip_prefix('[') {
+        Some(rest) => rest.contains("]:"),
+        None => upstream.contains(':'),
+    };
+    let target = if has_port {
+        upstream.to_owned()
+    } else {
+        format!("{upstream}:80")
+    };
+    let resolved = tokio::net::lookup_host(target.as_str()).await;
+    match resolved {
+        Ok(addrs) => addrs.collect(),
+        Err(e) => {
+            tracing::debug!(%upstream, "cannot resolve the call's upstream: {e}");
+            Vec::new()
+        }
+    }
 }

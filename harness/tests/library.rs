@@ -278,3 +278,114 @@ fn nginx_flavor_never_reports_end_of_stream_in_header_callbacks() {
     envoy.request_headers(s, &headers, true).unwrap();
     assert_eq!(header(&envoy, s, "x-end-of-stream").as_deref(), Some("true"));
 }
+
+fn nginx(config: &str) -> Host {
+    host_with(
+        config,
+        HostOptions {
+            flavor: Flavor::Nginx,
+            ..HostOptions::default()
+        },
+    )
+}
+
+/// Delivers `x-probe: mode` request headers; a trap is the error.
+fn try_request(host: &mut Host, mode: &str, extra: &[(&str, &str)]) -> Result<(u32, Outcome), String> {
+    let s = host.new_stream().expect("stream");
+    let mut headers = vec![(":method", "GET"), (":path", "/"), ("x-probe", mode)];
+    headers.extend_from_slice(extra);
+    host.request_headers(s, &headers, false)
+        .map(|o| (s, o))
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn nginx_flavor_traps_on_a_tick_period_set_outside_the_root_context_or_twice() {
+    let mut envoy = host();
+    let (s, _) = try_request(&mut envoy, "tick-here", &[]).expect("Envoy allows it");
+    assert_eq!(header(&envoy, s, "x-tick").as_deref(), Some("Ok(())"));
+
+    let err = try_request(&mut nginx(""), "tick-here", &[]).expect_err("Nginx traps");
+    assert!(err.contains("can only set tick_period in root context"), "{err}");
+
+    let mut twice = Host::from_plugin(common::plugin(), HostOptions::default()).unwrap();
+    twice.start(b"", b"tick-twice=10").expect("Envoy allows it");
+    let mut twice = Host::from_plugin(
+        common::plugin(),
+        HostOptions {
+            flavor: Flavor::Nginx,
+            ..HostOptions::default()
+        },
+    )
+    .unwrap();
+    let err = twice.start(b"", b"tick-twice=10").expect_err("Nginx traps").to_string();
+    assert!(err.contains("tick_period already set"), "{err}");
+}
+
+#[test]
+fn nginx_flavor_cannot_resume_a_stream_from_a_tick() {
+    // proxy_set_effective_context answers Ok and does nothing: the resume acts on the root.
+    let mut host = nginx("tick=10");
+    let (s, outcome) = request(&mut host, "pause", &[]);
+    assert_eq!(outcome, Outcome::Pause);
+    let err = host
+        .advance(Duration::from_millis(10))
+        .expect_err("the resume traps")
+        .to_string();
+    assert!(err.contains("resume outside a request context"), "{err}");
+    assert_eq!(host.stream(s).unwrap().request_resumes, 0, "resumed from on_tick");
+}
+
+#[test]
+fn nginx_flavor_traps_on_grpc_calls_where_envoy_answers_unimplemented() {
+    let mut envoy = host();
+    let (s, outcome) = request(&mut envoy, "grpc", &[]);
+    assert_eq!(outcome, Outcome::Continue);
+    assert_eq!(header(&envoy, s, "x-status").as_deref(), Some("12"));
+    let err = try_request(&mut nginx(""), "grpc", &[]).expect_err("Nginx traps");
+    assert!(
+        err.contains("proxy_grpc_cancel is not implemented by ngx_wasm_module"),
+        "{err}"
+    );
+}
+
+#[test]
+fn nginx_flavor_dispatches_to_host_port_and_traps_on_what_it_cannot_parse() {
+    let mut host = nginx("");
+    for upstream in ["127.0.0.1:8081", "[::1]:8081", "check.internal", "localhost:80"] {
+        let (_, outcome) = try_request(&mut host, "dispatch-to", &[("x-upstream", upstream)]).expect(upstream);
+        assert_eq!(outcome, Outcome::Pause, "{upstream}");
+    }
+    let calls: Vec<String> = host.pending_calls().into_iter().map(|c| c.upstream).collect();
+    assert_eq!(
+        calls,
+        ["127.0.0.1:8081", "[::1]:8081", "check.internal", "localhost:80"]
+    );
+    for (upstream, omit, problem) in [
+        (":80", "", "no host"),
+        ("127.0.0.1:66000", "", "invalid port"),
+        ("localhost:http", "", "invalid port"),
+        ("[::1", "", "invalid host"),
+        ("127.0.0.1:8081", ":method", "no :method"),
+        ("127.0.0.1:8081", ":path", "no :path"),
+    ] {
+        let err = try_request(
+            &mut nginx(""),
+            "dispatch-to",
+            &[("x-upstream", upstream), ("x-omit", omit)],
+        )
+        .expect_err(upstream);
+        assert!(
+            err.contains("dispatch failed: ") && err.contains(problem),
+            "{upstream} {omit}: {err}"
+        );
+    }
+    // Envoy: a missing :authority is refused, Nginx fills it in.
+    let (_, outcome) = try_request(
+        &mut host,
+        "dispatch-to",
+        &[("x-upstream", "127.0.0.1:1"), ("x-omit", ":authority")],
+    )
+    .unwrap();
+    assert_eq!(outcome, Outcome::Pause);
+}

@@ -4,7 +4,8 @@
 //! function the harness supports; results come back as request headers (which the test
 //! reads from the stream or the upstream sees) or as local responses.
 //!
-//! Plugin configuration: empty, `fail` (configure returns false) or `tick=<ms>`.
+//! Plugin configuration: empty, `fail` (configure returns false), `tick=<ms>`, or
+//! `tick-twice=<ms>` (sets the tick period twice).
 
 use std::cell::RefCell;
 use std::time::{Duration, UNIX_EPOCH};
@@ -50,6 +51,23 @@ mod missing {
     }
 }
 
+/// A gRPC host call, raw (the SDK's wrapper panics on a status it does not expect).
+#[cfg(target_arch = "wasm32")]
+mod grpc {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        pub fn proxy_grpc_cancel(token: u32) -> u32;
+    }
+}
+
+fn call_grpc_cancel() -> u32 {
+    #[cfg(target_arch = "wasm32")]
+    // SAFETY: an import without pointer arguments; the host answers a status.
+    return unsafe { grpc::proxy_grpc_cancel(1) };
+    #[cfg(not(target_arch = "wasm32"))]
+    return u32::MAX;
+}
+
 fn call_missing_function() -> u32 {
     #[cfg(target_arch = "wasm32")]
     // SAFETY: an import without pointer arguments; the host answers a status.
@@ -83,6 +101,10 @@ impl RootContext for ProbeRoot {
         }
         if let Some(ms) = config.strip_prefix("tick=").and_then(|ms| ms.parse().ok()) {
             self.set_tick_period(Duration::from_millis(ms));
+        }
+        if let Some(ms) = config.strip_prefix("tick-twice=").and_then(|ms| ms.parse().ok()) {
+            let _ = hostcalls::set_tick_period(Duration::from_millis(ms));
+            let _ = hostcalls::set_tick_period(Duration::from_millis(ms));
         }
         let defined = (|| {
             Ok::<_, Status>(Metrics {
@@ -230,6 +252,26 @@ impl HttpContext for Probe {
                     Ok(token) => self.mark("x-call-error", &format!("dispatched {token}")),
                     Err(e) => self.mark("x-call-error", &format!("{e:?}")),
                 }
+            }
+            "tick-here" => {
+                let result = hostcalls::set_tick_period(Duration::from_millis(10));
+                self.mark("x-tick", &format!("{result:?}"));
+            }
+            "dispatch-to" => {
+                let upstream = self.get_http_request_header("x-upstream").unwrap_or_default();
+                let omit = self.get_http_request_header("x-omit").unwrap_or_default();
+                let headers: Vec<(&str, &str)> = [(":method", "GET"), (":path", "/"), (":authority", "a")]
+                    .into_iter()
+                    .filter(|(k, _)| *k != omit)
+                    .collect();
+                match self.dispatch_http_call(&upstream, headers, None, vec![], Duration::from_millis(10)) {
+                    Ok(_) => return Action::Pause,
+                    Err(e) => self.mark("x-call-error", &format!("{e:?}")),
+                }
+            }
+            "grpc" => {
+                let status = call_grpc_cancel();
+                self.mark("x-status", &status.to_string());
             }
             "pause" => {
                 PAUSED.with(|p| p.borrow_mut().push(self.id));
