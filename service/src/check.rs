@@ -8,14 +8,14 @@
 
 use std::time::Instant;
 
-use sluice_core::rules::{limit_key, FailureMode, Rule};
+use sluice_core::rules::{FailureMode, Rule};
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, Outcome};
 use sluice_core::{Limit, Micros};
 
 use crate::metrics::Verdict;
 use crate::node::Node;
-use crate::store::{closed_decision, Stamped, StoreError};
+use crate::store::{closed_decision, keys, Stamped, StoreError};
 use crate::violations::Violation;
 
 /// A rule's admission, kept for a refund.
@@ -37,7 +37,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
 
     for (rule, identity) in rules.matching(&req.identities, &req.method, &req.path) {
         let limit = rules.limit_for(rule, identity, now_ms);
-        let key = limit_key(&rule.name, identity);
+        let key = keys::limit(&rule.name, identity);
         let (decision, degraded, at) = match store_decide(node, &key, &limit, req.cost).await {
             Ok(Stamped { decision, at }) => (decision, false, at),
             Err(e) => {

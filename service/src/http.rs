@@ -21,6 +21,7 @@ use sluice_core::wire::{CheckRequest, MAX_HOLD_MS};
 use crate::check::check;
 use crate::node::Node;
 use crate::rules_source;
+use crate::store::{Publish, StoreError};
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 16 * 1024;
@@ -155,17 +156,37 @@ fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// `GET /v1/admin/rules`: the rules in force, with their published version as the `ETag`.
 async fn get_rules(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Response, ApiError> {
     authorize(&node, &headers)?;
-    Ok(([(header::CONTENT_TYPE, "application/toml")], node.rules().to_toml()).into_response())
+    let etag = format!("\"{}\"", node.rules_version());
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/toml".to_owned()),
+            (header::ETAG, etag),
+        ],
+        node.rules().to_toml(),
+    )
+        .into_response())
 }
 
+/// `PUT /v1/admin/rules`: replaces the rules everywhere. With `If-Match: "<version>"` (the
+/// `ETag` of a GET) only if they are still that version, else 409; without, unconditionally.
 async fn put_rules(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&node, &headers)?;
+    let expected = match headers.get(header::IF_MATCH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().trim_matches('"').parse::<u64>().ok())
+                .ok_or_else(|| bad("If-Match must be the ETag of GET /v1/admin/rules, e.g. \"3\""))?,
+        ),
+    };
     let raw = body(raw)?;
     let text = std::str::from_utf8(&raw).map_err(|_| bad("rules must be UTF-8 text"))?;
     let is_json = headers
@@ -179,14 +200,47 @@ async fn put_rules(
     }
     .map_err(|e| bad(format!("rules not changed: {e}")))?;
     let count = rules.rules().len();
-    publish(&node, rules).await?;
-    Ok(Json(json!({"status": "ok", "rules": count})).into_response())
+    match rules_source::replace(&node, rules, expected)
+        .await
+        .map_err(not_stored)?
+    {
+        Publish::Done(version) => Ok((
+            [(header::ETAG, format!("\"{version}\""))],
+            Json(json!({"status": "ok", "rules": count, "version": version})),
+        )
+            .into_response()),
+        Publish::Conflict(now) => Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "rules not changed: they are version {now} now, not {}; GET them again and reapply your change",
+                expected.unwrap_or_default()
+            ),
+        )),
+    }
 }
 
-async fn publish(node: &Node, rules: RuleSet) -> Result<(), ApiError> {
-    rules_source::replace(node, rules)
-        .await
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("rules not stored: {e}")))
+fn not_stored(e: StoreError) -> ApiError {
+    ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("rules not stored: {e}"))
+}
+
+/// Applies `change` to the rules in force and publishes them; when another change came
+/// first, adopts it and applies `change` again (so concurrent overrides are all kept).
+async fn change_rules(node: &Node, change: impl Fn(&mut RuleSet) -> Result<(), ApiError>) -> Result<(), ApiError> {
+    for _ in 0..5 {
+        let mut rules = (*node.rules()).clone();
+        change(&mut rules)?;
+        match rules_source::replace(node, rules, Some(node.rules_version()))
+            .await
+            .map_err(not_stored)?
+        {
+            Publish::Done(_) => return Ok(()),
+            Publish::Conflict(_) => rules_source::adopt_published(node).await.map_err(not_stored)?,
+        }
+    }
+    Err(ApiError(
+        StatusCode::CONFLICT,
+        "rules not changed: they kept changing under this update; try again".into(),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -207,16 +261,16 @@ async fn add_override(
     let raw = body(raw)?;
     let o: OverrideBody = serde_json::from_slice(&raw).map_err(|e| bad(format!("invalid override: {e}")))?;
     let until_ms = parse_rfc3339(&o.until).map_err(|e| bad(format!("field until: {e}")))?;
-    let mut rules = (*node.rules()).clone();
-    rules
-        .add_override(Override {
-            rule: o.rule,
-            identity: o.identity,
-            limit: o.limit,
-            until_ms,
-        })
-        .map_err(|e| bad(e.to_string()))?;
-    publish(&node, rules).await?;
+    let o = Override {
+        rule: o.rule,
+        identity: o.identity,
+        limit: o.limit,
+        until_ms,
+    };
+    change_rules(&node, |rules| {
+        rules.add_override(o.clone()).map_err(|e| bad(e.to_string()))
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response())
 }
 
@@ -229,14 +283,17 @@ async fn remove_override(
     let (Some(rule), Some(identity)) = (q.get("rule"), q.get("identity")) else {
         return Err(bad("give the override as ?rule=NAME&identity=VALUE"));
     };
-    let mut rules = (*node.rules()).clone();
-    if !rules.remove_override(rule, identity) {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no override for rule {rule:?} and identity {identity:?}"),
-        ));
-    }
-    publish(&node, rules).await?;
+    change_rules(&node, |rules| {
+        if rules.remove_override(rule, identity) {
+            Ok(())
+        } else {
+            Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no override for rule {rule:?} and identity {identity:?}"),
+            ))
+        }
+    })
+    .await?;
     Ok(Json(json!({"status": "ok"})).into_response())
 }
 

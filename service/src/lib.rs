@@ -2,12 +2,15 @@
 //!
 //! The binary (`sluice-service`) wires these modules together: [`http`] serves
 //! `POST /v1/check` and the admin API, [`check`] evaluates a request against the rules,
-//! [`store`] holds the counters (memory, Redis, Redis Cluster), [`breaker`] and
+//! [`store`] holds the counters, the published rules and the violations log (memory, Redis,
+//! Redis Cluster: all Redis knowledge lives there), [`rules_source`] keeps every node on the
+//! published rules, [`housekeeping`] sweeps expired state and overrides, and [`breaker`] and
 //! [`store::memory`] fallback buckets keep answering when the store does not.
 
 pub mod breaker;
 pub mod check;
 pub mod clock;
+pub mod housekeeping;
 pub mod http;
 pub mod metrics;
 pub mod node;

@@ -14,7 +14,7 @@ use sluice_service::node::{Node, NodeConfig};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::RedisStore;
 use sluice_service::store::Store;
-use sluice_service::{http, rules_source};
+use sluice_service::{housekeeping, http, rules_source};
 
 /// Sluice check service: answers POST /v1/check with the global rate-limit decision.
 ///
@@ -96,9 +96,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let store = if args.store == "memory" {
         Store::Memory(MemoryStore::new(args.max_keys))
     } else {
-        let store = RedisStore::connect(&args.store, timeout.max(Duration::from_millis(500)))
-            .await
-            .with_context(|| format!("cannot connect to {}; is Redis running there?", args.store))?;
+        // Connects in the background: a node started before Redis serves by each rule's
+        // failure policy meanwhile, and /readyz says the store is unreachable.
+        let store = RedisStore::start(&args.store, timeout.max(Duration::from_millis(500)))
+            .with_context(|| format!("--store {}", args.store))?;
         Store::Redis(Box::new(store))
     };
     let config = NodeConfig {
@@ -114,8 +115,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = args.rules.clone() {
         tokio::spawn(rules_source::watch_file(node.clone(), path, fingerprint));
     }
-    tokio::spawn(rules_source::watch_redis(node.clone()));
-    tokio::spawn(sweep(node.clone()));
+    tokio::spawn(rules_source::follow_published(node.clone()));
+    tokio::spawn(housekeeping::sweep(node.clone()));
     tokio::spawn(probe_store(node.clone()));
 
     // Before the port opens: a SIGTERM sent as soon as it accepts connections must be caught.
@@ -129,18 +130,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Drops expired state from the memory store and the fallback buckets every second.
-async fn sweep(node: Arc<Node>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        if let Store::Memory(m) = &*node.store {
-            m.sweep();
-        }
-        node.fallback.sweep();
-    }
 }
 
 /// While the breaker is open, pings the store every 100 ms and closes the breaker as soon as

@@ -1,5 +1,6 @@
 //! One service node's shared state.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -59,6 +60,8 @@ pub struct Node {
     /// Settings.
     pub config: NodeConfig,
     rules: RwLock<Arc<RuleSet>>,
+    /// The published version of the rules in force; 0 before any was published or adopted.
+    rules_version: AtomicU64,
 }
 
 impl Node {
@@ -72,6 +75,7 @@ impl Node {
             metrics: Metrics::default(),
             clock: Clock::default(),
             rules: RwLock::new(Arc::new(rules)),
+            rules_version: AtomicU64::new(0),
             store,
             config,
         })
@@ -82,8 +86,20 @@ impl Node {
         self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Replaces the rules in force.
+    /// Replaces the rules in force on this node only (they are not the published ones).
     pub fn set_rules(&self, rules: RuleSet) {
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+    }
+
+    /// Puts the published rules of `version` in force.
+    pub fn set_published_rules(&self, rules: RuleSet, version: u64) {
+        let mut slot = self.rules.write().unwrap_or_else(|p| p.into_inner());
+        *slot = Arc::new(rules);
+        self.rules_version.store(version, Ordering::Release);
+    }
+
+    /// The published version of the rules in force (0: not published).
+    pub fn rules_version(&self) -> u64 {
+        self.rules_version.load(Ordering::Acquire)
     }
 }

@@ -1,10 +1,13 @@
-//! Where rules come from at run time: the `--rules` file (watched), the admin API, and,
-//! with Redis, the rules other nodes published.
+//! Where rules come from at run time: the `--rules` file (watched), the admin API, and the
+//! rule set published in the store, which every node follows.
 //!
-//! With Redis, the admin API stores the rule text under `sluice:{rules}` and bumps
-//! `sluice:{rules}:version` (and publishes on `sluice:rules:changed` for observers); every
-//! node polls the version every 250 ms, so a change reaches all nodes within a second even
-//! across reconnects, when a pub/sub message would be lost.
+//! One rule set is in force across the nodes of a store: the published one, versioned.
+//! Every change is a compare-and-set on that version ([`Store::publish_rules`]), and the
+//! last change wins, whatever its source: an admin call, or an edit of a node's rules file
+//! (a deliberate change). A node that starts adopts the published rules if there are any
+//! (a restart is not a change; it warns when its file differs) and publishes its file if
+//! there are none. Nodes learn of a change from the store's pub/sub channel at once, and
+//! poll the version every 250 ms as the safety net (a message is lost across a reconnect).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -12,13 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::rules::RuleSet;
+use tokio::sync::Notify;
 
 use crate::node::Node;
-use crate::store::{Store, StoreError};
-
-const RULES_KEY: &str = "sluice:{rules}";
-const VERSION_KEY: &str = "sluice:{rules}:version";
-const CHANNEL: &str = "sluice:rules:changed";
+use crate::store::{Publish, StoreError};
 
 /// Reads and validates a rule file; the error names the file and what is wrong where. Also
 /// returns the fingerprint of the text the rules came from, for [`watch_file`].
@@ -36,9 +36,21 @@ fn fingerprint(bytes: &[u8]) -> u64 {
     hasher.finish()
 }
 
+/// Publishes `rules` as the next version if the published version is `expected` (`None`:
+/// whatever it is), and puts them in force on this node. `Conflict` changes nothing.
+pub async fn replace(node: &Node, rules: RuleSet, expected: Option<u64>) -> Result<Publish, StoreError> {
+    let outcome = node.store.publish_rules(&rules.to_toml(), expected).await?;
+    if let Publish::Done(version) = outcome {
+        node.set_published_rules(rules, version);
+        node.metrics.reload(true);
+    }
+    Ok(outcome)
+}
+
 /// Reloads the file whenever its content differs from what was seen last (checked every
 /// 500 ms), starting from `seen`, the fingerprint [`load_file`] returned for the rules in
-/// force; a bad file keeps the rules in force.
+/// force, and publishes it. A bad file keeps the rules in force; a file that cannot be
+/// published (store down) is in force on this node and published once the store answers.
 pub async fn watch_file(node: Arc<Node>, path: PathBuf, mut seen: u64) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
@@ -50,66 +62,101 @@ pub async fn watch_file(node: Arc<Node>, path: PathBuf, mut seen: u64) {
         if now == seen {
             continue;
         }
-        seen = now;
         let rules = std::str::from_utf8(&bytes)
             .map_err(|e| format!("{}: not UTF-8: {e}", path.display()))
             .and_then(|text| RuleSet::from_toml(text).map_err(|e| format!("{}: {e}", path.display())));
-        match rules {
-            Ok(rules) => {
-                tracing::info!(file = %path.display(), rules = rules.rules().len(), "rules reloaded");
-                node.set_rules(rules);
-                node.metrics.reload(true);
-            }
+        let rules = match rules {
+            Ok(rules) => rules,
             Err(e) => {
+                seen = now;
                 tracing::error!("rules not reloaded, keeping the previous ones: {e}");
                 node.metrics.reload(false);
+                continue;
+            }
+        };
+        let count = rules.rules().len();
+        match replace(&node, rules.clone(), None).await {
+            Ok(_) => {
+                seen = now;
+                tracing::info!(file = %path.display(), rules = count, version = node.rules_version(), "rules reloaded and published");
+            }
+            Err(e) => {
+                node.set_rules(rules);
+                tracing::warn!(file = %path.display(), "rules reloaded on this node only, publishing again shortly: {e}");
             }
         }
     }
 }
 
-/// Puts `rules` in force on this node and, with Redis, on every node.
-pub async fn replace(node: &Node, rules: RuleSet) -> Result<(), StoreError> {
-    if let Store::Redis(r) = &*node.store {
-        let text = rules.to_toml();
-        r.query::<()>(redis::cmd("SET").arg(RULES_KEY).arg(&text)).await?;
-        let version: i64 = r.query(redis::cmd("INCR").arg(VERSION_KEY)).await?;
-        let _ = r.query::<i64>(redis::cmd("PUBLISH").arg(CHANNEL).arg(version)).await;
+/// Follows the published rule set: at start (adopting it, or publishing this node's rules
+/// when none is published), on every change announced by the store, and every 250 ms.
+pub async fn follow_published(node: Arc<Node>) {
+    let changed = Arc::new(Notify::new());
+    node.store.notify_rule_changes(changed.clone());
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = changed.notified() => {}
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = adopt_published(&node).await {
+            tracing::debug!(error = %e, "cannot read the published rules");
+        }
     }
-    node.set_rules(rules);
-    node.metrics.reload(true);
+}
+
+/// Puts the published rules in force if their version is not the node's; publishes the
+/// node's rules if nothing is published yet.
+pub async fn adopt_published(node: &Node) -> Result<(), StoreError> {
+    let Some(published) = node.store.published_rules().await? else {
+        let rules = (*node.rules()).clone();
+        if let Publish::Done(version) = replace(node, rules, Some(0)).await? {
+            tracing::info!(version, "no rules were published: published this node's");
+        }
+        return Ok(());
+    };
+    if published.version == node.rules_version() {
+        return Ok(());
+    }
+    match RuleSet::from_toml(&published.text) {
+        Ok(rules) => {
+            if node.rules_version() == 0 && rules.to_toml() != node.rules().to_toml() {
+                tracing::warn!(
+                    version = published.version,
+                    "the published rules differ from this node's rules file; the published ones are in force \
+                     (edit the file, or PUT /v1/admin/rules, to change them everywhere)"
+                );
+            }
+            tracing::info!(
+                version = published.version,
+                rules = rules.rules().len(),
+                "rules updated from the store"
+            );
+            node.set_published_rules(rules, published.version);
+            node.metrics.reload(true);
+        }
+        Err(e) => {
+            tracing::error!("the published rules are invalid, keeping the previous ones: {e}");
+            node.metrics.reload(false);
+        }
+    }
     Ok(())
 }
 
-/// Follows the rules other nodes publish through Redis (no-op on the memory store).
-pub async fn watch_redis(node: Arc<Node>) {
-    let Store::Redis(r) = &*node.store else { return };
-    let mut seen: Option<i64> = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tick.tick().await;
-        let Ok(version) = r.query::<Option<i64>>(redis::cmd("GET").arg(VERSION_KEY)).await else {
-            continue;
-        };
-        if version.is_none() || version == seen {
-            continue;
+/// Removes the overrides that have ended from the rules in force and publishes the result
+/// (if another change comes first, the next call tries again on that one).
+pub async fn expire_overrides(node: &Node, now_ms: u64) -> Result<usize, StoreError> {
+    let mut rules = (*node.rules()).clone();
+    let removed = rules.expire_overrides(now_ms);
+    if removed == 0 {
+        return Ok(0);
+    }
+    let version = node.rules_version();
+    match replace(node, rules, Some(version)).await? {
+        Publish::Done(_) => {
+            tracing::info!(removed, "expired overrides removed");
+            Ok(removed)
         }
-        // At start too: a node adopts the rules published earlier through the admin API.
-        seen = version;
-        match r.query::<Option<String>>(redis::cmd("GET").arg(RULES_KEY)).await {
-            Ok(Some(text)) => match RuleSet::from_toml(&text) {
-                Ok(rules) => {
-                    tracing::info!(version = ?version, "rules updated from Redis");
-                    node.set_rules(rules);
-                    node.metrics.reload(true);
-                }
-                Err(e) => {
-                    tracing::error!("rules in Redis are invalid, keeping the previous ones: {e}");
-                    node.metrics.reload(false);
-                }
-            },
-            Ok(None) => {}
-            Err(e) => tracing::debug!(error = %e, "cannot read rules from Redis"),
-        }
+        Publish::Conflict(_) => Ok(0),
     }
 }

@@ -374,3 +374,31 @@ fn now_ms() -> u64 {
         .unwrap()
         .as_millis() as u64
 }
+
+#[tokio::test]
+async fn overrides_are_removed_once_they_end() {
+    let n = node().await;
+    let until = sluice_core::rules::format_rfc3339(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            + 1_500,
+    );
+    let r = n
+        .client
+        .post(n.url("/v1/admin/overrides"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"rule": "per-ip", "identity": "7.7.7.7", "limit": 50, "until": until}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(n.node.rules().overrides().count(), 1);
+    eventually("the ended override is still there", async || {
+        n.node.rules().overrides().count() == 0
+    })
+    .await;
+    let text = n.admin_get("/v1/admin/rules").await.text().await.unwrap();
+    assert!(!text.contains("7.7.7.7"), "{text}");
+}

@@ -133,3 +133,117 @@ async fn rules_put_on_one_node_reach_the_other_within_a_second() {
     let v = b.violations("9.9.9.9").await;
     assert_eq!(v.len(), 1, "{v:?}");
 }
+
+/// A rule file with one rule named `name`, limit `limit` per hour.
+fn one_rule(name: &str, limit: u64) -> String {
+    format!("[[rule]]\nname = \"{name}\"\nby = \"ip\"\nalgorithm = \"gcra\"\nlimit = {limit}\nwindow = \"1h\"\n")
+}
+
+/// The policy `node` answers a check from a fresh IP with.
+async fn policy(node: &TestNode) -> String {
+    let r = node.check(json!({"ip": "198.51.100.1"}), "/").await;
+    r["policy"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_edit_on_one_node_and_an_admin_change_on_another_end_on_the_same_rules_the_last_wins() {
+    let server = RedisServer::start();
+    let a = node(&server).await;
+    let b = node(&server).await;
+    let dir = std::env::temp_dir().join(format!("sluice-file-vs-admin-{}", sluice_testkit::free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.toml");
+    std::fs::write(&file, RULES).unwrap();
+    let (_, seen) = sluice_service::rules_source::load_file(&file).unwrap();
+    tokio::spawn(sluice_service::rules_source::watch_file(
+        a.node.clone(),
+        file.clone(),
+        seen,
+    ));
+
+    // An admin change through b reaches a.
+    assert_eq!(b.put_rules(one_rule("from-admin", 1000), None).await.status(), 200);
+    eventually("a did not adopt the admin change", async || {
+        policy(&a).await == "from-admin"
+    })
+    .await;
+    // Then a's file is edited: the newer change wins on both.
+    std::fs::write(&file, one_rule("from-file", 1000)).unwrap();
+    eventually("b did not adopt a's file edit", async || {
+        policy(&b).await == "from-file"
+    })
+    .await;
+    assert_eq!(policy(&a).await, "from-file");
+    // And an admin change after it wins again, on both.
+    assert_eq!(b.put_rules(one_rule("admin-again", 1000), None).await.status(), 200);
+    eventually("a did not adopt the second admin change", async || {
+        policy(&a).await == "admin-again"
+    })
+    .await;
+    assert_eq!(a.node.rules_version(), b.node.rules_version());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_admin_writes_never_lose_an_update() {
+    let server = RedisServer::start();
+    let a = node(&server).await;
+    let b = node(&server).await;
+    // Both read version v, both write: the second write is refused with 409.
+    let get = a.admin_get("/v1/admin/rules").await;
+    let etag = get.headers()["etag"].to_str().unwrap().to_owned();
+    let first = a.put_rules(one_rule("first", 10), Some(&etag)).await;
+    assert_eq!(first.status(), 200);
+    let second = b.put_rules(one_rule("second", 10), Some(&etag)).await;
+    assert_eq!(second.status(), 409);
+    let err: serde_json::Value = second.json().await.unwrap();
+    assert!(err["error"].as_str().unwrap().contains("GET them again"), "{err}");
+    eventually("b did not follow the first write", async || policy(&b).await == "first").await;
+
+    // Overrides added at once on both nodes: each node retries on the other's change, and
+    // both overrides are kept.
+    let add = |node: &TestNode, identity: String| {
+        node.client
+            .post(node.url("/v1/admin/overrides"))
+            .bearer_auth(TOKEN)
+            .json(&json!({"rule": "first", "identity": identity, "limit": 99, "until": "2099-01-01T00:00:00Z"}))
+            .send()
+    };
+    for round in 0..5 {
+        let (x, y) = (format!("x{round}"), format!("y{round}"));
+        let (ra, rb) = tokio::join!(add(&a, x), add(&b, y));
+        let statuses = (ra.unwrap().status().as_u16(), rb.unwrap().status().as_u16());
+        assert_eq!(statuses, (201, 201), "round {round}");
+    }
+    eventually("the nodes disagree on the overrides", async || {
+        a.node.rules().overrides().count() == 10 && b.node.rules().overrides().count() == 10
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_while_redis_is_down_serves_by_failure_policy_then_connects() {
+    let mut server = RedisServer::start();
+    server.stop();
+    let store = RedisStore::start(&server.url(), Duration::from_millis(200)).unwrap();
+    let config = NodeConfig {
+        store_timeout: Duration::from_millis(100),
+        ..NodeConfig::default()
+    };
+    let n = TestNode::start(Store::Redis(Box::new(store)), RULES, config).await;
+    let ready = || async { n.client.get(n.url("/readyz")).send().await.unwrap().status() };
+    assert_eq!(ready().await, 503);
+    let open = n.check(json!({"ip": "1.2.3.4"}), "/").await;
+    assert_eq!(
+        (open["allowed"].clone(), open["degraded"].clone()),
+        (json!(true), json!(true))
+    );
+    let closed = n.check(json!({"api_key": "k"}), "/").await;
+    assert_eq!(closed["allowed"], false, "{closed}");
+
+    server.restart();
+    eventually("the node never connected", async || ready().await == 200).await;
+    eventually("checks still degraded after connecting", async || {
+        n.check(json!({"ip": "1.2.3.5"}), "/").await["degraded"] == false
+    })
+    .await;
+}

@@ -233,12 +233,16 @@ impl RuleSet {
         removed
     }
 
-    /// Drops overrides that have ended at `now_ms` (`until_ms <= now_ms`).
-    pub fn expire_overrides(&mut self, now_ms: u64) {
+    /// Drops overrides that have ended at `now_ms` (`until_ms <= now_ms`); returns how many.
+    pub fn expire_overrides(&mut self, now_ms: u64) -> usize {
+        let mut removed = 0;
         for m in self.overrides.values_mut() {
+            let before = m.len();
             m.retain(|_, o| o.spec.until_ms > now_ms);
+            removed += before - m.len();
         }
         self.overrides.retain(|_, m| !m.is_empty());
+        removed
     }
 
     fn insert_override(&mut self, o: Override, index: usize) -> Result<(), RulesError> {

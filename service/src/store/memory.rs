@@ -3,13 +3,17 @@
 //! Each key hashes to one of [`SHARDS`] mutex-guarded [`StateMap`]s, so concurrent checks
 //! rarely contend. A shard bounds its keys as core's map does (expired entries first, then
 //! the one expiring soonest); expired entries are also swept periodically.
+//!
+//! The published rules and the violations log live here too, for the one node that uses
+//! the store.
 
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use sluice_core::{Limit, Micros, StateMap};
 
-use super::Stamped;
+use super::{Publish, Published, Stamped, Violation};
 use crate::clock::Clock;
 
 /// Number of shards; a power of two.
@@ -20,6 +24,8 @@ pub struct MemoryStore {
     shards: Box<[Mutex<StateMap>]>,
     hasher: RandomState,
     clock: Clock,
+    published: Mutex<Option<Published>>,
+    violations: Mutex<VecDeque<Violation>>,
 }
 
 impl MemoryStore {
@@ -30,6 +36,8 @@ impl MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(StateMap::new(per_shard))).collect(),
             hasher: RandomState::new(),
             clock: Clock::default(),
+            published: Mutex::new(None),
+            violations: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -66,6 +74,40 @@ impl MemoryStore {
             .iter()
             .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).sweep(now))
             .sum()
+    }
+
+    /// The published rules, if any.
+    pub fn published_rules(&self) -> Option<Published> {
+        self.published.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Publishes `text` as the next version if `expected` is the current one (or `None`).
+    pub fn publish_rules(&self, text: &str, expected: Option<u64>) -> Publish {
+        let mut published = self.published.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = published.as_ref().map_or(0, |p| p.version);
+        if expected.is_some_and(|e| e != current) {
+            return Publish::Conflict(current);
+        }
+        *published = Some(Published {
+            version: current + 1,
+            text: text.to_owned(),
+        });
+        Publish::Done(current + 1)
+    }
+
+    /// Appends to the violations ring, keeping the newest `capacity`.
+    pub fn record_violation(&self, v: Violation, capacity: usize) {
+        let mut ring = self.violations.lock().unwrap_or_else(PoisonError::into_inner);
+        while ring.len() >= capacity.max(1) {
+            ring.pop_front();
+        }
+        ring.push_back(v);
+    }
+
+    /// The newest `count` violations, newest first.
+    pub fn recent_violations(&self, count: usize) -> Vec<Violation> {
+        let ring = self.violations.lock().unwrap_or_else(PoisonError::into_inner);
+        ring.iter().rev().take(count).cloned().collect()
     }
 
     /// Keys currently held (expired or not).

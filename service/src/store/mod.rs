@@ -1,16 +1,22 @@
-//! Counter stores: where limit state lives. One enum, matched per call, so the hot path
-//! pays no boxing or dynamic dispatch.
+//! Stores: where limit state, the published rule set and the violations log live. One
+//! enum, matched per call, so the hot path pays no boxing or dynamic dispatch. Everything
+//! a node knows of Redis is under this folder; the memory store does the same in-process.
 //!
 //! Contract shared by every store:
 //! - `decide` is atomic per key: it reads the state, applies [`Limit::decide`] (or the Lua
 //!   script that mirrors it) at the store's own clock, and writes the new state with an
 //!   expiry of [`Limit::expires_after`], as one step;
 //! - it returns the time it used, so that a refund can name the admission it undoes;
-//! - errors are [`StoreError`]; the caller applies the rule's failure policy.
+//! - errors are [`StoreError`]; the caller applies the rule's failure policy;
+//! - the published rule set carries a version that every change bumps, and a change names
+//!   the version it replaces (compare-and-set), so no update is lost;
+//! - the violations log keeps the newest `capacity` entries.
 
+pub mod keys;
 pub mod memory;
 pub mod redis;
 
+use serde::{Deserialize, Serialize};
 use sluice_core::{Decision, Limit, Micros};
 
 /// A decision and the store time (unix µs) at which it was made.
@@ -33,7 +39,40 @@ pub enum StoreError {
     Protocol(String),
 }
 
-/// The counter store a node runs on.
+/// The rule set published to every node, and its version (1 for the first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Bumped by every change.
+    pub version: u64,
+    /// The rules, as TOML.
+    pub text: String,
+}
+
+/// What a compare-and-set of the published rules did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publish {
+    /// Stored as this version.
+    Done(u64),
+    /// Another change came first: this is the version now published.
+    Conflict(u64),
+}
+
+/// One denial, as the violations log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violation {
+    /// The rule that denied.
+    pub rule: String,
+    /// The identity it limited.
+    pub identity: String,
+    /// When, unix ms.
+    pub at_ms: u64,
+    /// The request's cost.
+    pub cost: u64,
+    /// The request's path.
+    pub path: String,
+}
+
+/// The store a node runs on.
 pub enum Store {
     /// In-process, sharded; the default.
     Memory(memory::MemoryStore),
@@ -58,6 +97,51 @@ impl Store {
                 Ok(())
             }
             Store::Redis(r) => r.refund(key, limit, at, cost).await,
+        }
+    }
+
+    /// The published rule set, if any was published.
+    pub async fn published_rules(&self) -> Result<Option<Published>, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.published_rules()),
+            Store::Redis(r) => r.published_rules().await,
+        }
+    }
+
+    /// Publishes `text` as the next version, if the version published now is `expected`
+    /// (`None`: whatever it is).
+    pub async fn publish_rules(&self, text: &str, expected: Option<u64>) -> Result<Publish, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.publish_rules(text, expected)),
+            Store::Redis(r) => r.publish_rules(text, expected).await,
+        }
+    }
+
+    /// Wakes `notify` whenever another node publishes rules (Redis pub/sub, resubscribing
+    /// after a disconnect; a message can still be lost, so callers poll too). The memory
+    /// store has no other nodes: nothing to wait for.
+    pub fn notify_rule_changes(&self, notify: std::sync::Arc<tokio::sync::Notify>) {
+        if let Store::Redis(r) = self {
+            r.notify_rule_changes(notify);
+        }
+    }
+
+    /// Appends `v` to the violations log, which keeps the newest `capacity`.
+    pub async fn record_violation(&self, v: &Violation, capacity: usize) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.record_violation(v.clone(), capacity);
+                Ok(())
+            }
+            Store::Redis(r) => r.record_violation(v, capacity).await,
+        }
+    }
+
+    /// The newest violations first, at most `scan` of them read from the log.
+    pub async fn recent_violations(&self, scan: usize) -> Result<Vec<Violation>, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.recent_violations(scan)),
+            Store::Redis(r) => r.recent_violations(scan).await,
         }
     }
 

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sluice_core::rules::RuleSet;
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::store::Store;
-use sluice_service::{http, rules_source};
+use sluice_service::{housekeeping, http, rules_source};
 
 /// A running node and a client for it.
 pub struct TestNode {
@@ -31,7 +31,8 @@ impl TestNode {
             ..config
         };
         let node = Node::new(store, rules, config);
-        tokio::spawn(rules_source::watch_redis(node.clone()));
+        tokio::spawn(rules_source::follow_published(node.clone()));
+        tokio::spawn(housekeeping::sweep(node.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = http::router(node.clone());
@@ -44,6 +45,29 @@ impl TestNode {
             client: reqwest::Client::new(),
             server,
         }
+    }
+
+    /// `GET path` with the admin token.
+    pub async fn admin_get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("admin GET")
+    }
+
+    /// `PUT /v1/admin/rules` with `body`, and `If-Match: if_match` when given.
+    pub async fn put_rules(&self, body: String, if_match: Option<&str>) -> reqwest::Response {
+        let mut put = self
+            .client
+            .put(self.url("/v1/admin/rules"))
+            .bearer_auth(TOKEN)
+            .body(body);
+        if let Some(tag) = if_match {
+            put = put.header("if-match", tag);
+        }
+        put.send().await.expect("admin PUT")
     }
 
     pub fn url(&self, path: &str) -> String {
