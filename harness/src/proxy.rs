@@ -383,19 +383,27 @@ async fn forward(
 
 /// The VM thread: owns the host, applies commands, fires ticks, starts calls.
 fn vm_loop(
-    mut host: Host,
+    host: Host,
     rx: mpsc::Receiver<Cmd>,
     tx: mpsc::Sender<Cmd>,
     clusters: HashMap<String, Vec<SocketAddr>>,
     runtime: tokio::runtime::Handle,
     calls: CallClient,
 ) {
-    let mut waiting: HashMap<u32, oneshot::Sender<Verdict>> = HashMap::new();
-    let mut calling: HashSet<u32> = HashSet::new();
-    let mut turn = 0usize;
-    let mut stats = ProxyStats::default();
+    let mut vm = Vm {
+        host,
+        tx,
+        clusters,
+        runtime,
+        calls,
+        waiting: HashMap::new(),
+        calling: HashSet::new(),
+        turn: 0,
+        stats: ProxyStats::default(),
+    };
     loop {
-        let wait = host
+        let wait = vm
+            .host
             .next_tick_ns()
             .map(|t| Duration::from_nanos(t.saturating_sub(now_ns())));
         let cmd = match wait {
@@ -409,88 +417,136 @@ fn vm_loop(
                 Err(_) => return,
             },
         };
-        host.set_clock(now_ns());
-        if let Err(e) = host.run_due_ticks() {
-            tracing::error!("tick failed: {e}");
-        }
+        vm.fire_ticks();
         match cmd {
-            Some(Cmd::Request { headers, peer, reply }) => {
-                let outcome = host.new_stream().and_then(|s| {
-                    host.set_property(s, "source.address", peer.to_string());
-                    let refs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
-                    host.request_headers(s, &refs, false).map(|o| (s, o))
-                });
-                match outcome {
-                    Ok((s, Outcome::Continue)) => {
-                        let headers = host.stream(s).map(|st| st.request_headers.clone()).unwrap_or_default();
-                        let _ = reply.send(Verdict::Forward { stream: s, headers });
-                    }
-                    Ok((s, Outcome::LocalResponse(r))) => {
-                        let _ = reply.send(Verdict::Respond {
-                            status: r.status,
-                            headers: r.headers,
-                            body: r.body,
-                        });
-                        let _ = host.finish_stream(s);
-                    }
-                    Ok((s, Outcome::Pause)) => {
-                        waiting.insert(s, reply);
-                    }
-                    Err(e) => {
-                        tracing::error!("module failed on request headers: {e}");
-                        let _ = reply.send(Verdict::Respond {
-                            status: 500,
-                            headers: vec![],
-                            body: b"wasm module failed\n".to_vec(),
-                        });
-                    }
-                }
-            }
-            Some(Cmd::Response { stream, headers, reply }) => {
-                let refs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
-                let changed = match host.response_headers(stream, &refs, false) {
-                    Ok(_) => host
-                        .stream(stream)
-                        .map(|s| s.response_headers.clone())
-                        .unwrap_or(headers),
-                    Err(e) => {
-                        tracing::error!("module failed on response headers: {e}");
-                        headers
-                    }
-                };
-                let _ = reply.send(changed);
-                let _ = host.finish_stream(stream);
-            }
-            Some(Cmd::Abort { stream }) => {
-                waiting.remove(&stream);
-                let _ = host.finish_stream(stream);
-            }
-            Some(Cmd::CallDone { token, response }) => {
-                calling.remove(&token);
-                let result = match response {
-                    Some(r) => host.respond_call(token, r),
-                    None => {
-                        stats.calls_failed += 1;
-                        host.fail_call(token)
-                    }
-                };
-                if let Err(e) = result {
-                    tracing::debug!("call {token} not delivered: {e}");
-                }
-            }
-            Some(Cmd::Stats { reply }) => {
-                stats.vm_memory_bytes = host.memory_bytes() as u64;
-                stats.metrics = host
-                    .metric_names()
-                    .into_iter()
-                    .filter_map(|name| host.metric(&name).map(|v| (name, v)))
-                    .collect();
-                let _ = reply.send(stats.clone());
-            }
+            Some(Cmd::Request { headers, peer, reply }) => vm.request(headers, peer, reply),
+            Some(Cmd::Response { stream, headers, reply }) => vm.response(stream, headers, reply),
+            Some(Cmd::Abort { stream }) => vm.abort(stream),
+            Some(Cmd::CallDone { token, response }) => vm.call_done(token, response),
+            Some(Cmd::Stats { reply }) => vm.stats(reply),
             None => {}
         }
-        // Streams the module resumed or answered since.
-        let ready: Vec<u32> = waiting
+        vm.release_ready();
+        vm.start_calls();
+    }
+}
+
+/// What the VM thread holds between commands.
+struct Vm {
+    host: Host,
+    /// To send a call's result back to this thread.
+    tx: mpsc::Sender<Cmd>,
+    clusters: HashMap<String, Vec<SocketAddr>>,
+    runtime: tokio::runtime::Handle,
+    calls: CallClient,
+    /// Paused streams and where their verdict goes.
+    waiting: HashMap<u32, oneshot::Sender<Verdict>>,
+    /// Calls under way.
+    calling: HashSet<u32>,
+    /// Round-robin position over a cluster's endpoints.
+    turn: usize,
+    stats: ProxyStats,
+}
+
+impl Vm {
+    /// Moves the clock to now and runs the ticks due.
+    fn fire_ticks(&mut self) {
+        self.host.set_clock(now_ns());
+        if let Err(e) = self.host.run_due_ticks() {
+            tracing::error!("tick failed: {e}");
+        }
+    }
+
+    /// A request's headers: forward, answer, or hold until the module resumes it.
+    fn request(&mut self, headers: Headers, peer: SocketAddr, reply: oneshot::Sender<Verdict>) {
+        let host = &mut self.host;
+        let outcome = host.new_stream().and_then(|s| {
+            host.set_property(s, "source.address", peer.to_string());
+            let refs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+            host.request_headers(s, &refs, false).map(|o| (s, o))
+        });
+        match outcome {
+            Ok((s, Outcome::Continue)) => {
+                let headers = host.stream(s).map(|st| st.request_headers.clone()).unwrap_or_default();
+                let _ = reply.send(Verdict::Forward { stream: s, headers });
+            }
+            Ok((s, Outcome::LocalResponse(r))) => {
+                let _ = reply.send(Verdict::Respond {
+                    status: r.status,
+                    headers: r.headers,
+                    body: r.body,
+                });
+                let _ = host.finish_stream(s);
+            }
+            Ok((s, Outcome::Pause)) => {
+                self.waiting.insert(s, reply);
+            }
+            Err(e) => {
+                tracing::error!("module failed on request headers: {e}");
+                let _ = reply.send(Verdict::Respond {
+                    status: 500,
+                    headers: vec![],
+                    body: b"wasm module failed\n".to_vec(),
+                });
+            }
+        }
+    }
+
+    /// The upstream's response headers, as the module changes them; the stream ends.
+    fn response(&mut self, stream: u32, headers: Headers, reply: oneshot::Sender<Headers>) {
+        let refs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+        let changed = match self.host.response_headers(stream, &refs, false) {
+            Ok(_) => self
+                .host
+                .stream(stream)
+                .map(|s| s.response_headers.clone())
+                .unwrap_or(headers),
+            Err(e) => {
+                tracing::error!("module failed on response headers: {e}");
+                headers
+            }
+        };
+        let _ = reply.send(changed);
+        let _ = self.host.finish_stream(stream);
+    }
+
+    /// The client went away.
+    fn abort(&mut self, stream: u32) {
+        self.waiting.remove(&stream);
+        let _ = self.host.finish_stream(stream);
+    }
+
+    /// A dispatched call ended: its response, or a failure (no headers).
+    fn call_done(&mut self, token: u32, response: Option<CallResponse>) {
+        self.calling.remove(&token);
+        let result = match response {
+            Some(r) => self.host.respond_call(token, r),
+            None => {
+                self.stats.calls_failed += 1;
+                self.host.fail_call(token)
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!("call {token} not delivered: {e}");
+        }
+    }
+
+    fn stats(&mut self, reply: oneshot::Sender<ProxyStats>) {
+        let host = &mut self.host;
+        self.stats.vm_memory_bytes = host.memory_bytes() as u64;
+        self.stats.metrics = host
+            .metric_names()
+            .into_iter()
+            .filter_map(|name| host.metric(&name).map(|v| (name, v)))
+            .collect();
+        let _ = reply.send(self.stats.clone());
+    }
+
+    /// Sends the verdict of every held stream the module resumed or answered since.
+    fn release_ready(&mut self) {
+        let host = &mut self.host;
+        let ready: Vec<u32> = self
+            .waiting
             .keys()
             .copied()
             .filter(|s| {
@@ -499,7 +555,7 @@ fn vm_loop(
             })
             .collect();
         for s in ready {
-            let Some(reply) = waiting.remove(&s) else { continue };
+            let Some(reply) = self.waiting.remove(&s) else { continue };
             match host.stream(s).cloned() {
                 Some(st) if st.local_response.is_some() => {
                     if let Some(r) = st.local_response {
@@ -520,26 +576,31 @@ fn vm_loop(
                 None => {}
             }
         }
-        for call in host.pending_calls() {
-            if !calling.insert(call.token) {
+    }
+
+    /// Starts the calls the module dispatched since: Envoy's take a cluster's endpoints in
+    /// turn; ngx_wasm_module's go to the `host:port` itself.
+    fn start_calls(&mut self) {
+        for call in self.host.pending_calls() {
+            if !self.calling.insert(call.token) {
                 continue;
             }
-            stats.calls += 1;
-            // Envoy: a cluster's endpoints in turn; ngx_wasm_module: the `host:port` itself.
-            let mut endpoints = match host.flavor() {
-                Flavor::Envoy => clusters
+            self.stats.calls += 1;
+            let mut endpoints = match self.host.flavor() {
+                Flavor::Envoy => self
+                    .clusters
                     .get(&call.upstream)
                     .cloned()
                     .or_else(|| call.upstream.parse().ok().map(|a| vec![a])),
                 Flavor::Nginx => None,
             };
             if let Some(endpoints) = endpoints.as_mut().filter(|e| !e.is_empty()) {
-                turn = turn.wrapping_add(1);
-                let first = turn % endpoints.len();
+                self.turn = self.turn.wrapping_add(1);
+                let first = self.turn % endpoints.len();
                 endpoints.rotate_left(first);
             }
-            let (tx, calls) = (tx.clone(), calls.clone());
-            runtime.spawn(async move {
+            let (tx, calls) = (self.tx.clone(), self.calls.clone());
+            self.runtime.spawn(async move {
                 let timeout = Duration::from_millis(u64::from(call.timeout_ms));
                 let call_out = async {
                     let endpoints = match endpoints {
