@@ -171,7 +171,8 @@ async fn get_rules(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<
 }
 
 /// `PUT /v1/admin/rules`: replaces the rules everywhere. With `If-Match: "<version>"` (the
-/// `ETag` of a GET) only if they are still that version, else 409; without, unconditionally.
+/// `ETag` of a GET) only if they are still that version, else 412 Precondition Failed (RFC
+/// 9110's answer to a failed `If-Match`); without, unconditionally.
 async fn put_rules(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -210,7 +211,7 @@ async fn put_rules(
         )
             .into_response()),
         Publish::Conflict(now) => Err(ApiError(
-            StatusCode::CONFLICT,
+            StatusCode::PRECONDITION_FAILED,
             format!(
                 "rules not changed: they are version {now} now, not {}; GET them again and reapply your change",
                 expected.unwrap_or_default()

@@ -188,13 +188,13 @@ async fn concurrent_admin_writes_never_lose_an_update() {
     let server = RedisServer::start();
     let a = node(&server).await;
     let b = node(&server).await;
-    // Both read version v, both write: the second write is refused with 409.
+    // Both read version v, both write: the second write is refused with 412.
     let get = a.admin_get("/v1/admin/rules").await;
     let etag = get.headers()["etag"].to_str().unwrap().to_owned();
     let first = a.put_rules(one_rule("first", 10), Some(&etag)).await;
     assert_eq!(first.status(), 200);
     let second = b.put_rules(one_rule("second", 10), Some(&etag)).await;
-    assert_eq!(second.status(), 409);
+    assert_eq!(second.status(), 412);
     let err: serde_json::Value = second.json().await.unwrap();
     assert!(err["error"].as_str().unwrap().contains("GET them again"), "{err}");
     eventually("b did not follow the first write", async || policy(&b).await == "first").await;
