@@ -46,6 +46,8 @@ export interface QueueOptions {
   maxInFlight?: number;
   /** Whether requests are paced by the advertised quota (default true). */
   pacing?: boolean;
+  /** Buckets kept at most; past that the least recently used idle one is forgotten (default 1024). */
+  maxBuckets?: number;
   /** The pacer's tuning. */
   pacer?: {
     /** Requests that may always go back to back within the budget (default 10). */
@@ -105,6 +107,8 @@ export interface SluiceFetch {
   bucketFor(url: string | URL): string;
   /** Requests waiting in bucket `key` (not those in flight). */
   queued(key: string): number;
+  /** Buckets held now (at most `queue.maxBuckets` while they are idle). */
+  buckets(): number;
   /** Retries the budget allows right now. */
   retriesAvailable(): number;
 }

@@ -29,7 +29,7 @@ export const DEFAULTS = deepFreeze({
   retryNetworkErrors: true,
   retryNonIdempotent: false,
   budget: CORE_DEFAULTS.budget,
-  queue: { capacity: 1024, maxInFlight: undefined, pacing: true, pacer: CORE_DEFAULTS.pacer },
+  queue: { capacity: 1024, maxInFlight: undefined, pacing: true, pacer: CORE_DEFAULTS.pacer, maxBuckets: 1024 },
 });
 
 /** A request refused at once because its bucket's queue is full. */
@@ -100,13 +100,29 @@ export function createFetch(options = {}) {
   const buckets = new Map();
   const routes = new Map(); // "host:port/path" → the policy it was last seen under
 
+  // The bucket `key`, now the most recently used (a Map keeps insertion order: the least
+  // recently used come first). Past `queue.maxBuckets`, the least recently used idle bucket
+  // (nothing queued or in flight) is forgotten and its pacer freed, as the Rust SDK does.
   function bucketNamed(key) {
     let bucket = buckets.get(key);
-    if (!bucket) {
+    if (bucket) {
+      buckets.delete(key);
+    } else {
+      if (buckets.size >= opts.queue.maxBuckets) forgetIdle();
       bucket = new Bucket(key, opts.queue, clock);
-      buckets.set(key, bucket);
     }
+    buckets.set(key, bucket);
     return bucket;
+  }
+
+  function forgetIdle() {
+    for (const [key, bucket] of buckets) {
+      if (bucket.idle()) {
+        buckets.delete(key);
+        bucket.free();
+        return;
+      }
+    }
   }
 
   function bucketFor(url) {
@@ -132,6 +148,7 @@ export function createFetch(options = {}) {
     buckets.delete(host);
     const to = `${host} ${policy}`;
     if (!buckets.has(to)) buckets.set(to, hostBucket);
+    else if (hostBucket.idle()) hostBucket.free();
   }
 
   async function sluiceFetch(input, init) {
@@ -198,6 +215,7 @@ export function createFetch(options = {}) {
 
   sluiceFetch.bucketFor = bucketFor;
   sluiceFetch.queued = (key) => buckets.get(key)?.waiting.length ?? 0;
+  sluiceFetch.buckets = () => buckets.size;
   sluiceFetch.retriesAvailable = () => budget.available;
   return sluiceFetch;
 }
@@ -283,6 +301,18 @@ class Bucket {
     }
   }
 
+  /** Nothing queued, nothing in flight: the bucket may be forgotten. */
+  idle() {
+    return this.waiting.length === 0 && this.inFlight === 0;
+  }
+
+  /** Frees the pacer's WebAssembly memory; only for an idle bucket no one holds. */
+  free() {
+    clearTimeout(this.timer);
+    this.pacer?.free();
+    this.pacer = null;
+  }
+
   answered(quota, ticket) {
     this.pacer?.observe(quota, this.clock(), ticket);
     this.inFlight -= 1;
@@ -328,7 +358,7 @@ const KNOWN = {
   top: ['fetch', 'backoff', 'retryStatuses', 'retryNetworkErrors', 'retryNonIdempotent', 'budget', 'queue', 'onRetry', 'seed', 'bucket'],
   backoff: ['baseMs', 'capMs', 'maxRetries', 'maxElapsedMs', 'jitter'],
   budget: ['ratio', 'minRetries'],
-  queue: ['capacity', 'maxInFlight', 'pacing', 'pacer'],
+  queue: ['capacity', 'maxInFlight', 'pacing', 'pacer', 'maxBuckets'],
   pacer: ['reserve', 'marginPercent'],
 };
 
@@ -364,6 +394,7 @@ function resolve(options) {
   const queue = { ...DEFAULTS.queue, ...q, pacer: { ...DEFAULTS.queue.pacer, ...fields('queue.pacer', q.pacer, KNOWN.pacer) } };
   count('queue.capacity', queue.capacity);
   if (queue.maxInFlight !== undefined) count('queue.maxInFlight', queue.maxInFlight, { min: 1 });
+  count('queue.maxBuckets', queue.maxBuckets, { min: 1 });
   count('queue.pacer.reserve', queue.pacer.reserve);
   count('queue.pacer.marginPercent', queue.pacer.marginPercent);
   const statuses = o.retryStatuses ?? DEFAULTS.retryStatuses;

@@ -169,6 +169,29 @@ test('a full queue fails fast and an aborted waiter leaves it at once', async (t
   assert.equal(fetch.queued(key), 0);
 });
 
+test('idle buckets are forgotten past queue.maxBuckets and a busy one is kept', async (t) => {
+  const server = await startServer({ limit: 1000, burst: 1000 });
+  t.after(() => server.close());
+  let key = 'busy';
+  const fetch = createFetch({ queue: { maxBuckets: 4, maxInFlight: 1 }, bucket: () => key });
+  const held = fetch(`${server.url}/gate`);
+  await eventually('the held request reaches the server', () => server.held.length === 1);
+  for (let i = 0; i < 20; i++) {
+    key = `route-${i}`;
+    assert.equal((await fetch(`${server.url}/limited`)).status, 200);
+    assert.ok(fetch.buckets() <= 4, `${fetch.buckets()} buckets after ${i + 1} routes`);
+  }
+  // The busy bucket, the least recently used, was kept: it still counts its request in
+  // flight, so another request of it waits (one in flight at most).
+  key = 'busy';
+  const second = fetch(`${server.url}/limited`);
+  assert.equal(fetch.queued('busy'), 1, 'the second request waits behind the held one');
+  server.release();
+  assert.equal((await held).status, 200);
+  assert.equal((await second).status, 200);
+  assert.ok(fetch.buckets() <= 4);
+});
+
 test('bad options are refused with a message naming them', () => {
   assert.throws(() => createFetch({ retries: 3 }), /unknown option options\.retries/);
   assert.throws(() => createFetch({ backoff: { base: 1 } }), /unknown option backoff\.base/);

@@ -191,6 +191,12 @@ impl Client {
         self.inner.budget.try_withdraw().then(|| Duration::from_millis(delay))
     }
 
+    /// Buckets the client holds now (at most [`QueueConfig::max_buckets`] while they
+    /// are idle).
+    pub fn buckets(&self) -> usize {
+        self.inner.queues.len()
+    }
+
     /// Requests waiting in bucket `key`'s queue (not those in flight).
     pub fn queued(&self, key: &str) -> usize {
         self.inner.queues.waiting(key)

@@ -27,6 +27,10 @@ pub struct QueueConfig {
     pub pacing: bool,
     /// The pacer's tuning.
     pub pacer: PacerConfig,
+    /// Buckets kept at most: past that, the least recently used idle bucket (nothing queued
+    /// or in flight) is forgotten, so a client that talks to many routes stays bounded. A
+    /// forgotten bucket starts over with one probe, as a new one does.
+    pub max_buckets: usize,
 }
 
 impl Default for QueueConfig {
@@ -36,6 +40,7 @@ impl Default for QueueConfig {
             max_in_flight: None,
             pacing: true,
             pacer: PacerConfig::default(),
+            max_buckets: 1_024,
         }
     }
 }
@@ -66,6 +71,8 @@ pub(crate) struct Queues {
 #[derive(Debug)]
 struct Bucket {
     state: Mutex<BucketState>,
+    /// When it was last asked for (ms since the queues started).
+    last_used: AtomicU64,
     /// Woken whenever the head of the queue may be able to go.
     changed: Notify,
 }
@@ -100,9 +107,14 @@ impl Queues {
     }
 
     fn bucket(&self, key: &str) -> Arc<Bucket> {
+        let now = self.now_ms();
         let mut buckets = lock(&self.buckets);
         if let Some(bucket) = buckets.get(key) {
+            bucket.last_used.store(now, Ordering::Relaxed);
             return Arc::clone(bucket);
+        }
+        if buckets.len() >= self.config.max_buckets.max(1) {
+            evict_idle(&mut buckets);
         }
         let bucket = Arc::new(Bucket {
             state: Mutex::new(BucketState {
@@ -110,10 +122,16 @@ impl Queues {
                 waiting: VecDeque::new(),
                 in_flight: 0,
             }),
+            last_used: AtomicU64::new(now),
             changed: Notify::new(),
         });
         buckets.insert(key.to_owned(), Arc::clone(&bucket));
         bucket
+    }
+
+    /// Buckets held now.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.buckets).len()
     }
 
     /// Hands the host bucket `host` over to the policy bucket `policy` (a host and a
@@ -205,6 +223,23 @@ impl Queues {
             Some(at) => Step::Sleep(Duration::from_millis(at - now)),
             None => Step::WaitForChange,
         }
+    }
+}
+
+/// Forgets the least recently used bucket that nothing holds (no request queued, in flight
+/// or about to queue); keeps them all when every one is busy.
+fn evict_idle(buckets: &mut HashMap<String, Arc<Bucket>>) {
+    let idle = buckets
+        .iter()
+        .filter(|(_, b)| Arc::strong_count(b) == 1)
+        .filter(|(_, b)| {
+            let state = lock(&b.state);
+            state.waiting.is_empty() && state.in_flight == 0
+        })
+        .min_by_key(|(_, b)| b.last_used.load(Ordering::Relaxed))
+        .map(|(key, _)| key.clone());
+    if let Some(key) = idle {
+        buckets.remove(&key);
     }
 }
 
