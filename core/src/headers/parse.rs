@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::http_date::parse_http_date;
 use super::structured::{self, Item};
+use crate::rules::parse_rfc3339;
 
 /// The quota a response advertised; every field is absent unless a header gave it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,9 +64,56 @@ fn parse_secs_ms(s: &str) -> Option<u64> {
     whole.checked_mul(1000)?.checked_add(millis)
 }
 
+/// Non-negative Go-style durations (`20ms`, `1s`, `6m0s`, `1h2m3.5s`, `250us`) as
+/// milliseconds, rounded up; `None` when malformed or too large.
+fn parse_go_duration_ms(s: &str) -> Option<u64> {
+    let mut rest = s.trim_ascii();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total_us: u64 = 0;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(split);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let per_unit_us: u64 = match unit {
+            "h" => 3_600_000_000,
+            "m" => 60_000_000,
+            "s" => 1_000_000,
+            "ms" => 1_000,
+            "us" | "µs" => 1,
+            "ns" => 0,
+            _ => return None,
+        };
+        // The number in thousandths (`parse_secs_ms` reads decimals that way), then scaled.
+        let thousandths = parse_secs_ms(number)?;
+        total_us = total_us.checked_add(thousandths.checked_mul(per_unit_us)? / 1_000)?;
+        rest = next;
+    }
+    Some(total_us.div_ceil(1_000))
+}
+
+/// One quota of a family that names its unit (`requests`, `tokens`, …).
+#[derive(Default, Clone, Copy)]
+struct Named {
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset_ms: Option<u64>,
+}
+
 /// The raw values of the headers of interest, before precedence is applied.
 #[derive(Default)]
 struct Raw<'a> {
+    /// OpenAI- and Anthropic-style quotas: requests, then tokens, input and output tokens.
+    named: [Named; 4],
+    shopify: Option<(u64, u64)>,
+    retry_after_ms: Option<u64>,
+    x_window_ms: Option<u64>,
     x_limit: Option<u64>,
     x_remaining: Option<u64>,
     x_used: Option<u64>,
@@ -89,9 +137,16 @@ fn append_line<'a>(slot: &mut Option<Cow<'a, str>>, value: &'a str) {
 
 /// Reads the quota from response headers, given the client's clock in unix milliseconds.
 ///
-/// Reads `X-RateLimit-Limit`/`-Remaining`/`-Reset`/`-Reset-After`/`-Used`, the older
-/// drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined `RateLimit: limit=…`, the
-/// IETF `RateLimit` and `RateLimit-Policy`, and `Retry-After` (seconds or HTTP-date).
+/// Reads `X-RateLimit-Limit`/`-Remaining`/`-Reset`/`-Reset-After`/`-Used` (and X's
+/// `X-Rate-Limit-*`; a limit may be a draft-03 policy list, `10, 10;w=60`, as Envoy and
+/// Limitador send it), Shopify's `X-Shopify-Shop-Api-Call-Limit: used/size`, OpenAI's
+/// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (Go-style durations) and
+/// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`
+/// (RFC 3339 resets), the older drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined
+/// `RateLimit: limit=…`, the IETF `RateLimit` and `RateLimit-Policy`, and `Retry-After`
+/// (seconds or HTTP-date) or `retry-after-ms`. Of OpenAI's and Anthropic's quotas the
+/// requests one is reported (requests are what the SDKs pace), except that a spent token
+/// quota makes `remaining` 0 until the later of the resets.
 /// Names are case-insensitive; values are trimmed; a malformed or overflowing value is
 /// ignored as if absent. Precedence: the IETF fields win over the older draft's, which win
 /// over `X-RateLimit-*`, field by field, when valid; `X-RateLimit-Reset-After` wins over
@@ -109,8 +164,8 @@ where
     let mut raw = Raw::default();
     for (name, value) in headers {
         let value = value.trim_ascii();
-        // Every name of interest is 9 to 23 bytes long: lower-case it on the stack once.
-        let mut lower = [0u8; 23];
+        // Every name of interest is 9 to 44 bytes long: lower-case it on the stack once.
+        let mut lower = [0u8; 44];
         let Some(lower) = lower.get_mut(..name.len()).filter(|l| l.len() >= 9) else {
             continue;
         };
@@ -118,12 +173,18 @@ where
             *l = b.to_ascii_lowercase();
         }
         match &*lower {
-            b"x-ratelimit-limit" => raw.x_limit = parse_u64(value),
-            b"x-ratelimit-remaining" => raw.x_remaining = parse_u64(value),
-            b"x-ratelimit-reset" => raw.x_reset = Some(value),
+            b"x-ratelimit-limit" | b"x-rate-limit-limit" => {
+                let (limit, window_ms) = limit_list(value).unzip();
+                (raw.x_limit, raw.x_window_ms) = (limit, window_ms.flatten());
+            }
+            b"x-ratelimit-remaining" | b"x-rate-limit-remaining" => raw.x_remaining = parse_u64(value),
+            b"x-ratelimit-reset" | b"x-rate-limit-reset" => raw.x_reset = Some(value),
+            b"x-shopify-shop-api-call-limit" => raw.shopify = shopify(value),
+            b"retry-after-ms" => raw.retry_after_ms = parse_u64(value),
+            _ if read_named(&mut raw, lower, value, now_ms) => {}
             b"x-ratelimit-reset-after" => raw.x_reset_after = parse_secs_ms(value),
             b"x-ratelimit-used" => raw.x_used = parse_u64(value),
-            b"ratelimit-limit" => raw.draft_limit = parse_u64(value),
+            b"ratelimit-limit" => raw.draft_limit = limit_list(value).map(|(limit, _)| limit),
             b"ratelimit-remaining" => raw.draft_remaining = parse_u64(value),
             b"ratelimit-reset" => raw.draft_reset = parse_u64(value),
             b"ratelimit" => append_line(&mut raw.ratelimit, value),
@@ -137,14 +198,24 @@ where
         (Some(limit), Some(used)) => limit.checked_sub(used),
         _ => None,
     };
+    let (shopify_limit, shopify_remaining) = raw.shopify.unzip();
     let mut info = RateLimitInfo {
-        limit: raw.x_limit,
-        remaining: raw.x_remaining.or(used_remaining),
+        limit: raw.x_limit.or(shopify_limit),
+        remaining: raw.x_remaining.or(used_remaining).or(shopify_remaining),
         reset_after_ms: raw
             .x_reset_after
             .or_else(|| raw.x_reset.and_then(|r| reset_to_ms(r, now_ms))),
+        window_ms: raw.x_window_ms,
         ..RateLimitInfo::default()
     };
+    // OpenAI and Anthropic: the requests quota, the unit the SDKs pace; when another quota
+    // (tokens) is spent, nothing may go before it resets.
+    let [requests, others @ ..] = raw.named;
+    override_with(&mut info, requests.limit, requests.remaining, requests.reset_ms);
+    for spent in others.iter().filter(|n| n.remaining == Some(0)) {
+        info.remaining = Some(0);
+        info.reset_after_ms = info.reset_after_ms.max(spent.reset_ms);
+    }
     // Older IETF drafts: separate fields, reset in delta seconds.
     override_with(
         &mut info,
@@ -159,8 +230,75 @@ where
             read_combined(&mut info, value);
         }
     }
-    info.retry_after_ms = raw.retry_after.and_then(|r| retry_after_ms(r, now_ms));
+    info.retry_after_ms = raw
+        .retry_after_ms
+        .or_else(|| raw.retry_after.and_then(|r| retry_after_ms(r, now_ms)));
     info
+}
+
+/// A limit field, or a draft-03 policy list as Envoy's rate limit filter and Limitador send
+/// it (`10, 10;w=60, 100;w=3600`): the first member is the limit in force, and the window
+/// is that of the first policy with that quota.
+fn limit_list(value: &str) -> Option<(u64, Option<u64>)> {
+    let mut members = value.split(',');
+    let limit = parse_u64(members.next()?)?;
+    let window_ms = members.find_map(|m| {
+        let (quota, params) = m.split_once(';')?;
+        (parse_u64(quota)? == limit).then_some(())?;
+        params.split(';').find_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            (k.trim_ascii() == "w")
+                .then(|| parse_u64(v)?.checked_mul(1000))
+                .flatten()
+        })
+    });
+    Some((limit, window_ms))
+}
+
+/// Shopify's `X-Shopify-Shop-Api-Call-Limit: 32/40`, a leaky bucket's used/size: the limit
+/// and what remains.
+fn shopify(value: &str) -> Option<(u64, u64)> {
+    let (used, size) = value.split_once('/')?;
+    let (used, size) = (parse_u64(used)?, parse_u64(size)?);
+    Some((size, size.saturating_sub(used)))
+}
+
+/// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (resets as Go
+/// durations) and Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,
+/// output-tokens}-{limit,remaining,reset}` (resets as RFC 3339 times); whether `lower`
+/// was one of them.
+fn read_named(raw: &mut Raw<'_>, lower: &[u8], value: &str, now_ms: u64) -> bool {
+    let Ok(name) = std::str::from_utf8(lower) else {
+        return false;
+    };
+    let (field, unit, reset_ms) = if let Some(rest) = name.strip_prefix("x-ratelimit-") {
+        let Some((field, unit)) = rest.split_once('-') else {
+            return false;
+        };
+        (field, unit, parse_go_duration_ms(value))
+    } else if let Some(rest) = name.strip_prefix("anthropic-ratelimit-") {
+        let Some((unit, field)) = rest.rsplit_once('-') else {
+            return false;
+        };
+        let at = parse_rfc3339(value).ok();
+        (field, unit, at.map(|at| at.saturating_sub(now_ms)))
+    } else {
+        return false;
+    };
+    let Some(i) = ["requests", "tokens", "input-tokens", "output-tokens"]
+        .iter()
+        .position(|u| *u == unit)
+    else {
+        return false;
+    };
+    let quota = &mut raw.named[i];
+    match field {
+        "limit" => quota.limit = parse_u64(value),
+        "remaining" => quota.remaining = parse_u64(value),
+        "reset" => quota.reset_ms = reset_ms,
+        _ => return false,
+    }
+    true
 }
 
 /// Replaces the fields that `limit`, `remaining` and `reset_ms` give.
@@ -264,6 +402,25 @@ mod tests {
         assert_eq!(parse_secs_ms("18446744073709552"), None);
         for bad in ["", ".", "-1", "1e3", "1.2.3", "١"] {
             assert_eq!(parse_secs_ms(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn go_durations_read_as_milliseconds_rounded_up() {
+        for (text, ms) in [
+            ("1s", 1_000),
+            ("6m0s", 360_000),
+            ("20ms", 20),
+            ("1h2m3.5s", 3_723_500),
+            ("0s", 0),
+            ("1.0005s", 1_001),
+            ("250us", 1),
+            ("7ns", 0),
+        ] {
+            assert_eq!(parse_go_duration_ms(text), Some(ms), "{text}");
+        }
+        for bad in ["", "1", "s", "1x", "-1s", "1.2.3s", "99999999999999999999h"] {
+            assert_eq!(parse_go_duration_ms(bad), None, "{bad}");
         }
     }
 
