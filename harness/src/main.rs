@@ -113,11 +113,34 @@ fn check_config(args: &CheckConfigArgs) -> anyhow::Result<()> {
             .collect();
         bail!("{} is refused ({e}): {}", args.config.display(), said.join("; "));
     }
+    // Some hosts refuse at the first request what the configuration names (ngx_wasm_module
+    // traps on a call to an upstream it cannot parse): send one through.
+    if let Err(e) = one_request(&mut host) {
+        bail!(
+            "{} is accepted, but the module fails on a request on this host: {e}",
+            args.config.display()
+        );
+    }
     println!(
         "{}: configuration accepted by {}",
         args.config.display(),
         args.wasm.display()
     );
+    Ok(())
+}
+
+/// Sends `GET /` through the module and ends it: its calls fail, as with no upstream.
+fn one_request(host: &mut Host) -> Result<(), sluice_harness::HarnessError> {
+    let stream = host.new_stream()?;
+    host.set_property(stream, "source.address", "192.0.2.1:4242");
+    let headers = [(":method", "GET"), (":path", "/"), (":authority", "check-config")];
+    host.request_headers(stream, &headers, true)?;
+    for call in host.pending_calls() {
+        host.fail_call(call.token)?;
+    }
+    if host.stream(stream).is_some() {
+        host.finish_stream(stream)?;
+    }
     Ok(())
 }
 

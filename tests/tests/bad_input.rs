@@ -503,7 +503,7 @@ fn a_rules_file_broken_mid_run_keeps_the_old_rules_until_it_is_fixed() {
 fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
     let dir = std::env::temp_dir().join(format!("sluice-check-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let check = |config: &str| {
+    let check_on = |config: &str, flavor: &str| {
         let file = dir.join("filter.json");
         std::fs::write(&file, config).expect("write config");
         let out = Command::new(sluice_tests::chain::binary("sluice-harness"))
@@ -512,10 +512,12 @@ fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
             .arg(sluice_tests::chain::filter_wasm())
             .arg("--config")
             .arg(&file)
+            .args(["--host-flavor", flavor])
             .output()
             .expect("run sluice-harness");
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
+    let check = |config: &str| check_on(config, "envoy");
     let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/filter.json"))
         .expect("examples/filter.json");
     let (ok, stderr) = check(&example);
@@ -532,5 +534,15 @@ fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
             "{config}: the error does not name {named:?}: {stderr}"
         );
     }
+    // A check address Nginx cannot dial: the filter's own check passes, the host traps on
+    // the first request (measured in a real Nginx: every request a 500). Envoy would take it
+    // as a cluster name.
+    let bad_port = r#"{"check": {"cluster": "127.0.0.1:66000"}}"#;
+    let (ok, stderr) = check_on(bad_port, "nginx");
+    assert!(!ok && stderr.contains("invalid port"), "{stderr}");
+    let (ok, stderr) = check_on(bad_port, "envoy");
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = check_on(r#"{"check": {"cluster": "127.0.0.1:8081"}}"#, "nginx");
+    assert!(ok, "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
