@@ -66,3 +66,18 @@ test('a literal 429 with Retry-After: 1 is retried after that second', async (t)
   assert.deepEqual(floors, [1000]);
   assert.deepEqual(baselineFloors, [0]);
 });
+
+// Discord's bucket header on every answer (discord.com/developers/docs/topics/rate-limits).
+const DISCORD_BUCKET = [[
+  'HTTP/1.1 200 OK', 'X-RateLimit-Limit: 5', 'X-RateLimit-Remaining: 4', 'X-RateLimit-Reset-After: 1',
+  'X-RateLimit-Bucket: abcd1234',
+]];
+
+test('routes the server puts in one named bucket share one client bucket', async (t) => {
+  const [server] = await servers(t, DISCORD_BUCKET);
+  const fetch = createFetch();
+  const [a, b] = [`${server.url}/channels/1`, `${server.url}/channels/2`];
+  for (const url of [a, b]) assert.equal((await fetch(url)).rateLimit.policy, 'abcd1234');
+  assert.ok(fetch.bucketFor(a).endsWith(' abcd1234'), fetch.bucketFor(a));
+  assert.equal(fetch.bucketFor(a), fetch.bucketFor(b), 'two routes of one Discord bucket are paced as one');
+});

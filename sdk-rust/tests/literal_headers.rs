@@ -133,3 +133,30 @@ async fn a_literal_429_with_retry_after_1_is_retried_after_that_second() {
     assert_eq!(floors, [Some(Duration::from_secs(1))]);
     assert_eq!(baseline_floors, [Some(Duration::ZERO)]);
 }
+
+/// Discord's bucket header on every answer (discord.com/developers/docs/topics/rate-limits).
+const DISCORD_BUCKET: &[&[&str]] = &[&[
+    "HTTP/1.1 200 OK",
+    "X-RateLimit-Limit: 5",
+    "X-RateLimit-Remaining: 4",
+    "X-RateLimit-Reset-After: 1",
+    "X-RateLimit-Bucket: abcd1234",
+]];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_the_server_puts_in_one_named_bucket_share_one_client_bucket() {
+    let server = Scripted::start(DISCORD_BUCKET);
+    let client = Client::new().expect("client");
+    let (a, b) = (
+        format!("{}/channels/1", server.url()),
+        format!("{}/channels/2", server.url()),
+    );
+    for url in [&a, &b] {
+        let response = client.send(client.get(url.as_str())).await.expect("response");
+        assert_eq!(response.quota().policy.as_deref(), Some("abcd1234"));
+    }
+    let bucket_a = client.bucket_for(&a.parse().expect("url"));
+    let bucket_b = client.bucket_for(&b.parse().expect("url"));
+    assert!(bucket_a.ends_with(" abcd1234"), "{bucket_a}");
+    assert_eq!(bucket_a, bucket_b, "two routes of one Discord bucket are paced as one");
+}

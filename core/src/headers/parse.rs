@@ -20,7 +20,9 @@ pub struct RateLimitInfo {
     pub reset_after_ms: Option<u64>,
     /// Milliseconds the server asked the client to wait (`Retry-After`).
     pub retry_after_ms: Option<u64>,
-    /// The IETF policy name.
+    /// The name the server gives the quota: the IETF policy, else Discord's
+    /// `X-RateLimit-Bucket` or GitHub's `x-ratelimit-resource`. The SDKs key their buckets
+    /// by it, so routes the server counts together are paced together.
     pub policy: Option<String>,
     /// The policy's window in milliseconds.
     pub window_ms: Option<u64>,
@@ -112,6 +114,8 @@ struct Raw<'a> {
     /// OpenAI- and Anthropic-style quotas: requests, then tokens, input and output tokens.
     named: [Named; 4],
     shopify: Option<(u64, u64)>,
+    /// Discord's `X-RateLimit-Bucket`, GitHub's `x-ratelimit-resource`.
+    named_bucket: Option<&'a str>,
     retry_after_ms: Option<u64>,
     x_window_ms: Option<u64>,
     x_limit: Option<u64>,
@@ -142,7 +146,8 @@ fn append_line<'a>(slot: &mut Option<Cow<'a, str>>, value: &'a str) {
 /// Limitador send it), Shopify's `X-Shopify-Shop-Api-Call-Limit: used/size`, OpenAI's
 /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (Go-style durations) and
 /// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`
-/// (RFC 3339 resets), the older drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined
+/// (RFC 3339 resets), Discord's `X-RateLimit-Bucket` and GitHub's `x-ratelimit-resource` (as
+/// the policy name), the older drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined
 /// `RateLimit: limit=…`, the IETF `RateLimit` and `RateLimit-Policy`, and `Retry-After`
 /// (seconds or HTTP-date) or `retry-after-ms`. Of OpenAI's and Anthropic's quotas the
 /// requests one is reported (requests are what the SDKs pace), except that a spent token
@@ -180,6 +185,9 @@ where
             b"x-ratelimit-remaining" | b"x-rate-limit-remaining" => raw.x_remaining = parse_u64(value),
             b"x-ratelimit-reset" | b"x-rate-limit-reset" => raw.x_reset = Some(value),
             b"x-shopify-shop-api-call-limit" => raw.shopify = shopify(value),
+            b"x-ratelimit-bucket" | b"x-ratelimit-resource" => {
+                raw.named_bucket = Some(value).filter(|v| !v.is_empty() && v.len() <= 256);
+            }
             b"retry-after-ms" => raw.retry_after_ms = parse_u64(value),
             _ if read_named(&mut raw, lower, value, now_ms) => {}
             b"x-ratelimit-reset-after" => raw.x_reset_after = parse_secs_ms(value),
@@ -206,6 +214,7 @@ where
             .x_reset_after
             .or_else(|| raw.x_reset.and_then(|r| reset_to_ms(r, now_ms))),
         window_ms: raw.x_window_ms,
+        policy: raw.named_bucket.map(str::to_owned),
         ..RateLimitInfo::default()
     };
     // OpenAI and Anthropic: the requests quota, the unit the SDKs pace; when another quota
