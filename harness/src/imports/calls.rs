@@ -59,10 +59,7 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                 dispatched_at_ns: s.clock_ns,
             };
             s.calls.insert(token, call);
-            match write_u32(&mut c, ret, token) {
-                Some(()) => OK,
-                None => status(Status::BadArgument),
-            }
+            return_u32(&mut c, ret, token)
         },
     )?;
     Ok(())

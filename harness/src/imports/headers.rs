@@ -50,10 +50,7 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                     .find(|(k, _)| k.eq_ignore_ascii_case(&key))
                     .map(|(_, v)| v.clone())
             });
-            match value {
-                Some(v) => give(&mut c, &v, ret_data, ret_size),
-                None => status(Status::NotFound),
-            }
+            give_found(&mut c, value, ret_data, ret_size)
         },
     )?;
     linker.func_wrap(

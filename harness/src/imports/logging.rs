@@ -23,10 +23,7 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     )?;
     linker.func_wrap("env", "proxy_get_log_level", |mut c: Ctx<'_>, ret: i32| -> HostResult {
         nginx_trap(&mut c, "proxy_get_log_level")?;
-        match write_u32(&mut c, ret, 0) {
-            Some(()) => OK,
-            None => status(Status::BadArgument),
-        }
+        return_u32(&mut c, ret, 0)
     })?;
     Ok(())
 }

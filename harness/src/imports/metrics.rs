@@ -32,10 +32,7 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                     metrics.len() - 1
                 }
             };
-            match write_u32(&mut c, ret, id as u32 + 1) {
-                Some(()) => OK,
-                None => status(Status::BadArgument),
-            }
+            return_u32(&mut c, ret, id as u32 + 1)
         },
     )?;
     linker.func_wrap(

@@ -63,6 +63,22 @@ fn write_u32(c: &mut Ctx<'_>, ptr: i32, v: u32) -> Option<()> {
     write(c, ptr, &v.to_le_bytes())
 }
 
+/// Writes `v` at `ret`: `Ok`, or `BadArgument` for a bad pointer.
+fn return_u32(c: &mut Ctx<'_>, ret: i32, v: u32) -> HostResult {
+    match write_u32(c, ret, v) {
+        Some(()) => OK,
+        None => status(Status::BadArgument),
+    }
+}
+
+/// [`give`]s `value`, or answers `NotFound` when there is none.
+fn give_found(c: &mut Ctx<'_>, value: Option<Vec<u8>>, ret_data: i32, ret_size: i32) -> HostResult {
+    match value {
+        Some(v) => give(c, &v, ret_data, ret_size),
+        None => status(Status::NotFound),
+    }
+}
+
 /// Copies `data` into a fresh guest allocation and stores its address and size.
 fn give(c: &mut Ctx<'_>, data: &[u8], ret_data: i32, ret_size: i32) -> HostResult {
     let addr = if data.is_empty() {

@@ -18,10 +18,7 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                 .and_then(|st| st.properties.get(&path))
                 .or_else(|| s.root_properties.get(&path))
                 .cloned();
-            match value {
-                Some(v) => give(&mut c, &v, ret_data, ret_size),
-                None => status(Status::NotFound),
-            }
+            give_found(&mut c, value, ret_data, ret_size)
         },
     )?;
     linker.func_wrap(

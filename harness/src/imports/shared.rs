@@ -50,10 +50,7 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                     queues.len() - 1
                 }
             };
-            match write_u32(&mut c, ret, id as u32 + 1) {
-                Some(()) => OK,
-                None => status(Status::BadArgument),
-            }
+            return_u32(&mut c, ret, id as u32 + 1)
         },
     )?;
     linker.func_wrap(
@@ -67,10 +64,7 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let Some(i) = c.data().queues.iter().position(|(n, _)| *n == name) else {
                 return status(Status::NotFound);
             };
-            match write_u32(&mut c, ret, i as u32 + 1) {
-                Some(()) => OK,
-                None => status(Status::BadArgument),
-            }
+            return_u32(&mut c, ret, i as u32 + 1)
         },
     )?;
     linker.func_wrap(
