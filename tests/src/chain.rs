@@ -69,9 +69,12 @@ pub fn binary(name: &str) -> PathBuf {
             .expect("target directory")
             .to_path_buf();
         let mut cargo = Command::new(env!("CARGO"));
-        // `--workspace` resolves features as a developer's `cargo build --workspace` does,
-        // so a tree built that way is reused as it stands.
-        cargo.current_dir(root()).args(["build", "--workspace", "--bins"]);
+        // The targets `cargo test` builds: dependencies' features resolve as in the test
+        // run's own build (with dev-dependencies), so the binaries and the crates under
+        // them are reused as they stand instead of compiled again with other features.
+        cargo
+            .current_dir(root())
+            .args(["build", "--workspace", "--bins", "--tests", "--examples"]);
         if dir.file_name().is_some_and(|profile| profile == "release") {
             cargo.arg("--release");
         }
