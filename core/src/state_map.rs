@@ -57,11 +57,27 @@ impl StateMap {
         decision
     }
 
-    /// Gives back `cost` admitted under `key` at `at` (see [`Limit::refund`]).
-    pub fn refund(&mut self, key: &str, limit: &Limit, at: Micros, cost: u64) {
-        if let Some(entry) = self.entries.get_mut(key) {
-            limit.refund(&mut entry.state, at, cost);
+    /// The state under `key` at `now`: a copy, fresh when the key is unknown or expired.
+    /// With [`StateMap::keep`], for deciding several keys together ([`crate::algorithm::decide_all`]).
+    pub fn state(&self, key: &str, now: Micros) -> State {
+        match self.entries.get(key) {
+            Some(entry) if entry.expires_at > now => entry.state.clone(),
+            _ => State::Fresh,
         }
+    }
+
+    /// Keeps `state` under `key` as decided at `now` by `limit`, making room as
+    /// [`StateMap::decide`] does for a new key.
+    pub fn keep(&mut self, key: &str, limit: &Limit, state: State, now: Micros) {
+        let expires_at = now.saturating_add(limit.expires_after(&state, now));
+        if let Some(entry) = self.entries.get_mut(key) {
+            *entry = Entry { state, expires_at };
+            return;
+        }
+        if self.entries.len() >= self.max_keys {
+            self.make_room(now);
+        }
+        self.entries.insert(key.into(), Entry { state, expires_at });
     }
 
     /// Drops every entry expired at `now`; returns how many keys remain.
@@ -147,15 +163,17 @@ mod tests {
     }
 
     #[test]
-    fn a_first_denial_keeps_nothing_and_refunds_restore_quota() {
+    fn a_first_denial_keeps_nothing_and_kept_state_decides_next() {
         let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, MICROS_PER_S)
             .build()
             .unwrap();
         let mut map = StateMap::new(1_000);
         assert!(!map.decide("big", &limit, 2, 0).allowed);
         assert!(map.is_empty());
-        assert!(map.decide("k", &limit, 1, 5).allowed);
-        map.refund("k", &limit, 5, 1);
-        assert!(map.decide("k", &limit, 1, 6).allowed);
+        let mut state = map.state("k", 5);
+        assert!(limit.decide(&mut state, 5, 1).allowed);
+        map.keep("k", &limit, state, 5);
+        assert!(!map.decide("k", &limit, 1, 6).allowed, "the kept admission counts");
+        assert_eq!(map.state("k", 5 + MICROS_PER_S), State::Fresh, "and expires");
     }
 }

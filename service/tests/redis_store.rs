@@ -1,7 +1,9 @@
-//! The Redis store against real `redis-server`s: the Lua scripts agree with sluice-core
-//! decision for decision (at explicit times, and on Redis's own `TIME`), admit exactly the
-//! limit under concurrency (single node and cluster), set TTLs, survive a script flush, and
-//! fail fast then recover when Redis dies.
+//! The Redis store against real `redis-server`s: the Lua script agrees with sluice-core
+//! decision for decision (one rule at explicit times and on Redis's own `TIME`; several
+//! rules all-or-nothing, on one node and across cluster slots), a check is one script call
+//! per slot, exactly the limit is admitted under concurrency (single node and cluster),
+//! every key gets a TTL, a script flush is survived, and a dead Redis fails fast then
+//! recovers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,11 +11,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use sluice_core::algorithm::{decide_all, Part};
 use sluice_core::{Algorithm, Limit, State};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::RedisStore;
-use sluice_service::store::StoreError;
-use sluice_testkit::{RedisCluster, RedisServer};
+use sluice_service::store::{keys, Item, StoreError};
+use sluice_testkit::{reset_stats, script_calls, RedisCluster, RedisServer};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -33,30 +36,31 @@ struct Case {
     start: u64,
 }
 
+/// Any limit of any algorithm (index 6: the leaky bucket shaping), and its window in µs.
+fn limit() -> impl Strategy<Value = Limit> {
+    (0usize..7, 1u64..30, 1u64..3_000, 0u64..40, 0u64..2_000).prop_map(|(a, limit, window_ms, burst, max_delay_ms)| {
+        let (algorithm, shaping) = if a == 6 {
+            (Algorithm::LeakyBucket, true)
+        } else {
+            (Algorithm::ALL[a], false)
+        };
+        Limit::builder(algorithm, limit, window_ms * 1000)
+            .burst(burst)
+            .shaping(shaping.then_some(max_delay_ms * 1000))
+            .build()
+            .unwrap()
+    })
+}
+
 fn case() -> impl Strategy<Value = Case> {
-    (
-        0usize..7,
-        1u64..30,
-        1u64..3_000,
-        0u64..40,
-        0u64..2_000,
-        1u64 << 40..1u64 << 51,
-    )
-        .prop_flat_map(|(a, limit, window_ms, burst, max_delay_ms, start)| {
-            let (algorithm, shaping) = if a == 6 {
-                (Algorithm::LeakyBucket, true)
-            } else {
-                (Algorithm::ALL[a], false)
-            };
-            let limit = Limit::builder(algorithm, limit, window_ms * 1000)
-                .burst(burst)
-                .shaping(shaping.then_some(max_delay_ms * 1000))
-                .build()
-                .unwrap();
-            let gap = 0..(window_ms * 1000 / 3).max(2);
-            proptest::collection::vec((gap, 1u64..4, proptest::bool::weighted(0.1)), 1..40)
-                .prop_map(move |steps| Case { limit, steps, start })
+    (limit(), 1u64 << 40..1u64 << 51).prop_flat_map(|(limit, start)| {
+        let gap = 0..(limit.window() / 3).max(2);
+        proptest::collection::vec((gap, 1u64..4, proptest::bool::weighted(0.1)), 1..40).prop_map(move |steps| Case {
+            limit,
+            steps,
+            start,
         })
+    })
 }
 
 #[test]
@@ -89,6 +93,175 @@ fn lua_scripts_agree_with_core_on_random_traces() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Several rules (some shadow) and one trace of (gap µs, cost) checks against all of them.
+#[derive(Debug, Clone)]
+struct MultiCase {
+    rules: Vec<(Limit, bool)>,
+    steps: Vec<(u64, u64)>,
+    start: u64,
+}
+
+fn multi_case() -> impl Strategy<Value = MultiCase> {
+    (
+        proptest::collection::vec((limit(), proptest::bool::weighted(0.25)), 1..5),
+        proptest::collection::vec((0u64..1_000_000, 1u64..4), 1..30),
+        1u64 << 40..1u64 << 51,
+    )
+        .prop_map(|(rules, steps, start)| MultiCase { rules, steps, start })
+}
+
+/// Runs `cases` random multi-rule traces through `store` and through core's `decide_all`;
+/// rule `j` of case `n` is keyed by `key(n, j)`.
+fn several_rules_agree_with_core(
+    rt: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    cases: u32,
+    key: impl Fn(u64, usize) -> String,
+) {
+    let counter = AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&multi_case(), |c| {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            let keys: Vec<String> = (0..c.rules.len()).map(|j| key(n, j)).collect();
+            let parts: Vec<Part<'_>> = c
+                .rules
+                .iter()
+                .map(|(limit, shadow)| Part { limit, shadow: *shadow })
+                .collect();
+            let items: Vec<Item<'_>> = keys
+                .iter()
+                .zip(&parts)
+                .map(|(key, part)| Item { key, part: *part })
+                .collect();
+            let mut states = vec![State::Fresh; parts.len()];
+            let mut now = c.start;
+            for (i, &(gap, cost)) in c.steps.iter().enumerate() {
+                now += gap;
+                let want = decide_all(&parts, &mut states, now, cost);
+                let got = rt.block_on(store.decide_all_at(&items, cost, Some(now))).unwrap();
+                let got: Vec<_> = got.iter().map(|s| s.decision).collect();
+                prop_assert_eq!(got, want, "step {} at {}", i, now);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn one_script_decides_several_rules_as_core_does_on_random_traces() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt.block_on(RedisStore::connect(&server.url(), TIMEOUT)).unwrap();
+    several_rules_agree_with_core(&rt, &store, 300, |n, j| {
+        keys::limit(&format!("r{j}"), &format!("multi-{n}"))
+    });
+}
+
+#[test]
+fn rules_in_several_cluster_slots_decide_as_core_does_refunds_included() {
+    let cluster = RedisCluster::start(3, 0);
+    let rt = runtime();
+    let store = rt.block_on(RedisStore::connect(&cluster.url(), TIMEOUT)).unwrap();
+    // Each rule limits another identity, so a case's rules land in up to four slots, and a
+    // denial in one slot is undone by refunds in the others.
+    several_rules_agree_with_core(&rt, &store, 150, |n, j| keys::limit("r", &format!("multi-{n}-{j}")));
+}
+
+#[test]
+fn a_check_is_one_round_trip_however_many_rules_and_a_denial_consumes_nothing() {
+    let server = RedisServer::start();
+    let port = [server.port()];
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url(), TIMEOUT).await.unwrap();
+        let day = 86_400_000_000;
+        let wide = Limit::builder(Algorithm::SlidingWindowLog, 100, day).build().unwrap();
+        let narrow = Limit::builder(Algorithm::FixedWindow, 10, day).build().unwrap();
+        let bucket = Limit::builder(Algorithm::TokenBucket, 50, day).build().unwrap();
+        let (k_wide, k_narrow, k_other, k_bucket) = (
+            keys::limit("wide", "ip"),
+            keys::limit("narrow", "ip"),
+            keys::limit("narrow", "other"),
+            keys::limit("bucket", "ip"),
+        );
+        let item = |key, limit| Item {
+            key,
+            part: Part { limit, shadow: false },
+        };
+        let three = [item(&k_wide, &wide), item(&k_narrow, &narrow), item(&k_bucket, &bucket)];
+        store.decide_all(&three[..1], 0).await.unwrap(); // loads the script
+        reset_stats(&port);
+        let mut admitted = 0;
+        for _ in 0..30 {
+            let stamps = store.decide_all(&three, 1).await.unwrap();
+            admitted += u32::from(stamps.iter().all(|s| s.decision.allowed));
+        }
+        assert_eq!(admitted, 10, "the narrow rule admits 10");
+        assert_eq!(script_calls(&port), 30, "one script call per check, denials included");
+        // The 20 denials took nothing from the wide rule: 89 more pass with another narrow key.
+        let two = [item(&k_wide, &wide), item(&k_other, &narrow)];
+        let mut passed = 0;
+        for _ in 0..100 {
+            passed += u32::from(store.decide_all(&two[..1], 1).await.unwrap()[0].decision.allowed);
+        }
+        assert_eq!(
+            passed, 89,
+            "what the wide rule had left after 10 (+1 loading) admissions"
+        );
+    });
+}
+
+#[test]
+fn a_cluster_check_is_one_call_per_slot_and_hashes_slots_as_redis_does() {
+    let cluster = RedisCluster::start(3, 0);
+    let ports = cluster.master_ports();
+    for key in [
+        keys::limit("per-ip", "203.0.113.9"),
+        keys::limit("r", "a}b{c"),
+        "no-tag".to_owned(),
+    ] {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &ports[0].to_string(), "cluster", "keyslot", &key])
+            .output()
+            .expect("redis-cli runs");
+        let redis: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert_eq!(keys::slot(&key), redis, "{key}");
+    }
+    runtime().block_on(async {
+        let store = RedisStore::connect(&cluster.url(), TIMEOUT).await.unwrap();
+        let limit = Limit::builder(Algorithm::Gcra, 1_000, 86_400_000_000).build().unwrap();
+        let (a, b, c) = (
+            keys::limit("a", "alice"),
+            keys::limit("b", "alice"),
+            keys::limit("c", "bob"),
+        );
+        assert_ne!(keys::slot(&a), keys::slot(&c));
+        let item = |key| Item {
+            key,
+            part: Part {
+                limit: &limit,
+                shadow: false,
+            },
+        };
+        for items in [[item(&a), item(&b)], [item(&a), item(&c)]] {
+            store.decide_all(&items, 1).await.unwrap(); // loads the script on each master
+        }
+        reset_stats(&ports);
+        for _ in 0..10 {
+            store.decide_all(&[item(&a), item(&b)], 1).await.unwrap();
+        }
+        assert_eq!(script_calls(&ports), 10, "one identity's rules: one slot, one call");
+        for _ in 0..10 {
+            store.decide_all(&[item(&a), item(&b), item(&c)], 1).await.unwrap();
+        }
+        assert_eq!(script_calls(&ports), 30, "two identities: two slots, two calls");
+    });
 }
 
 /// Window of the Redis-clock case: 2 per 4 s, one unit of quota every 2 s. Burst A starts
@@ -135,7 +308,11 @@ fn burst(
         let key = format!("sluice:{{time:{i}}}");
         for _ in 0..3 {
             let got = rt.block_on(stores.0.decide(&key, limit, 1)).unwrap().decision;
-            let want = stores.1.decide(&key, limit, 1).decision;
+            let item = Item {
+                key: &key,
+                part: Part { limit, shadow: false },
+            };
+            let want = stores.1.decide_all(&[item], 1)[0].decision;
             redis[i].push((got.allowed, got.remaining));
             memory[i].push((want.allowed, want.remaining));
         }
@@ -166,15 +343,21 @@ fn lua_scripts_on_redis_time_agree_with_the_memory_store() {
     assert_eq!(memory[0], tb, "token bucket on the memory store");
 }
 
-/// 4 stores (separate connections, as 4 nodes) × 16 clients each hammer one key.
-async fn admitted_by_64_clients(url: &str, algorithm: Algorithm, key: &str) -> u64 {
-    let limit = Limit::builder(algorithm, 1_000, 86_400_000_000).build().unwrap();
+/// 4 stores on separate connections, as 4 service nodes would have.
+async fn four_nodes(url: &str) -> Vec<Arc<RedisStore>> {
     let mut stores = Vec::new();
     for _ in 0..4 {
         stores.push(Arc::new(
             RedisStore::connect(url, Duration::from_secs(5)).await.unwrap(),
         ));
     }
+    stores
+}
+
+/// 4 stores (separate connections, as 4 nodes) × 16 clients each hammer one key.
+async fn admitted_by_64_clients(url: &str, algorithm: Algorithm, key: &str) -> u64 {
+    let limit = Limit::builder(algorithm, 1_000, 86_400_000_000).build().unwrap();
+    let stores = four_nodes(url).await;
     let admitted = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for client in 0..64 {
@@ -194,6 +377,74 @@ async fn admitted_by_64_clients(url: &str, algorithm: Algorithm, key: &str) -> u
         t.await.unwrap();
     }
     admitted.load(Ordering::Relaxed)
+}
+
+/// 4 stores × 16 clients, each client a user with its own rule (20 a day) sharing one IP
+/// rule (1,000 a day), 25 tries each: 1,280 requests the user rules would admit. Returns
+/// how many passed both and what the IP rule has left afterwards.
+async fn two_rules_under_64_clients(url: &str) -> (u64, u64) {
+    let day = 86_400_000_000;
+    let shared = Limit::builder(Algorithm::SlidingWindowLog, 1_000, day).build().unwrap();
+    let per_user = Limit::builder(Algorithm::FixedWindow, 20, day).build().unwrap();
+    let stores = four_nodes(url).await;
+    let passed = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for client in 0..64 {
+        let store = stores[client % 4].clone();
+        let passed = passed.clone();
+        tasks.push(tokio::spawn(async move {
+            let (ip, user) = (
+                keys::limit("ip", "10.0.0.1"),
+                keys::limit("user", &format!("u{client}")),
+            );
+            let items = [
+                Item {
+                    key: &ip,
+                    part: Part {
+                        limit: &shared,
+                        shadow: false,
+                    },
+                },
+                Item {
+                    key: &user,
+                    part: Part {
+                        limit: &per_user,
+                        shadow: false,
+                    },
+                },
+            ];
+            for _ in 0..25 {
+                let stamps = store.decide_all(&items, 1).await.expect("redis answers");
+                if stamps.iter().all(|s| s.decision.allowed) {
+                    passed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let probe = stores[0]
+        .decide(&keys::limit("ip", "10.0.0.1"), &shared, 1)
+        .await
+        .unwrap();
+    let left = probe.decision.remaining + u64::from(probe.decision.allowed);
+    (passed.load(Ordering::Relaxed), left)
+}
+
+#[test]
+fn two_rules_stay_all_or_nothing_under_concurrency_on_one_redis_and_a_cluster() {
+    let server = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
+    runtime().block_on(async {
+        let (passed, left) = two_rules_under_64_clients(&server.url()).await;
+        assert_eq!((passed, left), (1_000, 0), "one Redis: exactly the shared limit");
+        // On a cluster the two rules are two slots: a request the user rule denies is
+        // refunded on the IP rule, and meanwhile may make another wait (never over-admit).
+        let (passed, left) = two_rules_under_64_clients(&cluster.url()).await;
+        assert!(passed <= 1_000, "cluster admitted {passed}");
+        assert_eq!(left, 1_000 - passed, "every denied request was refunded");
+    });
 }
 
 const EXACT: [Algorithm; 4] = [

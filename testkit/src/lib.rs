@@ -7,5 +7,5 @@ mod redis;
 mod wasm;
 
 pub use process::{free_port, wait_for_port, Child, Stopped};
-pub use redis::{RedisCluster, RedisServer};
+pub use redis::{evalsha_calls, reset_stats, script_calls, RedisCluster, RedisServer};
 pub use wasm::{wasm_module, wasm_module_bytes};

@@ -42,6 +42,33 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `EVALSHA` calls counted in the text of `INFO commandstats` (since the server started or
+/// its last `CONFIG RESETSTAT`); 0 when there were none.
+pub fn evalsha_calls(commandstats: &str) -> u64 {
+    commandstats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `EVALSHA` calls served by the Redis on each of `ports` since `CONFIG RESETSTAT`, summed.
+pub fn script_calls(ports: &[u16]) -> u64 {
+    ports
+        .iter()
+        .map(|&p| evalsha_calls(&cli(p, &["info", "commandstats"])))
+        .sum()
+}
+
+/// `CONFIG RESETSTAT` on the Redis on each of `ports`.
+pub fn reset_stats(ports: &[u16]) {
+    for &p in ports {
+        let reply = cli(p, &["config", "resetstat"]);
+        assert_eq!(reply.trim(), "OK", "CONFIG RESETSTAT on port {p}");
+    }
+}
+
 /// One `redis-server` on a free port, stopped when dropped.
 pub struct RedisServer {
     port: u16,

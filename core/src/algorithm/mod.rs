@@ -9,6 +9,7 @@
 //! numbers are doubles) reach exactly the same decisions; [`LimitBuilder::build`] rejects limits
 //! whose numbers would break that promise.
 
+mod all;
 mod fixed_window;
 mod gcra;
 mod sliding_window_counter;
@@ -23,6 +24,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::time::{Micros, MICROS_PER_MS};
+
+pub use all::{decide_all, passes, Part};
 
 /// The largest integer every number in a decision must stay below (2^53): doubles, and so
 /// Redis Lua, represent every integer up to it exactly.

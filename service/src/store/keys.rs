@@ -1,11 +1,16 @@
 //! Every `sluice:` name in a shared store, built here and nowhere else.
 //!
-//! Limit state: `sluice:{<rule>:<identity>}:<suffix>`. Everything between the braces is
-//! the Redis Cluster hash tag, so all keys of one limit share a slot. The encoding is
-//! injective and keeps exactly one pair of braces whatever a client sends: `%`, `{` and
-//! `}` are percent-encoded in both parts (`%25`, `%7B`, `%7D`) and `:` in the rule name
-//! (`%3A`), so the first `:` inside the braces always ends the rule name. Names and
-//! identities without those characters appear as they are.
+//! Limit state: `sluice:{<identity>}:<rule>:<suffix>`. The identity between the braces is
+//! the Redis Cluster hash tag, so every rule that limits one client (its IP, its user, its
+//! key) keeps its state in one slot, and a request's rules cost one script per slot on a
+//! cluster rather than one per rule. That is sound because a rule's state is still one
+//! key set in one slot, so each script stays atomic; what it costs is that one identity's
+//! rules no longer spread over the cluster's nodes (a single hot client was one node's
+//! load per rule already). The encoding is injective and keeps exactly one pair of braces
+//! whatever a client sends: `%`, `{` and `}` are percent-encoded in both parts (`%25`,
+//! `%7B`, `%7D`) and `:` in the rule name (`%3A`), so the braces end the identity and the
+//! next `:` ends the rule name. Names and identities without those characters appear as
+//! they are.
 //!
 //! The published rule set and its version share the tag `{rules}`, so one script updates
 //! both on a cluster; changes are announced on [`RULES_CHANNEL`].
@@ -21,15 +26,41 @@ pub const RULES_CHANNEL: &str = "sluice:rules:changed";
 /// The capped stream of violations.
 pub const VIOLATIONS: &str = "sluice:violations";
 
-/// The hash-tagged key prefix of one limit: `sluice:{<rule>:<identity>}`.
+/// The hash-tagged key prefix of one limit: `sluice:{<identity>}:<rule>`.
 pub fn limit(rule: &str, identity: &str) -> String {
     let mut key = String::with_capacity(rule.len() + identity.len() + 10);
     key.push_str("sluice:{");
-    push_escaped(&mut key, rule, true);
-    key.push(':');
     push_escaped(&mut key, identity, false);
-    key.push('}');
+    key.push_str("}:");
+    push_escaped(&mut key, rule, true);
     key
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key
+/// when it has none, modulo 16384, as the cluster specification defines it.
+pub fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(bytes)) % 16384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
 }
 
 /// The suffixes of the keys holding one limit's state under `algorithm`, in the order the
@@ -58,25 +89,25 @@ fn push_escaped(key: &mut String, part: &str, colon: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::limit;
+    use super::{limit, slot};
 
     #[test]
     fn plain_names_are_kept() {
-        assert_eq!(limit("per-ip", "203.0.113.9"), "sluice:{per-ip:203.0.113.9}");
-        assert_eq!(limit("per-ip", "2001:db8::1"), "sluice:{per-ip:2001:db8::1}");
-        assert_eq!(limit("g", "global"), "sluice:{g:global}");
+        assert_eq!(limit("per-ip", "203.0.113.9"), "sluice:{203.0.113.9}:per-ip");
+        assert_eq!(limit("per-ip", "2001:db8::1"), "sluice:{2001:db8::1}:per-ip");
+        assert_eq!(limit("g", "global"), "sluice:{global}:g");
     }
 
     #[test]
     fn braces_cannot_move_the_hash_tag_and_keys_do_not_collide() {
-        let k = limit("r", "a}b{c");
-        assert_eq!(k, "sluice:{r:a%7Db%7Bc}");
+        let k = limit("r{}", "a}b{c");
+        assert_eq!(k, "sluice:{a%7Db%7Bc}:r%7B%7D");
         assert_eq!(k.matches('{').count(), 1);
         assert_eq!(k.matches('}').count(), 1);
-        assert!(k.ends_with('}'));
         let pairs = [
             ("a:b", "c"),
             ("a", "b:c"),
+            ("b", "a:"),
             ("r", "x}"),
             ("r", "x%7D"),
             ("r", "x)"),
@@ -85,5 +116,17 @@ mod tests {
         ];
         let keys: std::collections::BTreeSet<String> = pairs.iter().map(|(r, i)| limit(r, i)).collect();
         assert_eq!(keys.len(), pairs.len(), "{keys:?}");
+    }
+
+    #[test]
+    fn one_identity_is_one_slot_whatever_the_rule() {
+        assert_eq!(
+            slot(&limit("per-ip", "203.0.113.9")),
+            slot(&limit("search", "203.0.113.9"))
+        );
+        // The cluster specification's examples: CRC16("123456789") = 0x31C3, and a key
+        // hashes by its tag (a real cluster's `CLUSTER KEYSLOT` agrees: tests/redis_store.rs).
+        assert_eq!(slot("123456789"), 0x31C3);
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
     }
 }

@@ -11,9 +11,10 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use sluice_core::{Limit, Micros, StateMap};
+use sluice_core::algorithm::{decide_all, passes, Part};
+use sluice_core::{Decision, Micros, State, StateMap};
 
-use super::{Publish, Published, Stamped, Violation};
+use super::{Item, Publish, Published, Stamped, Violation};
 use crate::clock::Clock;
 
 /// Number of shards; a power of two.
@@ -41,30 +42,55 @@ impl MemoryStore {
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, StateMap> {
-        let i = self.hasher.hash_one(key) as usize & (SHARDS - 1);
+    fn shard_index(&self, key: &str) -> usize {
+        self.hasher.hash_one(key) as usize & (SHARDS - 1)
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, StateMap> {
         // A panic while holding a shard lock cannot leave an entry half-written (states are
         // replaced whole), so a poisoned lock is safe to keep using.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+        self.shards[shard].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Decides at the store's clock.
-    pub fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Stamped {
-        let now = self.clock.now_us();
-        Stamped {
-            decision: self.decide_at(key, limit, cost, now),
-            at: now,
+    /// Decides one request against every item at the store's clock, all-or-nothing.
+    pub fn decide_all(&self, items: &[Item<'_>], cost: u64) -> Vec<Stamped> {
+        let at = self.clock.now_us();
+        self.decide_all_at(items, cost, at, true)
+            .into_iter()
+            .map(|decision| Stamped { decision, at })
+            .collect()
+    }
+
+    /// Decides at an explicit time, under one critical section for all the items' keys
+    /// (the fallback buckets and tests). With `keep` false nothing is written: the
+    /// decisions are those the request would get (a request another rule denies anyway).
+    pub fn decide_all_at(&self, items: &[Item<'_>], cost: u64, now: Micros, keep: bool) -> Vec<Decision> {
+        if let ([item], true) = (items, keep) {
+            let mut shard = self.lock(self.shard_index(item.key));
+            return vec![shard.decide(item.key, item.part.limit, cost, now)];
         }
-    }
-
-    /// Decides at an explicit time (tests and the fallback buckets).
-    pub fn decide_at(&self, key: &str, limit: &Limit, cost: u64, now: Micros) -> sluice_core::Decision {
-        self.shard(key).decide(key, limit, cost, now)
-    }
-
-    /// Gives back `cost` admitted at `at`.
-    pub fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) {
-        self.shard(key).refund(key, limit, at, cost);
+        let shard_of: Vec<usize> = items.iter().map(|i| self.shard_index(i.key)).collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        // Locked in ascending order, so two checks never wait on each other in a cycle.
+        let mut guards: Vec<MutexGuard<'_, StateMap>> = order.iter().map(|&i| self.lock(i)).collect();
+        let slot = |shard: usize| order.binary_search(&shard).unwrap_or_default();
+        let mut states: Vec<State> = items
+            .iter()
+            .zip(&shard_of)
+            .map(|(item, &shard)| guards[slot(shard)].state(item.key, now))
+            .collect();
+        let parts: Vec<Part<'_>> = items.iter().map(|i| i.part).collect();
+        let decisions = decide_all(&parts, &mut states, now, cost);
+        if keep && passes(&parts, &decisions) {
+            for (((item, &shard), state), d) in items.iter().zip(&shard_of).zip(states).zip(&decisions) {
+                if d.allowed {
+                    guards[slot(shard)].keep(item.key, item.part.limit, state, now);
+                }
+            }
+        }
+        decisions
     }
 
     /// Drops every expired entry; returns how many keys remain.
@@ -72,7 +98,7 @@ impl MemoryStore {
         let now = self.clock.now_us();
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).sweep(now))
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).sweep(now))
             .sum()
     }
 
@@ -114,7 +140,7 @@ impl MemoryStore {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
             .sum()
     }
 
@@ -127,14 +153,25 @@ impl MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::Algorithm;
+    use sluice_core::{Algorithm, Limit};
+
+    fn item<'a>(key: &'a str, limit: &'a Limit) -> Item<'a> {
+        Item {
+            key,
+            part: Part { limit, shadow: false },
+        }
+    }
+
+    fn decide(store: &MemoryStore, key: &str, limit: &Limit, now: Micros) -> bool {
+        store.decide_all_at(&[item(key, limit)], 1, now, true)[0].allowed
+    }
 
     #[test]
     fn memory_stays_bounded_under_a_flood_of_distinct_keys() {
         let store = MemoryStore::new(SHARDS * 100);
         let limit = Limit::builder(Algorithm::TokenBucket, 10, 60_000_000).build().unwrap();
         for i in 0..100_000 {
-            store.decide_at(&format!("k{i}"), &limit, 1, 1_000_000 + i);
+            decide(&store, &format!("k{i}"), &limit, 1_000_000 + i);
         }
         assert!(store.len() <= SHARDS * 100, "{} keys held", store.len());
         assert!(
@@ -148,22 +185,62 @@ mod tests {
     fn expired_state_is_fresh_again_and_swept() {
         let store = MemoryStore::new(1_000);
         let limit = Limit::builder(Algorithm::FixedWindow, 1, 1_000_000).build().unwrap();
-        assert!(store.decide_at("k", &limit, 1, 0).allowed);
-        assert!(!store.decide_at("k", &limit, 1, 10).allowed);
-        assert!(store.decide_at("k", &limit, 1, 1_000_000).allowed);
+        assert!(decide(&store, "k", &limit, 0));
+        assert!(!decide(&store, "k", &limit, 10));
+        assert!(decide(&store, "k", &limit, 1_000_000));
         assert_eq!(store.len(), 1);
         // The clock of `sweep` is the real one, far past these test times.
         assert_eq!(store.sweep(), 0);
     }
 
     #[test]
-    fn refund_restores_quota() {
-        let store = MemoryStore::new(1_000);
-        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, 1_000_000)
+    fn several_keys_stay_all_or_nothing_under_concurrency() {
+        let store = MemoryStore::new(10_000);
+        let shared = Limit::builder(Algorithm::SlidingWindowLog, 1_000, 60_000_000)
             .build()
             .unwrap();
-        assert!(store.decide_at("k", &limit, 1, 5).allowed);
-        store.refund("k", &limit, 5, 1);
-        assert!(store.decide_at("k", &limit, 1, 6).allowed);
+        let per_user = Limit::builder(Algorithm::FixedWindow, 20, 60_000_000).build().unwrap();
+        let passed = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for t in 0..64 {
+                let (store, shared, per_user, passed) = (&store, &shared, &per_user, &passed);
+                scope.spawn(move || {
+                    let user = format!("user-{t}");
+                    let items = [item("ip", shared), item(&user, per_user)];
+                    for i in 0..25 {
+                        let d = store.decide_all_at(&items, 1, 1_000 + i, true);
+                        if d.iter().all(|d| d.allowed) {
+                            passed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        // 1,280 requests the user rules admit; the shared rule admits exactly its 1,000 and
+        // was charged for nothing else.
+        assert_eq!(passed.into_inner(), 1_000);
+        assert!(!decide(&store, "ip", &shared, 2_000));
+    }
+
+    #[test]
+    fn several_keys_are_all_or_nothing_and_a_peek_keeps_nothing() {
+        let store = MemoryStore::new(1_000);
+        let ten = Limit::builder(Algorithm::SlidingWindowLog, 10, 1_000_000)
+            .build()
+            .unwrap();
+        let one = Limit::builder(Algorithm::TokenBucket, 1, 1_000_000).build().unwrap();
+        let items = [item("wide", &ten), item("narrow", &one)];
+        assert!(store.decide_all_at(&items, 1, 0, false).iter().all(|d| d.allowed));
+        assert!(store.is_empty(), "a peek wrote state");
+        assert!(store.decide_all_at(&items, 1, 0, true).iter().all(|d| d.allowed));
+        let denied = store.decide_all_at(&items, 1, 1, true);
+        assert!(denied[0].allowed && !denied[1].allowed);
+        for t in 2..11 {
+            assert!(
+                decide(&store, "wide", &ten, t),
+                "the denied request took from wide at {t}"
+            );
+        }
+        assert!(!decide(&store, "wide", &ten, 11));
     }
 }

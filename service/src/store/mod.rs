@@ -3,11 +3,14 @@
 //! a node knows of Redis is under this folder; the memory store does the same in-process.
 //!
 //! Contract shared by every store:
-//! - `decide` is atomic per key: it reads the state, applies [`Limit::decide`] (or the Lua
-//!   script that mirrors it) at the store's own clock, and writes the new state with an
-//!   expiry of [`Limit::expires_after`], as one step;
-//! - it returns the time it used, so that a refund can name the admission it undoes;
-//! - errors are [`StoreError`]; the caller applies the rule's failure policy;
+//! - `decide_all` decides one request against every rule it matches, all-or-nothing, as
+//!   [`sluice_core::algorithm::decide_all`] does: it reads the states, decides each at the
+//!   store's own clock, and, only when every enforced rule admits the request, writes the
+//!   new states with an expiry of [`Limit::expires_after`], as one atomic step per store
+//!   round trip. The memory store takes one critical section; a single Redis runs one
+//!   script; a Redis Cluster runs one script per slot involved, concurrently, and when one
+//!   slot's rules deny, gives back what the others admitted (see [`redis`]);
+//! - errors are [`StoreError`]; the caller applies each rule's failure policy;
 //! - the published rule set carries a version that every change bumps, and a change names
 //!   the version it replaces (compare-and-set), so no update is lost;
 //! - the violations log keeps the newest `capacity` entries.
@@ -17,7 +20,17 @@ pub mod memory;
 pub mod redis;
 
 use serde::{Deserialize, Serialize};
+use sluice_core::algorithm::Part;
 use sluice_core::{Decision, Limit, Micros};
+
+/// One rule of a request, as a store decides it: where its state lives and its limit.
+#[derive(Debug, Clone, Copy)]
+pub struct Item<'a> {
+    /// The limit's key prefix ([`keys::limit`]).
+    pub key: &'a str,
+    /// The limit, and whether the rule is a shadow rule.
+    pub part: Part<'a>,
+}
 
 /// A decision and the store time (unix µs) at which it was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,22 +94,12 @@ pub enum Store {
 }
 
 impl Store {
-    /// Decides one request of `cost` against `limit` under `key`, atomically.
-    pub async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Stamped, StoreError> {
+    /// Decides one request of `cost` against every item, all-or-nothing (see the module's
+    /// contract); the decisions come back in the items' order.
+    pub async fn decide_all(&self, items: &[Item<'_>], cost: u64) -> Result<Vec<Stamped>, StoreError> {
         match self {
-            Store::Memory(m) => Ok(m.decide(key, limit, cost)),
-            Store::Redis(r) => r.decide(key, limit, cost).await,
-        }
-    }
-
-    /// Gives back `cost` admitted at `at` because another rule of the request denied it.
-    pub async fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(m) => {
-                m.refund(key, limit, at, cost);
-                Ok(())
-            }
-            Store::Redis(r) => r.refund(key, limit, at, cost).await,
+            Store::Memory(m) => Ok(m.decide_all(items, cost)),
+            Store::Redis(r) => r.decide_all(items, cost).await,
         }
     }
 

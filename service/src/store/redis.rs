@@ -1,28 +1,45 @@
-//! The Redis store: every decision is one atomic Lua script, on a single node or a cluster.
+//! The Redis store: every check is one atomic Lua script per slot, on a single node or a
+//! cluster.
 //!
-//! Scripts mirror `sluice-core`'s state machines decision for decision (a differential test
-//! enforces it); they read the clock with `TIME` so nodes with skewed clocks agree, and set
-//! a TTL on every key they write. Keys share the hash tag `sluice:{<rule>:<identity>}` so a
-//! limit's keys live in one cluster slot. Connections are multiplexed and reconnect on their
-//! own; every call is bounded by a response timeout. A node that starts while Redis is down
-//! connects in the background ([`RedisStore::start`]) and answers `Unavailable` meanwhile,
-//! so each rule's failure policy applies. The published rules change by compare-and-set in
-//! one script and are announced by pub/sub; the violations log is a capped stream.
+//! One script decides a request against all its rules, all-or-nothing, mirroring
+//! `sluice-core`'s `decide_all` and state machines decision for decision (a differential
+//! test enforces it); it reads the clock with `TIME` so nodes with skewed clocks agree, and
+//! sets a TTL on every key it writes. On a single Redis a check is one round trip, and a
+//! denial writes nothing. On a cluster, keys are grouped by slot (one identity's rules share
+//! one, see [`keys`]); the groups run concurrently, each all-or-nothing, and when one
+//! group's rules deny the request, the groups that admitted it are refunded, so the request
+//! consumes nothing once the refunds land (a crash in between errs toward denying).
+//! Connections are multiplexed and reconnect on their own; every call is bounded by a
+//! response timeout. A node that starts while Redis is down connects in the background
+//! ([`RedisStore::start`]) and answers `Unavailable` meanwhile, so each rule's failure
+//! policy applies. The published rules change by compare-and-set in one script and are
+//! announced by pub/sub; the violations log is a capped stream.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use futures_util::StreamExt;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
+use sluice_core::algorithm::{passes, Part};
 use sluice_core::{Algorithm, Decision, Limit, Micros};
 
-use super::{keys, Publish, Published, Stamped, StoreError, Violation};
+use super::{keys, Item, Publish, Published, Stamped, StoreError, Violation};
 
-const COMMON: &str = include_str!("lua/common.lua");
+/// The check script: the shared helpers, each algorithm, then the driver.
+const CHECK: [&str; 7] = [
+    include_str!("lua/common.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window_log.lua"),
+    include_str!("lua/sliding_window_counter.lua"),
+    include_str!("lua/check.lua"),
+];
 
 /// Publishes a rule set if the version is the expected one, and announces it.
 /// KEYS: rules text, version. ARGV: text, expected version ("" for any), channel.
@@ -38,25 +55,21 @@ redis.call('PUBLISH', ARGV[3], version)
 return {1, version}
 "#;
 
-/// The loaded scripts, one per state shape.
+/// The loaded scripts.
 struct Scripts {
-    token_bucket: Script,
-    gcra: Script,
-    fixed_window: Script,
-    sliding_window_log: Script,
-    sliding_window_counter: Script,
+    check: Script,
     publish_rules: Script,
+}
+
+/// The source of the check script, as loaded into Redis (for load tools and tests).
+pub fn check_script() -> String {
+    CHECK.join("\n")
 }
 
 impl Scripts {
     fn new() -> Scripts {
-        let with_common = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
         Scripts {
-            token_bucket: with_common(include_str!("lua/token_bucket.lua")),
-            gcra: with_common(include_str!("lua/gcra.lua")),
-            fixed_window: with_common(include_str!("lua/fixed_window.lua")),
-            sliding_window_log: with_common(include_str!("lua/sliding_window_log.lua")),
-            sliding_window_counter: with_common(include_str!("lua/sliding_window_counter.lua")),
+            check: Script::new(&check_script()),
             publish_rules: Script::new(PUBLISH_RULES),
         }
     }
@@ -196,12 +209,65 @@ impl RedisStore {
             .ok_or_else(|| StoreError::Unavailable("not connected to Redis yet (connecting in the background)".into()))
     }
 
-    /// Decides at Redis's clock.
-    pub async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Stamped, StoreError> {
-        self.decide_at(key, limit, cost, None).await
+    /// Decides one request against every item, all-or-nothing, at Redis's clock.
+    pub async fn decide_all(&self, items: &[Item<'_>], cost: u64) -> Result<Vec<Stamped>, StoreError> {
+        self.decide_all_at(items, cost, None).await
     }
 
-    /// Decides at an explicit clock (`Some`, tests only) or at Redis's `TIME` (`None`).
+    /// Decides at an explicit clock (`Some`, tests only) or at Redis's `TIME` (`None`):
+    /// one script per cluster slot involved, run concurrently.
+    pub async fn decide_all_at(
+        &self,
+        items: &[Item<'_>],
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Vec<Stamped>, StoreError> {
+        let connection = self.connection()?;
+        let groups: Vec<Vec<Item<'_>>> = match connection {
+            Connection::Single(_) => vec![items.to_vec()],
+            Connection::Cluster(_) => by_slot(items)
+                .iter()
+                .map(|g| g.iter().map(|&i| items[i]).collect())
+                .collect(),
+        };
+        if let [group] = &groups[..] {
+            return self.decide_group(&connection, group, cost, now).await;
+        }
+        let answers = join_all(groups.iter().map(|g| self.decide_group(&connection, g, cost, now))).await;
+        let passed = answers
+            .iter()
+            .zip(&groups)
+            .all(|(a, g)| a.as_ref().is_ok_and(|s| group_passes(g, s)));
+        if !passed {
+            // Give back what the groups that admitted the request took.
+            let refunds = answers.iter().zip(&groups).filter_map(|(answer, group)| {
+                let stamps = answer.as_ref().ok().filter(|s| group_passes(group, s))?;
+                let taken: Vec<Item<'_>> = group
+                    .iter()
+                    .zip(stamps)
+                    .filter(|(_, s)| s.decision.allowed)
+                    .map(|(i, _)| *i)
+                    .collect();
+                Some(self.refund_group(&connection, taken, stamps.first()?.at, cost))
+            });
+            for failed in join_all(refunds).await.into_iter().filter_map(Result::err) {
+                tracing::debug!(error = %failed, "refund failed; quota stays spent");
+            }
+        }
+        // Back in the items' order.
+        let mut stamps: Vec<Option<Stamped>> = vec![None; items.len()];
+        for (answer, group) in answers.into_iter().zip(by_slot(items)) {
+            for (i, stamp) in group.into_iter().zip(answer?) {
+                stamps[i] = Some(stamp);
+            }
+        }
+        stamps
+            .into_iter()
+            .map(|s| s.ok_or_else(|| StoreError::Protocol("a rule got no decision".into())))
+            .collect()
+    }
+
+    /// Decides one item at an explicit clock or Redis's (tests).
     pub async fn decide_at(
         &self,
         key: &str,
@@ -209,28 +275,112 @@ impl RedisStore {
         cost: u64,
         now: Option<Micros>,
     ) -> Result<Stamped, StoreError> {
-        let reply: Vec<i64> = self.run(key, limit, "decide", now, cost, 0).await?;
-        let [allowed, remaining, reset, retry, delay, at] = reply[..] else {
-            return Err(StoreError::Protocol(format!("script returned {reply:?}")));
+        let item = Item {
+            key,
+            part: Part { limit, shadow: false },
         };
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        Ok(Stamped {
-            decision: Decision {
-                allowed: allowed == 1,
-                limit: limit.limit(),
-                remaining: n(remaining),
-                reset_after: n(reset),
-                retry_after: n(retry),
-                delay: n(delay),
-            },
-            at: n(at),
-        })
+        let mut stamps = self.decide_all_at(&[item], cost, now).await?;
+        stamps.pop().ok_or_else(|| StoreError::Protocol("no decision".into()))
     }
 
-    /// Gives back `cost` admitted at `at`.
+    /// Decides one item at Redis's clock (tests).
+    pub async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Stamped, StoreError> {
+        self.decide_at(key, limit, cost, None).await
+    }
+
+    /// Gives back `cost` admitted under `key` at `at` (tests; checks refund themselves).
     pub async fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) -> Result<(), StoreError> {
-        let _: Value = self.run(key, limit, "refund", Some(at), cost, at).await?;
-        Ok(())
+        let item = Item {
+            key,
+            part: Part { limit, shadow: false },
+        };
+        self.refund_group(&self.connection()?, vec![item], at, cost).await
+    }
+
+    /// One script call deciding `group` (keys in one slot).
+    async fn decide_group(
+        &self,
+        connection: &Connection,
+        group: &[Item<'_>],
+        cost: u64,
+        now: Option<Micros>,
+    ) -> Result<Vec<Stamped>, StoreError> {
+        let invocation = self.check_invocation(group, "decide", now, cost, 0);
+        let reply: Vec<i64> = run(connection, &invocation).await?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
+            return Err(StoreError::Protocol(format!("script returned {reply:?}")));
+        };
+        if rest.len() != 5 * group.len() {
+            return Err(StoreError::Protocol(format!("script returned {reply:?}")));
+        }
+        Ok(group
+            .iter()
+            .zip(rest.chunks_exact(5))
+            .map(|(item, d)| Stamped {
+                decision: Decision {
+                    allowed: d[0] == 1,
+                    limit: item.part.limit.limit(),
+                    remaining: n(d[1]),
+                    reset_after: n(d[2]),
+                    retry_after: n(d[3]),
+                    delay: n(d[4]),
+                },
+                at: n(at),
+            })
+            .collect())
+    }
+
+    /// One script call giving back `cost` admitted at `at` to every item of `group`.
+    async fn refund_group(
+        &self,
+        connection: &Connection,
+        group: Vec<Item<'_>>,
+        at: Micros,
+        cost: u64,
+    ) -> Result<(), StoreError> {
+        let invocation = self.check_invocation(&group, "refund", Some(at), cost, at);
+        run::<Value>(connection, &invocation).await.map(drop)
+    }
+
+    fn check_invocation(
+        &self,
+        group: &[Item<'_>],
+        op: &str,
+        now: Option<Micros>,
+        cost: u64,
+        at: Micros,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.check.prepare_invoke();
+        invocation
+            .arg(op)
+            .arg(now.map_or(String::new(), |n| n.to_string()))
+            .arg(cost.max(1)) // as core's `Limit::decide` takes it
+            .arg(at);
+        for item in group {
+            let limit = item.part.limit;
+            for suffix in keys::state_suffixes(limit.algorithm()) {
+                invocation.key(format!("{}{suffix}", item.key));
+            }
+            let (name, params) = match limit.algorithm() {
+                Algorithm::TokenBucket => (
+                    "token_bucket",
+                    [limit.capacity(), limit.token_unit(), limit.token_rate()],
+                ),
+                Algorithm::Gcra | Algorithm::LeakyBucket => {
+                    ("gcra", [limit.capacity(), limit.interval(), limit.max_delay()])
+                }
+                Algorithm::FixedWindow => ("fixed_window", [limit.window(), 0, 0]),
+                Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window(), 0, 0]),
+                Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window(), 0, 0]),
+            };
+            invocation
+                .arg(name)
+                .arg(u8::from(item.part.shadow))
+                .arg(limit.limit())
+                .arg(&params[..]);
+        }
+        invocation
     }
 
     /// Round trip to Redis.
@@ -332,43 +482,35 @@ impl RedisStore {
             })
             .collect())
     }
+}
 
-    async fn run<T: redis::FromRedisValue>(
-        &self,
-        key: &str,
-        limit: &Limit,
-        op: &str,
-        now: Option<Micros>,
-        cost: u64,
-        at: Micros,
-    ) -> Result<T, StoreError> {
-        let s = &self.scripts;
-        let (script, params): (&Script, [u64; 3]) = match limit.algorithm() {
-            Algorithm::TokenBucket => (
-                &s.token_bucket,
-                [limit.capacity(), limit.token_unit(), limit.token_rate()],
-            ),
-            Algorithm::Gcra | Algorithm::LeakyBucket => {
-                (&s.gcra, [limit.capacity(), limit.interval(), limit.max_delay()])
-            }
-            Algorithm::FixedWindow => (&s.fixed_window, [limit.window(), 0, 0]),
-            Algorithm::SlidingWindowLog => (&s.sliding_window_log, [limit.window(), 0, 0]),
-            Algorithm::SlidingWindowCounter => (&s.sliding_window_counter, [limit.window(), 0, 0]),
-        };
-        let mut invocation = script.prepare_invoke();
-        for suffix in keys::state_suffixes(limit.algorithm()) {
-            invocation.key(format!("{key}{suffix}"));
+/// The items' indices grouped by cluster slot, each group in the items' order.
+fn by_slot(items: &[Item<'_>]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let slot = keys::slot(item.key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((slot, vec![i])),
         }
-        invocation
-            .arg(op)
-            .arg(now.map_or(String::new(), |n| n.to_string()))
-            .arg(cost)
-            .arg(limit.limit());
-        invocation.arg(&params[..]).arg(at);
-        match self.connection()? {
-            Connection::Single(mut c) => invoke(&invocation, &mut c).await,
-            Connection::Cluster(mut c) => invoke(&invocation, &mut c).await,
-        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// Whether a group's script admitted the request (and so wrote its states).
+fn group_passes(group: &[Item<'_>], stamps: &[Stamped]) -> bool {
+    let parts: Vec<Part<'_>> = group.iter().map(|i| i.part).collect();
+    let decisions: Vec<Decision> = stamps.iter().map(|s| s.decision).collect();
+    passes(&parts, &decisions)
+}
+
+async fn run<T: redis::FromRedisValue>(
+    connection: &Connection,
+    invocation: &redis::ScriptInvocation<'_>,
+) -> Result<T, StoreError> {
+    match connection.clone() {
+        Connection::Single(mut c) => invoke(invocation, &mut c).await,
+        Connection::Cluster(mut c) => invoke(invocation, &mut c).await,
     }
 }
 

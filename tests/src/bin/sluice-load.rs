@@ -47,9 +47,16 @@ struct Args {
     /// The first identity's number: runs with offsets far apart use disjoint identities.
     #[arg(long, default_value_t = 0)]
     key_offset: u64,
-    /// Also measure redis-benchmark's EVALSHA ceiling against this local Redis port.
+    /// A local Redis the target uses: report its script calls per request (from `INFO
+    /// commandstats`), and measure redis-benchmark's EVALSHA ceiling on it.
     #[arg(long)]
     redis_port: Option<u16>,
+    /// The target's process id: report its CPU time per request (from /proc/PID/stat).
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Skip the redis-benchmark ceiling run (with --redis-port).
+    #[arg(long)]
+    no_ceiling: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
@@ -86,6 +93,8 @@ async fn main() -> anyhow::Result<()> {
             String::new()
         }
     );
+    let cpu_before = args.pid.map(cpu_ticks).transpose()?;
+    let scripts_before = args.redis_port.map(script_calls).transpose()?;
     let deadline = Instant::now() + args.duration;
     let per_conn_interval =
         (args.rate > 0).then(|| Duration::from_secs_f64(args.connections as f64 / args.rate as f64));
@@ -137,10 +146,59 @@ async fn main() -> anyhow::Result<()> {
         "status        2xx {}  4xx {}  429 {}  5xx {}",
         all.by_status[2], all.by_status[4], all.by_status[0], all.by_status[5]
     );
-    if let Some(port) = args.redis_port {
-        redis_ceiling(port, args.connections)?;
+    if let (Some(pid), Some(before)) = (args.pid, cpu_before) {
+        let seconds = (cpu_ticks(pid)? - before) as f64 / ticks_per_second()?;
+        println!(
+            "target cpu    {:.1} µs per request ({:.2} cores busy)",
+            seconds * 1e6 / n as f64,
+            seconds / elapsed
+        );
+    }
+    if let (Some(port), Some(before)) = (args.redis_port, scripts_before) {
+        let calls = script_calls(port)? - before;
+        println!("redis         {:.3} script calls per request", calls as f64 / n as f64);
+        if !args.no_ceiling {
+            redis_ceiling(port, args.connections)?;
+        }
     }
     Ok(())
+}
+
+/// User + system CPU time of process `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("no process {pid}"))?;
+    // Fields after the command name (which may hold spaces, so split after its `)`):
+    // state is field 3; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("unreadable /proc stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| -> anyhow::Result<u64> {
+        fields
+            .get(n - 3)
+            .context("short /proc stat")?
+            .parse()
+            .context("unreadable /proc stat")
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+fn ticks_per_second() -> anyhow::Result<f64> {
+    let out = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .context("cannot run getconf")?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .context("getconf CLK_TCK printed no number")
+}
+
+/// `EVALSHA` calls the Redis on `port` has served since it started (or its last reset).
+fn script_calls(port: u16) -> anyhow::Result<u64> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "commandstats"])
+        .output()
+        .context("cannot run redis-cli; install redis-tools")?;
+    Ok(sluice_testkit::evalsha_calls(&String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Connection `c`'s share of `total` requests over `connections`; `u64::MAX` when there is
@@ -196,8 +254,12 @@ async fn run_connection(
     let mut sent = 0;
     while Instant::now() < deadline && sent < quota {
         sent += 1;
+        // At a fixed rate, latency counts from when the request was due, not from when a
+        // slow answer before it let it go: a stall shows in every request it delayed.
+        let mut started = Instant::now();
         if let Some(iv) = interval {
             tokio::time::sleep_until(next.into()).await;
+            started = next;
             next += iv;
         }
         let key = i % keys.count;
@@ -223,7 +285,6 @@ async fn run_connection(
                 )
                 .body(Full::new(Bytes::new()))?,
         };
-        let started = Instant::now();
         if sender.ready().await.is_err() {
             out.errors += 1;
             break;
@@ -247,15 +308,12 @@ async fn run_connection(
     Ok(out)
 }
 
-/// Loads Sluice's token-bucket script into the local Redis and runs redis-benchmark on it.
+/// Loads Sluice's check script into the local Redis and runs redis-benchmark on it, one
+/// token-bucket rule per call.
 fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
-    let script = concat!(
-        include_str!("../../../service/src/store/lua/common.lua"),
-        "\n",
-        include_str!("../../../service/src/store/lua/token_bucket.lua")
-    );
+    let script = sluice_service::store::redis::check_script();
     let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "SCRIPT", "LOAD", script])
+        .args(["-p", &port.to_string(), "SCRIPT", "LOAD", &script])
         .output()
         .context("cannot run redis-cli; install redis-tools")?;
     let sha = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -278,10 +336,13 @@ fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
             "EVALSHA",
             &sha,
             "1",
-            "sluice:{bench:__rand_int__}:tb",
+            "sluice:{__rand_int__}:bench:tb",
             "decide",
             "",
             "1",
+            "0",
+            "token_bucket",
+            "0",
             "1000000",
             "1000000",
             "1",
