@@ -159,13 +159,13 @@ fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
 /// `GET /v1/admin/rules`: the rules in force, with their published version as the `ETag`.
 async fn get_rules(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Response, ApiError> {
     authorize(&node, &headers)?;
-    let etag = format!("\"{}\"", node.rules_version());
+    let (rules, version) = node.rules_in_force();
     Ok((
         [
             (header::CONTENT_TYPE, "application/toml".to_owned()),
-            (header::ETAG, etag),
+            (header::ETAG, format!("\"{version}\"")),
         ],
-        node.rules().to_toml(),
+        rules.to_toml(),
     )
         .into_response())
 }
@@ -228,9 +228,10 @@ fn not_stored(e: StoreError) -> ApiError {
 /// first, adopts it and applies `change` again (so concurrent overrides are all kept).
 async fn change_rules(node: &Node, change: impl Fn(&mut RuleSet) -> Result<(), ApiError>) -> Result<(), ApiError> {
     for _ in 0..5 {
-        let mut rules = (*node.rules()).clone();
+        let (in_force, version) = node.rules_in_force();
+        let mut rules = (*in_force).clone();
         change(&mut rules)?;
-        match rules_source::replace(node, rules, Some(node.rules_version()))
+        match rules_source::replace(node, rules, Some(version))
             .await
             .map_err(not_stored)?
         {

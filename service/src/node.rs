@@ -1,6 +1,5 @@
 //! One service node's shared state.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -59,9 +58,10 @@ pub struct Node {
     pub clock: Clock,
     /// Settings.
     pub config: NodeConfig,
-    rules: RwLock<Arc<RuleSet>>,
-    /// The published version of the rules in force; 0 before any was published or adopted.
-    rules_version: AtomicU64,
+    /// The rules in force and their published version (0 before any was published or
+    /// adopted), under one lock: a change is a compare-and-set on the version it read, so the
+    /// two must be read together.
+    rules: RwLock<(Arc<RuleSet>, u64)>,
 }
 
 impl Node {
@@ -74,8 +74,7 @@ impl Node {
             breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
             metrics: Metrics::default(),
             clock: Clock::default(),
-            rules: RwLock::new(Arc::new(rules)),
-            rules_version: AtomicU64::new(0),
+            rules: RwLock::new((Arc::new(rules), 0)),
             store,
             config,
         })
@@ -83,23 +82,27 @@ impl Node {
 
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules_in_force().0
+    }
+
+    /// The rules in force and the published version they are (0: not published), read
+    /// together.
+    pub fn rules_in_force(&self) -> (Arc<RuleSet>, u64) {
         self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Replaces the rules in force on this node only (they are not the published ones).
     pub fn set_rules(&self, rules: RuleSet) {
-        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+        self.rules.write().unwrap_or_else(|p| p.into_inner()).0 = Arc::new(rules);
     }
 
     /// Puts the published rules of `version` in force.
     pub fn set_published_rules(&self, rules: RuleSet, version: u64) {
-        let mut slot = self.rules.write().unwrap_or_else(|p| p.into_inner());
-        *slot = Arc::new(rules);
-        self.rules_version.store(version, Ordering::Release);
+        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = (Arc::new(rules), version);
     }
 
     /// The published version of the rules in force (0: not published).
     pub fn rules_version(&self) -> u64 {
-        self.rules_version.load(Ordering::Acquire)
+        self.rules_in_force().1
     }
 }

@@ -115,12 +115,13 @@ pub async fn adopt_published(node: &Node) -> Result<(), StoreError> {
         }
         return Ok(());
     };
-    if published.version == node.rules_version() {
+    let (in_force, version) = node.rules_in_force();
+    if published.version == version {
         return Ok(());
     }
     match RuleSet::from_toml(&published.text) {
         Ok(rules) => {
-            if node.rules_version() == 0 && rules.to_toml() != node.rules().to_toml() {
+            if version == 0 && rules.to_toml() != in_force.to_toml() {
                 tracing::warn!(
                     version = published.version,
                     "the published rules differ from this node's rules file; the published ones are in force \
@@ -146,12 +147,12 @@ pub async fn adopt_published(node: &Node) -> Result<(), StoreError> {
 /// Removes the overrides that have ended from the rules in force and publishes the result
 /// (if another change comes first, the next call tries again on that one).
 pub async fn expire_overrides(node: &Node, now_ms: u64) -> Result<usize, StoreError> {
-    let mut rules = (*node.rules()).clone();
+    let (in_force, version) = node.rules_in_force();
+    let mut rules = (*in_force).clone();
     let removed = rules.expire_overrides(now_ms);
     if removed == 0 {
         return Ok(0);
     }
-    let version = node.rules_version();
     match replace(node, rules, Some(version)).await? {
         Publish::Done(_) => {
             tracing::info!(removed, "expired overrides removed");

@@ -31,6 +31,10 @@ impl TestNode {
             ..config
         };
         let node = Node::new(store, rules, config);
+        // Settled with the store before the test talks to it, as a running node is: its
+        // rules are the published ones (or published by it). Without this a test racing
+        // the node's first poll reads version 0 and its If-Match is stale.
+        let _ = rules_source::adopt_published(&node).await;
         tokio::spawn(rules_source::follow_published(node.clone()));
         tokio::spawn(housekeeping::sweep(node.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
