@@ -6,29 +6,30 @@
 -- shadow (1/0), limit and its three derived numbers. KEYS: each rule's state keys in turn.
 -- 'decide' returns {now, then allowed, remaining, reset, retry, delay per rule}.
 local op, cost, at = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
-local rules, next_key = {}, 1
+local built, out, commits, passes, next_key = {}, {now}, {}, true, 1
 for i = 5, #ARGV, 6 do
-  local algorithm = algorithms[ARGV[i]]
-  if not algorithm then return redis.error_reply('unknown algorithm ' .. ARGV[i]) end
-  local k = {}
-  for j = 1, algorithm.keys do k[j] = KEYS[next_key]; next_key = next_key + 1 end
-  rules[#rules + 1] = {
-    algorithm = algorithm, k = k, shadow = ARGV[i + 1] == '1', limit = tonumber(ARGV[i + 2]),
-    p = {tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])},
-  }
+  local name = ARGV[i]
+  local algorithm = built[name]
+  if not algorithm then
+    if not algorithms[name] then return redis.error_reply('unknown algorithm ' .. name) end
+    algorithm = algorithms[name]()
+    built[name] = algorithm
+  end
+  local k1, k2 = KEYS[next_key], KEYS[next_key + 1]
+  next_key = next_key + algorithm.keys
+  local limit, a, b, c = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
+  if op == 'refund' then
+    algorithm.refund(k1, k2, limit, a, b, c, at, cost)
+  else
+    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
+    if not allowed and ARGV[i + 1] ~= '1' then passes = false end
+    if commit then commits[#commits + 1] = commit end
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed and 1 or 0, remaining, reset, retry, delay
+  end
 end
-if op == 'refund' then
-  for _, r in ipairs(rules) do r.algorithm.refund(r.k, r.limit, r.p, at, cost) end
-  return 0
-end
-local out, commits, passes = {now}, {}, true
-for _, r in ipairs(rules) do
-  local decision, commit = r.algorithm.decide(r.k, r.limit, r.p, cost)
-  if decision[1] == 0 and not r.shadow then passes = false end
-  if commit then commits[#commits + 1] = commit end
-  for _, v in ipairs(decision) do out[#out + 1] = v end
-end
+if op == 'refund' then return 0 end
 if passes then
-  for _, commit in ipairs(commits) do commit() end
+  for j = 1, #commits do commits[j]() end
 end
 return out

@@ -1,31 +1,32 @@
--- GCRA and leaky bucket (with shaping), mirroring sluice-core's gcra.rs. k[1]: the TAT.
--- p: capacity, interval µs, max_delay µs (0 unless shaping).
-algorithms.gcra = {
-  keys = 1,
-  decide = function(k, limit, p, cost)
-    local capacity, interval, max_delay = p[1], p[2], p[3]
-    local tat = now
-    local stored = redis.call('GET', k[1])
-    if stored then tat = tonumber(stored); if tat < now then tat = now end end
-    local tau = capacity * interval
-    local waited = tat - now; if waited > tau then waited = tau end
-    local remaining_before = idiv(tau - waited, interval)
-    if cost > capacity then return reply(false, remaining_before, tat - now, tat - now) end
-    local new_tat = tat + cost * interval
-    local over = new_tat - now - tau; if over < 0 then over = 0 end
-    if over > max_delay then return reply(false, remaining_before, tat - now, over - max_delay) end
-    local left = tau - (new_tat - now); if left < 0 then left = 0 end
-    return reply(true, idiv(left, interval), new_tat - now, 0, over), function()
-      redis.call('SET', k[1], int(new_tat), 'PX', ttl_ms(new_tat - now))
-    end
-  end,
-  refund = function(k, limit, p, at, cost)
-    local stored = redis.call('GET', k[1])
-    if stored then
-      local tat = tonumber(stored) - cost * p[2]
-      if tat < 0 then tat = 0 end
-      if tat < at then tat = at end
-      redis.call('SET', k[1], int(tat), 'KEEPTTL')
-    end
-  end,
-}
+-- GCRA and leaky bucket (with shaping), mirroring sluice-core's gcra.rs. k1: the TAT.
+-- a: capacity, b: interval µs, c: max_delay µs (0 unless shaping).
+algorithms.gcra = function()
+  return {
+    keys = 1,
+    decide = function(k1, _, limit, capacity, interval, max_delay, cost)
+      local tat = now
+      local stored = redis.call('GET', k1)
+      if stored then tat = tonumber(stored); if tat < now then tat = now end end
+      local tau = capacity * interval
+      local waited = tat - now; if waited > tau then waited = tau end
+      local remaining_before = idiv(tau - waited, interval)
+      if cost > capacity then return false, remaining_before, tat - now, tat - now, 0 end
+      local new_tat = tat + cost * interval
+      local over = new_tat - now - tau; if over < 0 then over = 0 end
+      if over > max_delay then return false, remaining_before, tat - now, over - max_delay, 0 end
+      local left = tau - (new_tat - now); if left < 0 then left = 0 end
+      return true, idiv(left, interval), new_tat - now, 0, over, function()
+        redis.call('SET', k1, int(new_tat), 'PX', ttl_ms(new_tat - now))
+      end
+    end,
+    refund = function(k1, _, limit, capacity, interval, max_delay, at, cost)
+      local stored = redis.call('GET', k1)
+      if stored then
+        local tat = tonumber(stored) - cost * interval
+        if tat < 0 then tat = 0 end
+        if tat < at then tat = at end
+        redis.call('SET', k1, int(tat), 'KEEPTTL')
+      end
+    end,
+  }
+end
