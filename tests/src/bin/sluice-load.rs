@@ -254,13 +254,20 @@ async fn run_connection(
     let mut sent = 0;
     while Instant::now() < deadline && sent < quota {
         sent += 1;
-        // At a fixed rate, latency counts from when the request was due, not from when a
-        // slow answer before it let it go: a stall shows in every request it delayed.
         let mut started = Instant::now();
         if let Some(iv) = interval {
-            tokio::time::sleep_until(next.into()).await;
-            started = next;
+            let due = next;
             next += iv;
+            if started < due {
+                // On time: wait for it. The timer's own lateness (up to its 1 ms tick) is
+                // the tool's, not the target's, so latency counts from the wake-up.
+                tokio::time::sleep_until(due.into()).await;
+                started = Instant::now();
+            } else {
+                // Behind, because an answer came late: latency counts from when the request
+                // was due, so a stall shows in every request it delayed.
+                started = due;
+            }
         }
         let key = i % keys.count;
         i = i.wrapping_add(keys.step);
