@@ -10,10 +10,13 @@ export interface RateLimitInfo {
   resetAfterMs?: number;
   /** Milliseconds the server asked the client to wait (`Retry-After`). */
   retryAfterMs?: number;
-  /** The IETF policy name. */
+  /** The name the server gives the quota: the IETF policy, else Discord's bucket or GitHub's resource. */
   policy?: string;
   /** The policy's window in milliseconds. */
   windowMs?: number;
+  /** The limit covers every route of the client (Discord's `X-RateLimit-Global: true`):
+   *  every bucket of the host waits out `retryAfterMs`. */
+  global: boolean;
 }
 
 /** The backoff schedule: full jitter over `baseMs · 2^n` by default. */

@@ -43,7 +43,8 @@ fn shared_vectors_all_pass() {
             && close(got.reset_after_ms, field("reset_after_ms"))
             && close(got.retry_after_ms, field("retry_after_ms"))
             && close(got.window_ms, field("window_ms"))
-            && got.policy.as_deref() == field("policy").as_str();
+            && got.policy.as_deref() == field("policy").as_str()
+            && got.global == field("global").as_bool().unwrap_or(false);
         if !ok {
             failures.push(format!("{name}: got {got:?}, want {want}"));
         }
@@ -119,6 +120,7 @@ proptest! {
                 // Controls and non-ASCII cannot travel in an sf-string: they are dropped.
                 policy: ietf.then(|| policy.chars().filter(|c| (' '..='~').contains(c)).collect()),
                 window_ms: ietf.then_some(window_s * 1000),
+                global: false,
             };
             prop_assert_eq!(got, want);
         }

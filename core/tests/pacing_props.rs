@@ -111,6 +111,7 @@ fn read(answer: &Answer, server: &dyn Server, decided_ms: u64, now_ms: u64, via_
             retry_after_ms: retry,
             policy: Some("p".to_owned()),
             window_ms: Some(server.window_ms()),
+            global: false,
         };
     }
     let quota = Quota {
@@ -322,6 +323,7 @@ fn op() -> impl Strategy<Value = Op> {
                 retry_after_ms,
                 policy,
                 window_ms,
+                global: false,
             },
         );
     prop_oneof![

@@ -75,6 +75,7 @@ function plain(quota) {
     retryAfterMs: quota.retryAfterMs,
     policy: quota.policy,
     windowMs: quota.windowMs,
+    global: quota.global,
   };
 }
 
@@ -99,6 +100,7 @@ export function createFetch(options = {}) {
   const rng = new core.Rng(seed(opts.seed));
   const buckets = new Map();
   const routes = new Map(); // "host:port/path" → the policy it was last seen under
+  const holds = new Map(); // "host:port" → when a global limit lets it be called again
 
   // The bucket `key`, now the most recently used (a Map keeps insertion order: the least
   // recently used come first). Past `queue.maxBuckets`, the least recently used idle bucket
@@ -167,6 +169,7 @@ export function createFetch(options = {}) {
         const key = fixed ?? bucketFor(request.url);
         const bucket = bucketNamed(key);
         const ticket = await bucket.acquire(signal);
+        await heldBack(hostKey(new URL(request.url)), signal);
         const { response, info, floor, error } = await attempt(bucket, ticket, retryable ? request.clone() : request);
         const worth = error
           ? opts.retryNetworkErrors && isNetworkError(error)
@@ -200,10 +203,27 @@ export function createFetch(options = {}) {
     try {
       bucket.answered(quota, ticket);
       const info = plain(quota);
+      if (info.global && info.retryAfterMs !== undefined) hold(hostKey(new URL(request.url)), info.retryAfterMs);
       learn(response.url || request.url, info.policy);
       return { response, info, floor: quota.serverFloorMs() };
     } finally {
       quota.free();
+    }
+  }
+
+  // A limit that covers every route of the client (Discord's global limit) holds every
+  // bucket of the host, not only the refused route's, for its Retry-After.
+  function hold(host, ms) {
+    if (holds.size >= MAX_ROUTES) {
+      for (const [h, until] of holds) if (until <= clock()) holds.delete(h);
+      if (holds.size >= MAX_ROUTES) holds.clear();
+    }
+    holds.set(host, Math.max(holds.get(host) ?? 0, clock() + ms));
+  }
+
+  async function heldBack(host, signal) {
+    for (let until = holds.get(host); until !== undefined && until > clock(); until = holds.get(host)) {
+      await sleep(until - clock(), signal);
     }
   }
 

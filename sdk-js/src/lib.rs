@@ -66,6 +66,11 @@ impl Quota {
     pub fn window_ms(&self) -> Option<f64> {
         self.0.window_ms.map(num)
     }
+    /// The limit covers every route of the client (Discord's `X-RateLimit-Global`).
+    #[wasm_bindgen(getter)]
+    pub fn global(&self) -> bool {
+        self.0.global
+    }
     /// What the server asked the client to wait before retrying: its `Retry-After`, or the
     /// reset of a spent quota.
     #[wasm_bindgen(js_name = serverFloorMs)]

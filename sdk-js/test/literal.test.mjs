@@ -31,7 +31,7 @@ async function twoRequests(server) {
 test('a literal X-RateLimit-Remaining: 0 holds the next request until the literal reset', async (t) => {
   const [spent, left] = await servers(t, X_SPENT, X_LEFT);
   const [s, l] = await Promise.all([twoRequests(spent), twoRequests(left)]);
-  assert.deepEqual(s.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: undefined, windowMs: undefined });
+  assert.deepEqual(s.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: undefined, windowMs: undefined, global: false });
   assert.equal(l.quota.remaining, 9);
   t.diagnostic(`next request after ${s.gap.toFixed(1)} ms (remaining 0), ${l.gap.toFixed(1)} ms (remaining 9)`);
   assert.ok(s.gap >= 1000, `sent ${s.gap} ms after, before the reset`);
@@ -41,7 +41,7 @@ test('a literal X-RateLimit-Remaining: 0 holds the next request until the litera
 test('literal IETF fields let the next request go after one refill, not at the reset', async (t) => {
   const [ietf, legacy] = await servers(t, IETF_SPENT, X_SPENT);
   const [i, l] = await Promise.all([twoRequests(ietf), twoRequests(legacy)]);
-  assert.deepEqual(i.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: 'p', windowMs: 1000 });
+  assert.deepEqual(i.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: 'p', windowMs: 1000, global: false });
   t.diagnostic(`next request after ${i.gap.toFixed(1)} ms (IETF, w=1 q=10), ${l.gap.toFixed(1)} ms (X-RateLimit, no window)`);
   // w / q = 100 ms refills one request; without a window only the reset (1 s) does.
   assert.ok(i.gap >= 100, `sent ${i.gap} ms after, before a refill`);
@@ -80,4 +80,40 @@ test('routes the server puts in one named bucket share one client bucket', async
   for (const url of [a, b]) assert.equal((await fetch(url)).rateLimit.policy, 'abcd1234');
   assert.ok(fetch.bucketFor(a).endsWith(' abcd1234'), fetch.bucketFor(a));
   assert.equal(fetch.bucketFor(a), fetch.bucketFor(b), 'two routes of one Discord bucket are paced as one');
+});
+
+// Discord: routes /a and /b answer with their own bucket, then /a is refused, by the global
+// limit ("Example Exceeded Global Rate Limit Response") or by a shared resource's limit,
+// then /b is asked again.
+const DISCORD_A = ['HTTP/1.1 200 OK', 'X-RateLimit-Limit: 5', 'X-RateLimit-Remaining: 4', 'X-RateLimit-Reset-After: 1', 'X-RateLimit-Bucket: a'];
+const DISCORD_B = ['HTTP/1.1 200 OK', 'X-RateLimit-Limit: 5', 'X-RateLimit-Remaining: 4', 'X-RateLimit-Reset-After: 1', 'X-RateLimit-Bucket: b'];
+const DISCORD_GLOBAL = [
+  DISCORD_A, DISCORD_B,
+  ['HTTP/1.1 429 Too Many Requests', 'Retry-After: 1', 'X-RateLimit-Global: true', 'X-RateLimit-Scope: global'],
+  DISCORD_B,
+];
+const DISCORD_SHARED = [
+  DISCORD_A, DISCORD_B,
+  ['HTTP/1.1 429 Too Many Requests', 'Retry-After: 1', 'X-RateLimit-Limit: 5', 'X-RateLimit-Remaining: 0',
+    'X-RateLimit-Reset-After: 1', 'X-RateLimit-Bucket: a', 'X-RateLimit-Scope: shared'],
+  DISCORD_B,
+];
+
+// /a, /b, /a (refused, not retried), /b with a fresh client: the statuses, and the time from
+// the refusal to the next request's arrival.
+async function otherRouteAfterA429(server) {
+  const fetch = createFetch({ retryStatuses: [] });
+  const statuses = [];
+  for (const path of ['/a', '/b', '/a', '/b']) statuses.push((await fetch(`${server.url}${path}`)).status);
+  return { statuses, gap: server.gap(2) };
+}
+
+test('a Discord global 429 holds every route of the host, a shared one only its own', async (t) => {
+  const [global, shared] = await servers(t, DISCORD_GLOBAL, DISCORD_SHARED);
+  const [g, s] = await Promise.all([otherRouteAfterA429(global), otherRouteAfterA429(shared)]);
+  assert.deepEqual(g.statuses, [200, 200, 429, 200]);
+  assert.deepEqual(s.statuses, [200, 200, 429, 200]);
+  t.diagnostic(`/b after the 429 on /a: ${g.gap.toFixed(1)} ms (global), ${s.gap.toFixed(1)} ms (shared)`);
+  assert.ok(g.gap >= 1000, `/b went ${g.gap} ms after a global 429 with Retry-After: 1`);
+  assert.ok(s.gap < g.gap / 2, `/b waited ${s.gap} ms for a shared limit on /a's bucket`);
 });

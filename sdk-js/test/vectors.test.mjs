@@ -27,7 +27,8 @@ test('every shared header vector parses as expected', async () => {
       close(got.resetAfterMs, e.reset_after_ms) &&
       close(got.retryAfterMs, e.retry_after_ms) &&
       close(got.windowMs, e.window_ms) &&
-      close(got.policy, e.policy);
+      close(got.policy, e.policy) &&
+      got.global === (e.global ?? false);
     if (!ok) failures.push(`${c.name}: got ${JSON.stringify(got)}, want ${JSON.stringify(e)}`);
   }
   assert.deepEqual(failures, []);
@@ -35,7 +36,7 @@ test('every shared header vector parses as expected', async () => {
 
 test('headers come as Headers, pairs or a plain object alike', () => {
   const pairs = [['RateLimit', '"api";r=4;t=30'], ['RateLimit-Policy', '"api";q=10;w=60']];
-  const want = { limit: 10, remaining: 4, resetAfterMs: 30000, retryAfterMs: undefined, policy: 'api', windowMs: 60000 };
+  const want = { limit: 10, remaining: 4, resetAfterMs: 30000, retryAfterMs: undefined, policy: 'api', windowMs: 60000, global: false };
   assert.deepEqual(parseHeaders(200, pairs), want);
   assert.deepEqual(parseHeaders(200, new Headers(pairs)), want);
   assert.deepEqual(parseHeaders(200, Object.fromEntries(pairs)), want);
@@ -53,6 +54,7 @@ test('formatted headers parse back to the same quota', () => {
     retryAfterMs: 12_000,
     policy: 'per_ip',
     windowMs: 60_000,
+    global: false,
   });
   assert.throws(() => formatHeaders('fancy', 'p', 1, 1, 1, 1, undefined, now), /unknown header mode "fancy"/);
 });

@@ -13,7 +13,8 @@ use sluice_core::retry::{retry_delay, server_floor_ms, BudgetConfig, RetryBudget
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::queue::{QueueConfig, Queues};
+use crate::hold::Holds;
+use crate::queue::{bucket_key, QueueConfig, Queues};
 use crate::response::Response;
 use crate::retry::{self, RetryEvent, RetryHook, RetryPolicy};
 use crate::route::Routes;
@@ -36,6 +37,7 @@ struct Inner {
     budget: RetryBudget,
     queues: Queues,
     routes: Routes,
+    holds: Holds,
     rng: Mutex<SplitMix64>,
     on_retry: Option<RetryHook>,
 }
@@ -130,10 +132,15 @@ impl Client {
                 None => Cow::Owned(inner.routes.bucket(request.url())),
             };
             let permit = inner.queues.acquire(&key).await?;
+            let host = bucket_key(request.url());
+            inner.holds.wait(&host).await;
             let attempt = match inner.http.execute(request).await {
                 Ok(response) => {
                     let quota = read_quota(&response);
                     permit.answered(&quota);
+                    if let (true, Some(ms)) = (quota.global, quota.retry_after_ms) {
+                        inner.holds.hold(host, ms);
+                    }
                     if let Some((host, bucket)) = inner.routes.learn(response.url(), quota.policy.as_deref()) {
                         inner.queues.hand_over(&host, &bucket);
                     }
@@ -332,6 +339,7 @@ impl ClientBuilder {
                 budget: RetryBudget::new(self.budget),
                 queues: Queues::new(self.queue),
                 routes: Routes::default(),
+                holds: Holds::default(),
                 rng: Mutex::new(SplitMix64(self.seed.unwrap_or_else(retry::fresh_seed))),
                 on_retry: self.on_retry,
             }),

@@ -41,6 +41,7 @@
 
 mod client;
 mod error;
+mod hold;
 mod queue;
 mod response;
 mod retry;

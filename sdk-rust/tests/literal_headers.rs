@@ -40,6 +40,87 @@ const DENIED_FOR_0S: &[&[&str]] = &[
     &["HTTP/1.1 200 OK"],
 ];
 
+/// Discord (discord.com/developers/docs/topics/rate-limits): routes `/a` and `/b` answer
+/// with their own `X-RateLimit-Bucket`, then `/a` is refused, by the global limit here
+/// ("Example Exceeded Global Rate Limit Response") and by a shared resource's limit in
+/// [`DISCORD_SHARED`], then `/b` is asked again.
+const DISCORD_GLOBAL: &[&[&str]] = &[
+    DISCORD_A,
+    DISCORD_B,
+    &[
+        "HTTP/1.1 429 Too Many Requests",
+        "Retry-After: 1",
+        "X-RateLimit-Global: true",
+        "X-RateLimit-Scope: global",
+    ],
+    DISCORD_B,
+];
+
+const DISCORD_SHARED: &[&[&str]] = &[
+    DISCORD_A,
+    DISCORD_B,
+    &[
+        "HTTP/1.1 429 Too Many Requests",
+        "Retry-After: 1",
+        "X-RateLimit-Limit: 5",
+        "X-RateLimit-Remaining: 0",
+        "X-RateLimit-Reset-After: 1",
+        "X-RateLimit-Bucket: a",
+        "X-RateLimit-Scope: shared",
+    ],
+    DISCORD_B,
+];
+
+const DISCORD_A: &[&str] = &[
+    "HTTP/1.1 200 OK",
+    "X-RateLimit-Limit: 5",
+    "X-RateLimit-Remaining: 4",
+    "X-RateLimit-Reset-After: 1",
+    "X-RateLimit-Bucket: a",
+];
+
+const DISCORD_B: &[&str] = &[
+    "HTTP/1.1 200 OK",
+    "X-RateLimit-Limit: 5",
+    "X-RateLimit-Remaining: 4",
+    "X-RateLimit-Reset-After: 1",
+    "X-RateLimit-Bucket: b",
+];
+
+/// `/a`, `/b`, `/a` (refused, not retried), `/b` with a fresh client: the last response's
+/// statuses, and the time from the refusal to the next request's arrival.
+async fn other_route_after_a_429(server: &Scripted) -> (Vec<u16>, Duration) {
+    let client = Client::builder()
+        .retry_statuses(Vec::<reqwest::StatusCode>::new())
+        .build()
+        .expect("client");
+    let (a, b) = (format!("{}a", server.url()), format!("{}b", server.url()));
+    let mut statuses = Vec::new();
+    for url in [&a, &b, &a, &b] {
+        let response = client.send(client.get(url)).await.expect("response");
+        statuses.push(response.status().as_u16());
+    }
+    (statuses, server.gap(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discord_global_429_holds_every_route_of_the_host_a_shared_one_only_its_own() {
+    let (global, shared) = (Scripted::start(DISCORD_GLOBAL), Scripted::start(DISCORD_SHARED));
+    let ((global_statuses, global_gap), (shared_statuses, shared_gap)) =
+        tokio::join!(other_route_after_a_429(&global), other_route_after_a_429(&shared));
+    assert_eq!(global_statuses, [200, 200, 429, 200]);
+    assert_eq!(shared_statuses, [200, 200, 429, 200]);
+    println!("/b after the 429 on /a: {global_gap:?} (global), {shared_gap:?} (shared)");
+    assert!(
+        global_gap >= Duration::from_secs(1),
+        "/b went {global_gap:?} after a global 429 with Retry-After: 1"
+    );
+    assert!(
+        shared_gap < global_gap / 2,
+        "/b waited {shared_gap:?} for a shared limit on /a's bucket"
+    );
+}
+
 /// Sends two GETs one after the other with a fresh client: the first one's quota, and the
 /// time between their arrivals at the server.
 async fn two_requests(server: &Scripted) -> (RateLimitInfo, Duration) {
@@ -81,6 +162,7 @@ async fn literal_ietf_fields_let_the_next_request_go_after_one_refill_not_at_the
         policy: Some("p".to_owned()),
         window_ms: Some(1_000),
         retry_after_ms: None,
+        global: false,
     };
     assert_eq!(quota, expected);
     println!("next request after {ietf_gap:?} (IETF, w=1 q=10), {legacy_gap:?} (X-RateLimit, no window)");

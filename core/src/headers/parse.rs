@@ -26,6 +26,10 @@ pub struct RateLimitInfo {
     pub policy: Option<String>,
     /// The policy's window in milliseconds.
     pub window_ms: Option<u64>,
+    /// The limit covers every route of the client, not only this one (Discord's
+    /// `X-RateLimit-Global: true` or `X-RateLimit-Scope: global`): the SDKs hold every
+    /// bucket of the host, not only the route's, for `retry_after_ms`.
+    pub global: bool,
 }
 
 impl RateLimitInfo {
@@ -116,6 +120,8 @@ struct Raw<'a> {
     shopify: Option<(u64, u64)>,
     /// Discord's `X-RateLimit-Bucket`, GitHub's `x-ratelimit-resource`.
     named_bucket: Option<&'a str>,
+    /// Discord's `X-RateLimit-Global: true` or `X-RateLimit-Scope: global`.
+    global: bool,
     retry_after_ms: Option<u64>,
     x_window_ms: Option<u64>,
     x_limit: Option<u64>,
@@ -147,7 +153,7 @@ fn append_line<'a>(slot: &mut Option<Cow<'a, str>>, value: &'a str) {
 /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (Go-style durations) and
 /// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`
 /// (RFC 3339 resets), Discord's `X-RateLimit-Bucket` and GitHub's `x-ratelimit-resource` (as
-/// the policy name), the older drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined
+/// the policy name) and Discord's `X-RateLimit-Global`/`-Scope` (as [`RateLimitInfo::global`]), the older drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined
 /// `RateLimit: limit=…`, the IETF `RateLimit` and `RateLimit-Policy`, and `Retry-After`
 /// (seconds or HTTP-date) or `retry-after-ms`. Of OpenAI's and Anthropic's quotas the
 /// requests one is reported (requests are what the SDKs pace), except that a spent token
@@ -189,6 +195,8 @@ where
                 raw.named_bucket = Some(value).filter(|v| !v.is_empty() && v.len() <= 256);
             }
             b"retry-after-ms" => raw.retry_after_ms = parse_u64(value),
+            b"x-ratelimit-global" => raw.global |= value.eq_ignore_ascii_case("true"),
+            b"x-ratelimit-scope" => raw.global |= value.eq_ignore_ascii_case("global"),
             _ if read_named(&mut raw, lower, value, now_ms) => {}
             b"x-ratelimit-reset-after" => raw.x_reset_after = parse_secs_ms(value),
             b"x-ratelimit-used" => raw.x_used = parse_u64(value),
@@ -215,6 +223,7 @@ where
             .or_else(|| raw.x_reset.and_then(|r| reset_to_ms(r, now_ms))),
         window_ms: raw.x_window_ms,
         policy: raw.named_bucket.map(str::to_owned),
+        global: raw.global,
         ..RateLimitInfo::default()
     };
     // OpenAI and Anthropic: the requests quota, the unit the SDKs pace; when another quota
