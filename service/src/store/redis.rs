@@ -239,19 +239,28 @@ impl RedisStore {
             .zip(&groups)
             .all(|(a, g)| a.as_ref().is_ok_and(|s| group_passes(g, s)));
         if !passed {
-            // Give back what the groups that admitted the request took.
-            let refunds = answers.iter().zip(&groups).filter_map(|(answer, group)| {
-                let stamps = answer.as_ref().ok().filter(|s| group_passes(group, s))?;
-                let taken: Vec<Item<'_>> = group
-                    .iter()
-                    .zip(stamps)
-                    .filter(|(_, s)| s.decision.allowed)
-                    .map(|(i, _)| *i)
-                    .collect();
-                Some(self.refund_group(&connection, taken, stamps.first()?.at, cost))
-            });
-            for failed in join_all(refunds).await.into_iter().filter_map(Result::err) {
-                tracing::debug!(error = %failed, "refund failed; quota stays spent");
+            // Give back what the groups that admitted the request took, in a task of its
+            // own: the refunds land even if this check is given up meanwhile (its timeout).
+            let refunds: Vec<Refund> = answers
+                .iter()
+                .zip(&groups)
+                .filter_map(|(answer, group)| {
+                    let stamps = answer.as_ref().ok().filter(|s| group_passes(group, s))?;
+                    let taken = group.iter().zip(stamps).filter(|(_, s)| s.decision.allowed);
+                    Some(Refund {
+                        items: taken.map(|(i, _)| (i.key.to_owned(), *i.part.limit)).collect(),
+                        at: stamps.first()?.at,
+                    })
+                })
+                .collect();
+            let task = tokio::spawn(refund_all(
+                self.scripts.check.clone(),
+                connection.clone(),
+                refunds,
+                cost,
+            ));
+            if let Err(e) = task.await {
+                tracing::debug!(error = %e, "refunds did not finish; quota stays spent");
             }
         }
         // Back in the items' order.
@@ -294,7 +303,8 @@ impl RedisStore {
             key,
             part: Part { limit, shadow: false },
         };
-        self.refund_group(&self.connection()?, vec![item], at, cost).await
+        let invocation = check_invocation(&self.scripts.check, &[item], "refund", Some(at), cost, at);
+        run::<Value>(&self.connection()?, &invocation).await.map(drop)
     }
 
     /// One script call deciding `group` (keys in one slot).
@@ -305,7 +315,7 @@ impl RedisStore {
         cost: u64,
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
-        let invocation = self.check_invocation(group, "decide", now, cost, 0);
+        let invocation = check_invocation(&self.scripts.check, group, "decide", now, cost, 0);
         let reply: Vec<i64> = run(connection, &invocation).await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
@@ -329,58 +339,6 @@ impl RedisStore {
                 at: n(at),
             })
             .collect())
-    }
-
-    /// One script call giving back `cost` admitted at `at` to every item of `group`.
-    async fn refund_group(
-        &self,
-        connection: &Connection,
-        group: Vec<Item<'_>>,
-        at: Micros,
-        cost: u64,
-    ) -> Result<(), StoreError> {
-        let invocation = self.check_invocation(&group, "refund", Some(at), cost, at);
-        run::<Value>(connection, &invocation).await.map(drop)
-    }
-
-    fn check_invocation(
-        &self,
-        group: &[Item<'_>],
-        op: &str,
-        now: Option<Micros>,
-        cost: u64,
-        at: Micros,
-    ) -> redis::ScriptInvocation<'_> {
-        let mut invocation = self.scripts.check.prepare_invoke();
-        invocation
-            .arg(op)
-            .arg(now.map_or(String::new(), |n| n.to_string()))
-            .arg(cost.max(1)) // as core's `Limit::decide` takes it
-            .arg(at);
-        for item in group {
-            let limit = item.part.limit;
-            for suffix in keys::state_suffixes(limit.algorithm()) {
-                invocation.key(format!("{}{suffix}", item.key));
-            }
-            let (name, params) = match limit.algorithm() {
-                Algorithm::TokenBucket => (
-                    "token_bucket",
-                    [limit.capacity(), limit.token_unit(), limit.token_rate()],
-                ),
-                Algorithm::Gcra | Algorithm::LeakyBucket => {
-                    ("gcra", [limit.capacity(), limit.interval(), limit.max_delay()])
-                }
-                Algorithm::FixedWindow => ("fixed_window", [limit.window(), 0, 0]),
-                Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window(), 0, 0]),
-                Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window(), 0, 0]),
-            };
-            invocation
-                .arg(name)
-                .arg(u8::from(item.part.shadow))
-                .arg(limit.limit())
-                .arg(&params[..]);
-        }
-        invocation
     }
 
     /// Round trip to Redis.
@@ -482,6 +440,74 @@ impl RedisStore {
             })
             .collect())
     }
+}
+
+/// What one slot's rules admitted, to give back: their keys and limits, and when.
+struct Refund {
+    items: Vec<(String, Limit)>,
+    at: Micros,
+}
+
+/// Gives back `cost` for every refund, one script call per slot, concurrently.
+async fn refund_all(script: Script, connection: Connection, refunds: Vec<Refund>, cost: u64) {
+    let (script, connection) = (&script, &connection);
+    let calls = refunds.iter().map(|refund| async move {
+        let items: Vec<Item<'_>> = refund
+            .items
+            .iter()
+            .map(|(key, limit)| Item {
+                key,
+                part: Part { limit, shadow: false },
+            })
+            .collect();
+        let invocation = check_invocation(script, &items, "refund", Some(refund.at), cost, refund.at);
+        run::<Value>(connection, &invocation).await
+    });
+    for failed in join_all(calls).await.into_iter().filter_map(Result::err) {
+        tracing::debug!(error = %failed, "refund failed; quota stays spent");
+    }
+}
+
+/// The check script's invocation for `group` (keys in one slot): `op` is `decide` or
+/// `refund`; `now` an explicit clock (tests) or `None` for Redis's `TIME`.
+fn check_invocation<'s>(
+    script: &'s Script,
+    group: &[Item<'_>],
+    op: &str,
+    now: Option<Micros>,
+    cost: u64,
+    at: Micros,
+) -> redis::ScriptInvocation<'s> {
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .arg(op)
+        .arg(now.map_or(String::new(), |n| n.to_string()))
+        .arg(cost.max(1)) // as core's `Limit::decide` takes it
+        .arg(at);
+    for item in group {
+        let limit = item.part.limit;
+        for suffix in keys::state_suffixes(limit.algorithm()) {
+            invocation.key(format!("{}{suffix}", item.key));
+        }
+        let (name, params) = match limit.algorithm() {
+            Algorithm::TokenBucket => (
+                "token_bucket",
+                [limit.capacity(), limit.token_unit(), limit.token_rate()],
+            ),
+            Algorithm::Gcra | Algorithm::LeakyBucket => {
+                ("gcra", [limit.capacity(), limit.interval(), limit.max_delay()])
+            }
+            Algorithm::FixedWindow => ("fixed_window", [limit.window(), 0, 0]),
+            Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window(), 0, 0]),
+            Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window(), 0, 0]),
+        };
+        invocation
+            .arg(name)
+            .arg(u8::from(item.part.shadow))
+            .arg(limit.limit())
+            .arg(&params[..]);
+    }
+    invocation
 }
 
 /// The items' indices grouped by cluster slot, each group in the items' order.
