@@ -13,4 +13,4 @@ pub use format::{
     denial_body, format_headers, retry_after_secs, write_denial_body, write_headers, HeaderBuf, HeaderMode, Quota,
 };
 pub(crate) use http_date::days_from_civil;
-pub use parse::{parse_headers, RateLimitInfo};
+pub use parse::{parse_headers, RateLimitInfo, UnitQuota};

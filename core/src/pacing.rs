@@ -44,6 +44,11 @@
 //!   round trip `r` sends one request per `interval + r`, not per `interval`. No client
 //!   that is never refused can do better without knowing the server's clock.
 //!
+//! * **Units**: a quota may count tokens or bytes rather than requests; a request then
+//!   spends what the caller expects it to ([`Pacer::on_send_cost`]), the answer's
+//!   `remaining` correcting the estimate. [`BucketPacer`] paces a bucket on all of its
+//!   quotas at once: a request goes when each allows what it is expected to spend.
+//!
 //! All times are the client's clock in milliseconds (any epoch, the same for every call).
 
 use std::collections::BTreeMap;
@@ -51,6 +56,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::headers::RateLimitInfo;
+
+mod bucket;
+
+pub use bucket::{BucketPacer, Cost};
 
 /// Tuning of a [`Pacer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +82,9 @@ impl Default for PacerConfig {
 }
 
 /// The pacing state of one quota.
+///
+/// A quota is counted in units: requests, or tokens, bytes… A request spends `cost` units
+/// ([`Pacer::on_send_cost`]; 1 for [`Pacer::on_send`]), and the bound is kept in units.
 #[derive(Debug, Clone, Default)]
 pub struct Pacer {
     config: PacerConfig,
@@ -80,15 +92,52 @@ pub struct Pacer {
     known: Option<Known>,
     /// Whether any response was observed.
     answered: bool,
-    /// The requests sent and not yet answered: ticket → how many others were unanswered
-    /// when it was sent (the server may have decided those after it).
-    outstanding: BTreeMap<u64, u64>,
-    /// Requests sent, ever: the next ticket (also marks which sends an anchor has seen).
+    /// The requests sent and not yet answered, by ticket.
+    outstanding: BTreeMap<u64, Sent>,
+    /// Requests sent, ever: the next ticket.
     sends: u64,
+    /// Units sent, ever (marks which sends an anchor has seen).
+    units: u64,
     /// Nothing goes before this (`Retry-After`).
     retry_at_ms: u64,
     /// Client-side GCRA theoretical arrival time.
     tat_ms: u64,
+}
+
+/// A request in flight.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    /// The units of the others unanswered when it was sent (the server may have decided
+    /// those after it).
+    overlapping: u64,
+    /// Its own cost.
+    cost: u64,
+    /// [`Pacer::units`] once it was sent: what was sent after it is the difference.
+    units_after: u64,
+}
+
+/// `units` per `every_ms` milliseconds: a refill or a spacing, kept as a ratio so that a
+/// quota of many units per millisecond (tokens) is not rounded to one per millisecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rate {
+    every_ms: u64,
+    units: u64,
+}
+
+/// A refill step is made of as many units as take at least this long, so that the 1 ms
+/// margin of a step stays small against it.
+const MIN_STEP_MS: u64 = 20;
+
+impl Rate {
+    /// The time `n` units take, in whole milliseconds (rounded down: a spacing, not a bound).
+    fn time_for(self, n: u64) -> u64 {
+        u64::try_from(u128::from(n) * u128::from(self.every_ms) / u128::from(self.units.max(1))).unwrap_or(u64::MAX)
+    }
+
+    /// Whether `self` is slower (more time per unit) than `other`.
+    fn slower_than(self, other: Rate) -> bool {
+        u128::from(self.every_ms) * u128::from(other.units) > u128::from(other.every_ms) * u128::from(self.units)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -96,24 +145,26 @@ struct Known {
     policy: Option<String>,
     /// The most the server was seen to hold at once: an estimate of its capacity.
     capacity: u64,
-    /// One request's share of the long-run rate, margin included.
-    interval_ms: Option<u64>,
-    /// The GCRA spacing and how many may go back to back.
-    spread_ms: u64,
+    /// The long-run refill, margin included, in steps of whole units.
+    refill: Option<Rate>,
+    /// The GCRA spacing and how many units may go back to back.
+    spread: Rate,
     tolerance: u64,
     /// Two lower bounds of the budget, the best one kept and the newest; the budget is at
     /// least the higher of the two (an older bound may be higher now, a newer one refills
     /// sooner).
     anchors: [Anchor; 2],
-    /// The advertised reset, when the quota is whole again, and how many requests the
-    /// server may have counted by then: those pending at the response and sent since.
+    /// The advertised reset, when the quota is whole again, and how many units the server
+    /// may have counted by then: those pending at the response and sent since.
     reset_at_ms: Option<u64>,
     reset_in_flight: u64,
-    reset_sends: u64,
+    reset_units: u64,
+    /// The ticket of the request whose answer gave the reset.
+    reset_ticket: u64,
 }
 
-/// A lower bound of the server's budget: at `at_ms` it held at least `base`, before the
-/// requests it may count later (`pending` then, and every one sent since `sends`).
+/// A lower bound of the server's budget: at `at_ms` it held at least `base` units, before
+/// the units it may count later (`pending` then, and every one sent since `units`).
 ///
 /// Those requests are taken as counted as late as possible: the refill is capped at the
 /// capacity *before* they are deducted, because a server that has not seen them yet sits
@@ -123,7 +174,7 @@ struct Anchor {
     base: i64,
     at_ms: u64,
     pending: u64,
-    sends: u64,
+    units: u64,
 }
 
 fn signed(n: u64) -> i64 {
@@ -131,26 +182,26 @@ fn signed(n: u64) -> i64 {
 }
 
 impl Anchor {
-    /// The requests deducted from the base when our send count is `sends`.
-    fn spent(&self, sends: u64) -> i64 {
-        signed(self.pending.saturating_add(sends.saturating_sub(self.sends)))
+    /// The units deducted from the base when our units sent are `units`.
+    fn spent(&self, units: u64) -> i64 {
+        signed(self.pending.saturating_add(units.saturating_sub(self.units)))
     }
 
-    fn level(&self, sends: u64) -> i64 {
-        self.base.saturating_sub(self.spent(sends))
+    fn level(&self, units: u64) -> i64 {
+        self.base.saturating_sub(self.spent(units))
     }
 }
 
 impl Known {
     /// `a` moved to `t` (not before its own time): the refill added, capped; and, once the
     /// reset has passed, the whole quota if that is more.
-    fn anchor_at(&self, a: Anchor, t: u64, sends: u64) -> Anchor {
+    fn anchor_at(&self, a: Anchor, t: u64, units: u64) -> Anchor {
         let mut moved = a;
         let cap = signed(self.capacity);
-        if let Some(i) = self.interval_ms {
-            let n = t.saturating_sub(moved.at_ms) / i;
-            moved.base = moved.base.saturating_add(signed(n));
-            moved.at_ms = moved.at_ms.saturating_add(n.saturating_mul(i));
+        if let Some(r) = self.refill {
+            let steps = t.saturating_sub(moved.at_ms) / r.every_ms.max(1);
+            moved.base = moved.base.saturating_add(signed(steps.saturating_mul(r.units)));
+            moved.at_ms = moved.at_ms.saturating_add(steps.saturating_mul(r.every_ms));
         }
         if moved.base >= cap {
             (moved.base, moved.at_ms) = (cap, t.max(a.at_ms));
@@ -160,34 +211,38 @@ impl Known {
                 base: cap,
                 at_ms: t,
                 pending: self.reset_in_flight,
-                sends: self.reset_sends,
+                units: self.reset_units,
             };
-            if whole.level(sends) > moved.level(sends) {
+            if whole.level(units) > moved.level(units) {
                 moved = whole;
             }
         }
         moved
     }
 
-    /// The earliest time from `t` on at which anchor `a` allows one more request, if the
+    /// The earliest time from `t` on at which anchor `a` allows `cost` more units, if the
     /// refill or the reset can make it so without an answer.
-    fn time_for(&self, a: Anchor, t: u64, sends: u64) -> Option<u64> {
-        let now = self.anchor_at(a, t, sends);
-        let level = now.level(sends);
-        if level >= 1 {
+    fn time_for(&self, a: Anchor, t: u64, units: u64, cost: u64) -> Option<u64> {
+        let now = self.anchor_at(a, t, units);
+        let level = now.level(units);
+        let need = signed(cost);
+        if level >= need {
             return Some(t);
         }
         // The refill raises the bound only until the base is full; past that, only answers
         // (or the reset) can.
-        let missing = u64::try_from(1 - i128::from(level)).unwrap_or(u64::MAX);
-        let headroom = signed(self.capacity).saturating_sub(now.spent(sends));
+        let missing = u64::try_from(i128::from(need) - i128::from(level)).unwrap_or(u64::MAX);
+        let headroom = signed(self.capacity).saturating_sub(now.spent(units));
         let refill = self
-            .interval_ms
-            .filter(|_| now.base < signed(self.capacity) && headroom >= 1)
-            .map(|i| now.at_ms.saturating_add(missing.saturating_mul(i)));
+            .refill
+            .filter(|_| now.base < signed(self.capacity) && headroom >= need)
+            .map(|r| {
+                let steps = missing.div_ceil(r.units.max(1));
+                now.at_ms.saturating_add(steps.saturating_mul(r.every_ms))
+            });
         let reset = self
             .reset_at_ms
-            .filter(|&r| self.anchor_at(a, r.max(t), sends).level(sends) >= 1);
+            .filter(|&r| self.anchor_at(a, r.max(t), units).level(units) >= need);
         let at = match (refill, reset) {
             (Some(x), Some(y)) => x.min(y),
             (x, y) => x.or(y)?,
@@ -196,10 +251,10 @@ impl Known {
     }
 
     /// Moves both anchors to `t`.
-    fn advance(&mut self, t: u64, sends: u64) {
+    fn advance(&mut self, t: u64, units: u64) {
         for i in 0..self.anchors.len() {
             if t >= self.anchors[i].at_ms {
-                self.anchors[i] = self.anchor_at(self.anchors[i], t, sends);
+                self.anchors[i] = self.anchor_at(self.anchors[i], t, units);
             }
         }
         if self.reset_at_ms.is_some_and(|reset| t >= reset) {
@@ -232,19 +287,37 @@ impl Pacer {
         self.outstanding.len() as u64
     }
 
+    /// The units of the requests sent and not yet answered.
+    fn units_in_flight(&self) -> u64 {
+        self.outstanding.values().fold(0, |n, s| n.saturating_add(s.cost))
+    }
+
     /// Records that a request was sent at `now_ms`; returns its ticket, to pass to
     /// [`Pacer::observe`] or [`Pacer::on_failure`].
     pub fn on_send(&mut self, now_ms: u64) -> u64 {
+        self.on_send_cost(now_ms, 1)
+    }
+
+    /// Records that a request expected to spend `cost` units was sent at `now_ms`; returns
+    /// its ticket. The answer corrects the estimate: its `remaining` is what the server
+    /// counted.
+    pub fn on_send_cost(&mut self, now_ms: u64, cost: u64) -> u64 {
         let ticket = self.sends;
-        let sends = self.sends;
+        let units = self.units;
         if let Some(k) = &mut self.known {
-            k.advance(now_ms, sends);
+            k.advance(now_ms, units);
         }
-        let overlapping = self.outstanding.len() as u64;
-        self.outstanding.insert(ticket, overlapping);
+        let overlapping = self.units_in_flight();
+        self.units = self.units.saturating_add(cost);
+        let sent = Sent {
+            overlapping,
+            cost,
+            units_after: self.units,
+        };
+        self.outstanding.insert(ticket, sent);
         self.sends = self.sends.saturating_add(1);
-        let spread = self.known.as_ref().map_or(0, |k| k.spread_ms);
-        self.tat_ms = self.tat_ms.max(now_ms).saturating_add(spread);
+        let spacing = self.known.as_ref().map_or(0, |k| k.spread.time_for(cost));
+        self.tat_ms = self.tat_ms.max(now_ms).saturating_add(spacing);
         ticket
     }
 
@@ -257,14 +330,15 @@ impl Pacer {
     /// Records a response's quota (see [`crate::headers::parse_headers`]), received at
     /// `now_ms`, to the request with `ticket`.
     pub fn observe(&mut self, info: &RateLimitInfo, now_ms: u64, ticket: u64) {
-        // The requests the server may have decided after this one: those unanswered when it
-        // was sent (over several connections a server may take them in any order), and
-        // every one sent after it. An unknown ticket is taken as the latest.
-        let overlapping = self
-            .outstanding
-            .remove(&ticket)
-            .unwrap_or(self.outstanding.len() as u64);
-        let later = self.sends.saturating_sub(ticket.saturating_add(1));
+        // The units the server may have decided after this request: those unanswered when
+        // it was sent (over several connections a server may take them in any order), and
+        // every one sent after it. A ticket never issued is taken as the latest; one
+        // answered before, as the earliest.
+        let (overlapping, later, cost) = match self.outstanding.remove(&ticket) {
+            Some(s) => (s.overlapping, self.units.saturating_sub(s.units_after), s.cost),
+            None if ticket >= self.sends => (self.units_in_flight(), 0, 1),
+            None => (self.units_in_flight(), self.units, 1),
+        };
         let pending = overlapping.saturating_add(later);
         self.answered = true;
         if let Some(retry) = info.retry_after_ms {
@@ -274,56 +348,89 @@ impl Pacer {
             return; // no quota in this response: keep what we knew
         };
         let reset_after = info.reset_after_ms;
-        let interval_ms = match (info.limit, info.window_ms) {
-            (Some(limit), Some(window)) if limit > 0 && window > 0 => Some(self.with_margin(window.div_ceil(limit))),
+        // Same quota, no refusal: the old bounds still hold (a refusal starts over). The
+        // request spent its cost, unless refused.
+        let denied = info.retry_after_ms.is_some();
+        let kept = self.known.take().filter(|k| k.policy == info.policy && !denied);
+        let own = if denied { cost.min(1) } else { cost };
+        let capacity = kept
+            .as_ref()
+            .map_or(0, |k| k.capacity)
+            .max(remaining.saturating_add(own));
+        let refill = match (info.limit, info.window_ms) {
+            (Some(limit), Some(window)) if limit > 0 && window > 0 => Some(self.refill(limit, window, capacity)),
             _ => None,
         };
         // Until the reset, `remaining` spread evenly; never slower than the refill rate.
-        let per_remaining = reset_after.filter(|_| remaining > 0).map(|r| r / remaining);
-        let spread_ms = match (interval_ms, per_remaining) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b).unwrap_or(0),
+        let per_remaining = reset_after.filter(|_| remaining > 0).map(|r| Rate {
+            every_ms: r,
+            units: remaining,
+        });
+        let spread = match (refill, per_remaining) {
+            (Some(a), Some(b)) if a.slower_than(b) => b,
+            (a, b) => a.or(b).unwrap_or(Rate { every_ms: 0, units: 1 }),
         };
         // What the refill rate would not use before the reset may go at once.
-        let excess = match (interval_ms, reset_after) {
-            (Some(i), Some(r)) => remaining.saturating_sub(r / i),
+        let excess = match (refill, reset_after) {
+            (Some(r), Some(reset)) => remaining.saturating_sub((reset / r.every_ms.max(1)).saturating_mul(r.units)),
             _ => 0,
         };
         let fresh = Anchor {
             base: signed(remaining),
             at_ms: now_ms,
             pending,
-            sends: self.sends,
+            units: self.units,
         };
-        let denied = info.retry_after_ms.is_some();
-        let (capacity, anchors) = match self.known.take() {
-            // Same quota, no refusal: the old bounds still hold; keep the best of them.
-            Some(mut k) if k.policy == info.policy && !denied => {
-                k.interval_ms = interval_ms;
-                k.advance(now_ms, self.sends);
-                let capacity = k.capacity.max(remaining.saturating_add(1));
+        // The reset, and those the server may have counted after this answer, in the next
+        // window perhaps.
+        let mut reset = (
+            reset_after.map(|r| now_ms.saturating_add(r)),
+            pending,
+            self.units,
+            ticket,
+        );
+        let anchors = match kept {
+            Some(mut k) => {
+                k.refill = refill;
+                k.advance(now_ms, self.units);
                 let [a, b] = k.anchors;
-                let best = if a.level(self.sends) > b.level(self.sends) {
+                let best = if a.level(self.units) > b.level(self.units) {
                     a
                 } else {
                     b
                 };
-                (capacity, [best, fresh])
+                // The answer to an earlier request may arrive after a later one's, its reset
+                // older than the server's: then the quota is whole at the later of the two.
+                if k.reset_ticket > ticket && k.reset_at_ms > reset.0 {
+                    reset = (k.reset_at_ms, k.reset_in_flight, k.reset_units, k.reset_ticket);
+                }
+                [best, fresh]
             }
-            _ => (remaining.saturating_add(1), [fresh, fresh]),
+            None => [fresh, fresh],
         };
         self.known = Some(Known {
             policy: info.policy.clone(),
             capacity,
-            interval_ms,
-            spread_ms,
+            refill,
+            spread,
             tolerance: self.config.reserve.max(excess).max(1),
             anchors,
-            reset_at_ms: reset_after.map(|r| now_ms.saturating_add(r)),
-            // Those the server may have counted after this answer may be in the next window.
-            reset_in_flight: pending,
-            reset_sends: self.sends,
+            reset_at_ms: reset.0,
+            reset_in_flight: reset.1,
+            reset_units: reset.2,
+            reset_ticket: reset.3,
         });
+    }
+
+    /// The refill of `limit` units per `window` ms in steps of at least [`MIN_STEP_MS`]
+    /// (but never more units than `capacity`), each step's time with the margin.
+    fn refill(&self, limit: u64, window: u64, capacity: u64) -> Rate {
+        let units = MIN_STEP_MS.saturating_mul(limit).div_ceil(window).min(capacity).max(1);
+        let step = u64::try_from((u128::from(window) * u128::from(units)).div_ceil(u128::from(limit)));
+        Rate {
+            every_ms: self.with_margin(step.unwrap_or(u64::MAX)),
+            units,
+        }
     }
 
     fn with_margin(&self, interval: u64) -> u64 {
@@ -338,15 +445,20 @@ impl Pacer {
     /// `None` to wait until an in-flight request is answered. Never `None` when nothing is
     /// in flight.
     pub fn next_send_at(&self, now_ms: u64) -> Option<u64> {
+        self.next_send_at_cost(now_ms, 1)
+    }
+
+    /// As [`Pacer::next_send_at`], for a request expected to spend `cost` units.
+    pub fn next_send_at_cost(&self, now_ms: u64, cost: u64) -> Option<u64> {
         let floor = now_ms.max(self.retry_at_ms);
         let Some(k) = &self.known else {
             return (self.answered || self.outstanding.is_empty()).then_some(floor);
         };
         let gcra = self
             .tat_ms
-            .saturating_sub(k.tolerance.saturating_sub(1).saturating_mul(k.spread_ms));
+            .saturating_sub(k.spread.time_for(k.tolerance.saturating_sub(1)));
         let from = floor.max(gcra);
-        match self.budget_at(k, from) {
+        match self.budget_at(k, from, cost) {
             Some(t) => Some(t),
             // Nothing in flight to learn from: try at the reset, or now.
             None if self.outstanding.is_empty() => Some(k.reset_at_ms.map_or(from, |r| r.max(from))),
@@ -360,9 +472,12 @@ impl Pacer {
         self.next_send_at(now_ms).map(|t| t.saturating_sub(now_ms))
     }
 
-    /// The earliest time from `t` on at which the bound allows one more request.
-    fn budget_at(&self, k: &Known, t: u64) -> Option<u64> {
-        k.anchors.iter().filter_map(|&a| k.time_for(a, t, self.sends)).min()
+    /// The earliest time from `t` on at which the bound allows `cost` more units.
+    fn budget_at(&self, k: &Known, t: u64, cost: u64) -> Option<u64> {
+        k.anchors
+            .iter()
+            .filter_map(|&a| k.time_for(a, t, self.units, cost))
+            .min()
     }
 }
 

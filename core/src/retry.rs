@@ -35,11 +35,17 @@ pub fn is_idempotent(method: &str) -> bool {
     matches!(method, "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE")
 }
 
-/// What the server asked for: its `Retry-After`, or, when it reports the quota spent, the
-/// time to its reset.
+/// What the server asked for: its `Retry-After`, or, when it reports a quota spent
+/// (requests, or one counted in other units such as tokens), the time to the latest reset
+/// of the spent ones.
 pub fn server_floor_ms(info: &RateLimitInfo) -> Option<u64> {
-    info.retry_after_ms
-        .or_else(|| info.reset_after_ms.filter(|_| info.remaining == Some(0)))
+    let requests = info.reset_after_ms.filter(|_| info.remaining == Some(0));
+    let others = info
+        .quotas
+        .iter()
+        .filter(|q| q.remaining == Some(0))
+        .map(|q| q.reset_after_ms);
+    info.retry_after_ms.or_else(|| others.fold(requests, Option::max))
 }
 
 /// The delay in milliseconds before the next retry, or `None` to give up.
@@ -134,6 +140,7 @@ impl RetryBudget {
 mod tests {
     use super::*;
     use crate::backoff::SplitMix64;
+    use crate::headers::UnitQuota;
 
     #[test]
     fn only_idempotent_methods_are_safe_to_repeat() {
@@ -168,6 +175,28 @@ mod tests {
             ..info.clone()
         };
         assert_eq!(server_floor_ms(&left), None);
+        // A spent token quota holds as long as it has not reset, requests left or not.
+        let tokens = |remaining, reset| UnitQuota {
+            unit: "tokens".into(),
+            remaining: Some(remaining),
+            reset_after_ms: Some(reset),
+            ..UnitQuota::default()
+        };
+        let spent_tokens = RateLimitInfo {
+            quotas: vec![tokens(0, 9_000)],
+            ..left.clone()
+        };
+        assert_eq!(server_floor_ms(&spent_tokens), Some(9_000));
+        let both = RateLimitInfo {
+            quotas: vec![tokens(0, 300)],
+            ..info.clone()
+        };
+        assert_eq!(server_floor_ms(&both), Some(700), "the later reset");
+        let tokens_left = RateLimitInfo {
+            quotas: vec![tokens(5, 9_000)],
+            ..left
+        };
+        assert_eq!(server_floor_ms(&tokens_left), None);
         let asked = RateLimitInfo {
             retry_after_ms: Some(2_000),
             ..info

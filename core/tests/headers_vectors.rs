@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use serde_json::Value;
-use sluice_core::headers::{format_headers, parse_headers, HeaderMode, Quota, RateLimitInfo};
+use sluice_core::headers::{format_headers, parse_headers, HeaderMode, Quota, RateLimitInfo, UnitQuota};
 
 fn vectors() -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../vectors/headers.json");
@@ -17,6 +17,23 @@ fn close(got: Option<u64>, want: &Value) -> bool {
         (Some(g), Some(w)) => g.abs_diff(w) <= 1,
         _ => false,
     }
+}
+
+/// The quotas in other units, compared by unit in any order; none expected when absent.
+fn quotas_match(got: &[UnitQuota], want: &Value) -> bool {
+    let want = want.as_array().map_or(&[][..], Vec::as_slice);
+    got.len() == want.len()
+        && want.iter().all(|w| {
+            got.iter().any(|g| {
+                let field = |k: &str| w.get(k).unwrap_or(&Value::Null);
+                Some(g.unit.as_str()) == field("unit").as_str()
+                    && close(g.limit, field("limit"))
+                    && close(g.remaining, field("remaining"))
+                    && close(g.reset_after_ms, field("reset_after_ms"))
+                    && close(g.window_ms, field("window_ms"))
+                    && g.policy.as_deref() == field("policy").as_str()
+            })
+        })
 }
 
 #[test]
@@ -44,7 +61,9 @@ fn shared_vectors_all_pass() {
             && close(got.retry_after_ms, field("retry_after_ms"))
             && close(got.window_ms, field("window_ms"))
             && got.policy.as_deref() == field("policy").as_str()
-            && got.global == field("global").as_bool().unwrap_or(false);
+            && got.partition.as_deref() == field("partition").as_str()
+            && got.global == field("global").as_bool().unwrap_or(false)
+            && quotas_match(&got.quotas, field("quotas"));
         if !ok {
             failures.push(format!("{name}: got {got:?}, want {want}"));
         }
@@ -120,7 +139,7 @@ proptest! {
                 // Controls and non-ASCII cannot travel in an sf-string: they are dropped.
                 policy: ietf.then(|| policy.chars().filter(|c| (' '..='~').contains(c)).collect()),
                 window_ms: ietf.then_some(window_s * 1000),
-                global: false,
+                ..RateLimitInfo::default()
             };
             prop_assert_eq!(got, want);
         }

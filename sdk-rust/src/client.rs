@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use reqwest::{IntoUrl, Method, Request, RequestBuilder, StatusCode, Url};
 use sluice_core::backoff::{Backoff, BackoffPolicy, SplitMix64};
 use sluice_core::headers::{parse_headers, RateLimitInfo};
-use sluice_core::pacing::PacerConfig;
+use sluice_core::pacing::{Cost, PacerConfig};
 use sluice_core::retry::{retry_delay, server_floor_ms, BudgetConfig, RetryBudget};
 use tokio::time::Instant;
 
@@ -97,7 +97,16 @@ impl Client {
     /// policy name once a response on the same route (host, port and path) advertised one
     /// (see [`Client::bucket_for`]). Otherwise as [`Client::execute_keyed`].
     pub async fn execute(&self, request: Request) -> Result<Response> {
-        self.run(None, request).await
+        self.run(None, request, &Cost::new()).await
+    }
+
+    /// Builds and sends a request expected to spend `cost` of quotas counted in other units
+    /// than requests, e.g. `Cost::new().with("tokens", 1_200)` for a model call: the
+    /// request waits until each quota its bucket's responses report (tokens, input or
+    /// output tokens, bytes…) can take it, and the response's figures then correct the
+    /// estimate. A unit the cost does not name counts 1. Otherwise as [`Client::send`].
+    pub async fn send_with_cost(&self, request: RequestBuilder, cost: &Cost) -> Result<Response> {
+        self.run(None, request.build().map_err(Error::Build)?, cost).await
     }
 
     /// Sends a request in bucket `key`: waits for its turn, sends, reads the quota, and
@@ -105,7 +114,7 @@ impl Client {
     /// returned whatever its status; an error only when no response came (or the queue
     /// was full).
     pub async fn execute_keyed(&self, key: &str, request: Request) -> Result<Response> {
-        self.run(Some(key), request).await
+        self.run(Some(key), request, &Cost::new()).await
     }
 
     /// The bucket a request to `url` would join now (`"host:port"` or
@@ -114,8 +123,8 @@ impl Client {
         self.inner.routes.bucket(url)
     }
 
-    /// Sends `request` in bucket `fixed`, or in its route's bucket.
-    async fn run(&self, fixed: Option<&str>, request: Request) -> Result<Response> {
+    /// Sends `request`, expected to spend `cost`, in bucket `fixed`, or in its route's bucket.
+    async fn run(&self, fixed: Option<&str>, request: Request, cost: &Cost) -> Result<Response> {
         let inner = &*self.inner;
         let started = Instant::now();
         inner.budget.deposit();
@@ -131,7 +140,7 @@ impl Client {
                 Some(key) => Cow::Borrowed(key),
                 None => Cow::Owned(inner.routes.bucket(request.url())),
             };
-            let permit = inner.queues.acquire(&key).await?;
+            let permit = inner.queues.acquire(&key, cost).await?;
             let host = bucket_key(request.url());
             inner.holds.wait(&host).await;
             let attempt = match inner.http.execute(request).await {
@@ -141,7 +150,7 @@ impl Client {
                     if let (true, Some(ms)) = (quota.global, quota.retry_after_ms) {
                         inner.holds.hold(host, ms);
                     }
-                    if let Some((host, bucket)) = inner.routes.learn(response.url(), quota.policy.as_deref()) {
+                    if let Some((host, bucket)) = inner.routes.learn(response.url(), quota.bucket_name().as_deref()) {
                         inner.queues.hand_over(&host, &bucket);
                     }
                     Ok((response, quota))

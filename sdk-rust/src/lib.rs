@@ -7,7 +7,9 @@
 //!   under, by default; or a key of your own) wait in a
 //!   bounded FIFO and are released at the pace that keeps them within the advertised
 //!   quota; a full queue fails at once with [`Error::QueueFull`], and dropping a waiting
-//!   request's future gives its place up.
+//!   request's future gives its place up. A server that also counts tokens or bytes
+//!   ([`RateLimitInfo::quotas`]) is paced on those as well, at the [`Cost`] a request is
+//!   expected to spend ([`Client::send_with_cost`]).
 //! * 429, 503 and connection failures are retried with jittered exponential backoff (full
 //!   jitter by default), never earlier than the server's `Retry-After`; only idempotent
 //!   methods or requests with an `Idempotency-Key` header; and only while the retry
@@ -53,6 +55,6 @@ pub use queue::{bucket_key, QueueConfig};
 pub use response::Response;
 pub use retry::{default_backoff, RetryEvent, RetryHook, RetryPolicy, IDEMPOTENCY_KEY};
 pub use sluice_core::backoff::{BackoffPolicy, Jitter};
-pub use sluice_core::headers::RateLimitInfo;
-pub use sluice_core::pacing::PacerConfig;
+pub use sluice_core::headers::{RateLimitInfo, UnitQuota};
+pub use sluice_core::pacing::{Cost, PacerConfig};
 pub use sluice_core::retry::BudgetConfig;

@@ -1,5 +1,6 @@
 //! The client-side queue: one bounded FIFO per bucket, released at the pace that keeps the
-//! bucket under the quota its server advertises (`sluice-core`'s [`Pacer`]).
+//! bucket under the quotas its server advertises (`sluice-core`'s [`BucketPacer`]: requests,
+//! and tokens or other units at each request's expected [`Cost`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use reqwest::Url;
 use sluice_core::headers::RateLimitInfo;
-use sluice_core::pacing::{Pacer, PacerConfig};
+use sluice_core::pacing::{BucketPacer, Cost, PacerConfig};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -79,7 +80,7 @@ struct Bucket {
 
 #[derive(Debug)]
 struct BucketState {
-    pacer: Pacer,
+    pacer: BucketPacer,
     waiting: VecDeque<u64>,
     in_flight: usize,
 }
@@ -118,7 +119,7 @@ impl Queues {
         }
         let bucket = Arc::new(Bucket {
             state: Mutex::new(BucketState {
-                pacer: Pacer::with_config(self.config.pacer),
+                pacer: BucketPacer::new(self.config.pacer),
                 waiting: VecDeque::new(),
                 in_flight: 0,
             }),
@@ -155,9 +156,9 @@ impl Queues {
         bucket.map_or(0, |b| lock(&b.state).waiting.len())
     }
 
-    /// Waits for the turn of one request of bucket `key`: fails at once when its queue is
-    /// full; dropping the future leaves the queue.
-    pub(crate) async fn acquire(&self, key: &str) -> Result<Permit<'_>> {
+    /// Waits for the turn of one request of bucket `key` expected to spend `cost`: fails at
+    /// once when its queue is full; dropping the future leaves the queue.
+    pub(crate) async fn acquire(&self, key: &str, cost: &Cost) -> Result<Permit<'_>> {
         let bucket = self.bucket(key);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
@@ -173,6 +174,7 @@ impl Queues {
         let mut place = Place {
             bucket: &bucket,
             id,
+            cost,
             left: false,
         };
         loop {
@@ -208,14 +210,14 @@ impl Queues {
             return Step::WaitForChange;
         }
         let at = if self.config.pacing {
-            state.pacer.next_send_at(now)
+            state.pacer.next_send_at(now, place.cost)
         } else {
             Some(now)
         };
         match at {
             Some(at) if at <= now => {
                 state.waiting.pop_front();
-                let ticket = state.pacer.on_send(now);
+                let ticket = state.pacer.on_send(now, place.cost);
                 state.in_flight += 1;
                 place.left = true;
                 Step::Go(ticket)
@@ -247,6 +249,7 @@ fn evict_idle(buckets: &mut HashMap<String, Arc<Bucket>>) {
 struct Place<'a> {
     bucket: &'a Bucket,
     id: u64,
+    cost: &'a Cost,
     left: bool,
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Scripted;
-use sluice_client::{default_backoff, BackoffPolicy, Client, RateLimitInfo};
+use sluice_client::{default_backoff, BackoffPolicy, Client, Cost, RateLimitInfo};
 
 const X_SPENT: &[&[&str]] = &[&[
     "HTTP/1.1 200 OK",
@@ -87,6 +87,73 @@ const DISCORD_B: &[&str] = &[
     "X-RateLimit-Bucket: b",
 ];
 
+/// OpenAI's headers (platform.openai.com/docs/guides/rate-limits, "Rate limits in headers")
+/// with a token quota of 1,000 draining: 600 left after the first request, 200 after the
+/// second, whole again a second later.
+const OPENAI_TOKENS: &[&[&str]] = &[
+    &[
+        "HTTP/1.1 200 OK",
+        "x-ratelimit-limit-requests: 60",
+        "x-ratelimit-remaining-requests: 59",
+        "x-ratelimit-reset-requests: 1s",
+        "x-ratelimit-limit-tokens: 1000",
+        "x-ratelimit-remaining-tokens: 600",
+        "x-ratelimit-reset-tokens: 1s",
+    ],
+    &[
+        "HTTP/1.1 200 OK",
+        "x-ratelimit-limit-requests: 60",
+        "x-ratelimit-remaining-requests: 58",
+        "x-ratelimit-reset-requests: 1s",
+        "x-ratelimit-limit-tokens: 1000",
+        "x-ratelimit-remaining-tokens: 200",
+        "x-ratelimit-reset-tokens: 1s",
+    ],
+    &["HTTP/1.1 200 OK"],
+];
+
+/// Three requests one after the other, each expected to spend `tokens`: the second one's
+/// quota, and the time from the second request's arrival to the third's.
+async fn three_costing(server: &Scripted, tokens: u64) -> (RateLimitInfo, Duration) {
+    let client = Client::new().expect("client");
+    let cost = Cost::new().with("tokens", tokens);
+    let mut quotas = Vec::new();
+    for _ in 0..3 {
+        let response = client
+            .send_with_cost(client.get(server.url()), &cost)
+            .await
+            .expect("response");
+        assert_eq!(response.status().as_u16(), 200);
+        quotas.push(response.quota().clone());
+    }
+    (quotas.swap_remove(1), server.gap(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_token_quota_holds_a_request_that_would_overspend_it_until_its_reset() {
+    let (big, small) = (Scripted::start(OPENAI_TOKENS), Scripted::start(OPENAI_TOKENS));
+    let ((quota, big_gap), (_, small_gap)) = tokio::join!(three_costing(&big, 400), three_costing(&small, 100));
+    assert_eq!(
+        (quota.limit, quota.remaining),
+        (Some(60), Some(58)),
+        "the requests quota"
+    );
+    let tokens = quota.quota("tokens").expect("the tokens quota");
+    assert_eq!(
+        (tokens.limit, tokens.remaining, tokens.reset_after_ms),
+        (Some(1_000), Some(200), Some(1_000))
+    );
+    println!("third request after {big_gap:?} (400 tokens), {small_gap:?} (100 tokens), 200 left");
+    assert!(
+        big_gap >= Duration::from_secs(1),
+        "400 tokens went {big_gap:?} after, with 200 left, before the reset"
+    );
+    assert!(
+        small_gap < big_gap / 2,
+        "100 tokens fit in the 200 left, yet waited {small_gap:?}"
+    );
+}
+
 /// `/a`, `/b`, `/a` (refused, not retried), `/b` with a fresh client: the last response's
 /// statuses, and the time from the refusal to the next request's arrival.
 async fn other_route_after_a_429(server: &Scripted) -> (Vec<u16>, Duration) {
@@ -161,8 +228,7 @@ async fn literal_ietf_fields_let_the_next_request_go_after_one_refill_not_at_the
         reset_after_ms: Some(1_000),
         policy: Some("p".to_owned()),
         window_ms: Some(1_000),
-        retry_after_ms: None,
-        global: false,
+        ..RateLimitInfo::default()
     };
     assert_eq!(quota, expected);
     println!("next request after {ietf_gap:?} (IETF, w=1 q=10), {legacy_gap:?} (X-RateLimit, no window)");

@@ -30,12 +30,55 @@ pub struct RateLimitInfo {
     /// `X-RateLimit-Global: true` or `X-RateLimit-Scope: global`): the SDKs hold every
     /// bucket of the host, not only the route's, for `retry_after_ms`.
     pub global: bool,
+    /// The IETF partition key (`pk`) of the reported policy, as sent (`:…:`). A server
+    /// allocates quotas per partition, so the SDKs key their buckets by it as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// The quotas counted in other units than requests (OpenAI's and Anthropic's tokens, an
+    /// IETF policy's `qu`), one per unit: what a request spends of them depends on the
+    /// request, so the SDKs pace each on the cost the caller expects. The fields above are
+    /// the requests quota.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<UnitQuota>,
+}
+
+/// A quota counted in another unit than requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitQuota {
+    /// The unit: `tokens`, `input-tokens`, `output-tokens`, or an IETF `qu` such as
+    /// `content-bytes`.
+    pub unit: String,
+    /// Units per window.
+    pub limit: Option<u64>,
+    /// Units left.
+    pub remaining: Option<u64>,
+    /// Milliseconds until the quota resets.
+    pub reset_after_ms: Option<u64>,
+    /// The IETF policy's window in milliseconds.
+    pub window_ms: Option<u64>,
+    /// The IETF policy's name.
+    pub policy: Option<String>,
 }
 
 impl RateLimitInfo {
     /// Whether any rate-limit header was read.
     pub fn is_empty(&self) -> bool {
         *self == RateLimitInfo::default()
+    }
+
+    /// The name of the bucket the server counts this response's requests in: the policy,
+    /// with its partition key when it has one (`"burst :cHsd=:"`).
+    pub fn bucket_name(&self) -> Option<String> {
+        let policy = self.policy.as_deref()?;
+        Some(match &self.partition {
+            Some(pk) => format!("{policy} {pk}"),
+            None => policy.to_owned(),
+        })
+    }
+
+    /// The quota counted in `unit`, if the response gave one.
+    pub fn quota(&self, unit: &str) -> Option<&UnitQuota> {
+        self.quotas.iter().find(|q| q.unit == unit)
     }
 }
 
@@ -104,6 +147,9 @@ fn parse_go_duration_ms(s: &str) -> Option<u64> {
     Some(total_us.div_ceil(1_000))
 }
 
+/// The units of OpenAI's and Anthropic's quotas, requests first.
+const NAMED_UNITS: [&str; 4] = ["requests", "tokens", "input-tokens", "output-tokens"];
+
 /// One quota of a family that names its unit (`requests`, `tokens`, …).
 #[derive(Default, Clone, Copy)]
 struct Named {
@@ -156,8 +202,8 @@ fn append_line<'a>(slot: &mut Option<Cow<'a, str>>, value: &'a str) {
 /// the policy name) and Discord's `X-RateLimit-Global`/`-Scope` (as [`RateLimitInfo::global`]), the older drafts' `RateLimit-Limit`/`-Remaining`/`-Reset` and combined
 /// `RateLimit: limit=…`, the IETF `RateLimit` and `RateLimit-Policy`, and `Retry-After`
 /// (seconds or HTTP-date) or `retry-after-ms`. Of OpenAI's and Anthropic's quotas the
-/// requests one is reported (requests are what the SDKs pace), except that a spent token
-/// quota makes `remaining` 0 until the later of the resets.
+/// requests one is reported in the top-level fields, the others (tokens) in
+/// [`RateLimitInfo::quotas`], as are IETF policies whose `qu` is not requests.
 /// Names are case-insensitive; values are trimmed; a malformed or overflowing value is
 /// ignored as if absent. Precedence: the IETF fields win over the older draft's, which win
 /// over `X-RateLimit-*`, field by field, when valid; `X-RateLimit-Reset-After` wins over
@@ -226,13 +272,19 @@ where
         global: raw.global,
         ..RateLimitInfo::default()
     };
-    // OpenAI and Anthropic: the requests quota, the unit the SDKs pace; when another quota
-    // (tokens) is spent, nothing may go before it resets.
+    // OpenAI and Anthropic: the requests quota, and one per unit counted besides.
     let [requests, others @ ..] = raw.named;
     override_with(&mut info, requests.limit, requests.remaining, requests.reset_ms);
-    for spent in others.iter().filter(|n| n.remaining == Some(0)) {
-        info.remaining = Some(0);
-        info.reset_after_ms = info.reset_after_ms.max(spent.reset_ms);
+    for (named, unit) in others.iter().zip(&NAMED_UNITS[1..]) {
+        if named.limit.is_some() || named.remaining.is_some() {
+            info.quotas.push(UnitQuota {
+                unit: (*unit).to_owned(),
+                limit: named.limit,
+                remaining: named.remaining,
+                reset_after_ms: named.reset_ms,
+                ..UnitQuota::default()
+            });
+        }
     }
     // Older IETF drafts: separate fields, reset in delta seconds.
     override_with(
@@ -303,10 +355,7 @@ fn read_named(raw: &mut Raw<'_>, lower: &[u8], value: &str, now_ms: u64) -> bool
     } else {
         return false;
     };
-    let Some(i) = ["requests", "tokens", "input-tokens", "output-tokens"]
-        .iter()
-        .position(|u| *u == unit)
-    else {
+    let Some(i) = NAMED_UNITS.iter().position(|u| *u == unit) else {
         return false;
     };
     let quota = &mut raw.named[i];
@@ -361,45 +410,60 @@ fn read_combined(info: &mut RateLimitInfo, value: &str) {
 }
 
 /// The IETF fields: `RateLimit: "p";r=50;t=30` and `RateLimit-Policy: "p";q=100;w=60`.
+///
+/// A policy's unit is its declaration's `qu` (requests when absent). Of the members counted
+/// in requests the most restrictive one is reported; of each other unit, the most
+/// restrictive one goes to [`RateLimitInfo::quotas`].
 fn read_ietf(info: &mut RateLimitInfo, value: &str, policy: Option<&str>) {
-    // (remaining, reset) of the most restrictive member so far, and the member.
-    let mut best: Option<(u64, Option<u64>, Item<'_>)> = None;
-    for item in structured::list(value) {
-        let Ok(item) = item else {
-            return; // a malformed member makes the whole field unusable
-        };
+    let Some(members) = structured::list(value).collect::<Result<Vec<_>, ()>>().ok() else {
+        return; // a malformed member makes the whole field unusable
+    };
+    // The declarations, unless the policy field is malformed.
+    let declared: Vec<Item<'_>> = structured::list(policy.unwrap_or(""))
+        .collect::<Result<_, ()>>()
+        .unwrap_or_default();
+    // Per unit, the most restrictive member so far: (unit, remaining, reset, member).
+    let mut best: Vec<(&str, u64, Option<u64>, &Item<'_>)> = Vec::new();
+    for item in &members {
         let (Ok(Some(remaining)), Ok(reset)) = (item.int("r"), item.int("t")) else {
             return;
         };
         let reset_ms = reset.and_then(|t| t.checked_mul(1000));
-        if best
-            .as_ref()
-            .is_none_or(|(r, t, _)| (remaining, Reverse(reset_ms)) < (*r, Reverse(*t)))
-        {
-            best = Some((remaining, reset_ms, item));
+        let decl = declared.iter().find(|p| p.name == item.name);
+        let unit = decl.and_then(|p| p.unit).or(item.unit).unwrap_or("requests");
+        let tighter = |r: u64, t: Option<u64>| (remaining, Reverse(reset_ms)) < (r, Reverse(t));
+        match best.iter_mut().find(|(u, ..)| *u == unit) {
+            Some(slot) if tighter(slot.1, slot.2) => *slot = (unit, remaining, reset_ms, item),
+            Some(_) => {}
+            None => best.push((unit, remaining, reset_ms, item)),
         }
     }
-    let Some((remaining, reset_ms, item)) = best else {
-        return;
-    };
-    // Its declaration, unless the policy field is malformed.
-    let mut declared = None;
-    for p in structured::list(policy.unwrap_or("")) {
-        match p {
-            Ok(p) if p.name == item.name => declared = Some(p),
-            Ok(_) => {}
-            Err(()) => {
-                declared = None;
-                break;
-            }
+    for (unit, remaining, reset_ms, item) in best {
+        let decl = declared.iter().find(|p| p.name == item.name);
+        let param = |key: &str| decl.and_then(|p| p.int(key).ok().flatten());
+        let window_ms = param("w").and_then(|w| w.checked_mul(1000));
+        if unit == "requests" {
+            info.remaining = Some(remaining);
+            info.reset_after_ms = reset_ms.or(info.reset_after_ms);
+            info.limit = param("q").or(info.limit);
+            info.window_ms = window_ms;
+            info.policy = Some(item.name.clone().into_owned());
+            info.partition = item.partition.or(decl.and_then(|p| p.partition)).map(str::to_owned);
+            continue;
+        }
+        let quota = UnitQuota {
+            unit: unit.to_owned(),
+            limit: param("q"),
+            remaining: Some(remaining),
+            reset_after_ms: reset_ms,
+            window_ms,
+            policy: Some(item.name.clone().into_owned()),
+        };
+        match info.quotas.iter_mut().find(|q| q.unit == unit) {
+            Some(slot) => *slot = quota,
+            None => info.quotas.push(quota),
         }
     }
-    let param = |key: &str| declared.as_ref().and_then(|p| p.int(key).ok().flatten());
-    info.remaining = Some(remaining);
-    info.reset_after_ms = reset_ms.or(info.reset_after_ms);
-    info.limit = param("q").or(info.limit);
-    info.window_ms = param("w").and_then(|w| w.checked_mul(1000));
-    info.policy = Some(item.name.into_owned());
 }
 
 #[cfg(test)]
@@ -440,6 +504,16 @@ mod tests {
         for bad in ["", "1", "s", "1x", "-1s", "1.2.3s", "99999999999999999999h"] {
             assert_eq!(parse_go_duration_ms(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_partition_key_names_its_own_bucket() {
+        let one = parse(&[("RateLimit", r#""peruser";r=5;pk=:dXNlcjE=:"#)]);
+        let two = parse(&[("RateLimit", r#""peruser";r=5;pk=:dXNlcjI=:"#)]);
+        assert_eq!(one.bucket_name().as_deref(), Some("peruser :dXNlcjE=:"));
+        assert_ne!(one.bucket_name(), two.bucket_name());
+        assert_eq!(parse(&[("RateLimit", r#""p";r=5"#)]).bucket_name().as_deref(), Some("p"));
+        assert_eq!(parse(&[("X-RateLimit-Remaining", "5")]).bucket_name(), None);
     }
 
     #[test]

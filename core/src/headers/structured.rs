@@ -1,26 +1,44 @@
 //! A small reader for the structured-field lists (RFC 8941) of the IETF `RateLimit`
 //! headers: `"name";q=100;w=60, "other";q=5;w=1`. Only what those headers need: members
-//! that are strings or tokens, and the integer parameters `q`, `w`, `r` and `t` (others
-//! are checked for syntax and skipped). One pass over the bytes, allocation-free (but for
+//! that are strings or tokens, the integer parameters `q`, `w`, `r` and `t` (and `c`, `a`:
+//! the names proposed for `q` and `r` after draft -11), the quota unit `qu` (a string) and
+//! the partition key `pk` (a byte sequence); others are checked for syntax and skipped. One pass over the bytes, allocation-free (but for
 //! a name with escapes). Lenient where it costs nothing: spaces around `;` and `=`.
 
 use std::borrow::Cow;
 
-/// The parameters this reader keeps.
-const KEYS: [&str; 4] = ["q", "w", "r", "t"];
+/// The integer parameters this reader keeps.
+const KEYS: [&str; 6] = ["q", "w", "r", "t", "c", "a"];
 
-/// One list member: its bare item (string unquoted) and its `q`, `w`, `r`, `t` parameters
-/// (`Err` when present but not a non-negative integer; the last one wins if repeated).
+/// The names proposed after draft -11 for a parameter (`c` for `q`, `a` for `r`); the
+/// draft's own name wins when a member has both.
+const ALIASES: [(&str, &str); 2] = [("q", "c"), ("r", "a")];
+
+/// One list member: its bare item (string unquoted), its integer parameters (`Err` when
+/// present but not a non-negative integer; the last one wins if repeated), its `qu` and its
+/// `pk`.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Item<'a> {
     pub name: Cow<'a, str>,
-    params: [Option<Result<u64, ()>>; 4],
+    params: [Option<Result<u64, ()>>; 6],
+    /// The quota unit (`qu="tokens"`), unquoted.
+    pub unit: Option<&'a str>,
+    /// The partition key (`pk=:AbC=:`), as sent, colons included.
+    pub partition: Option<&'a str>,
 }
 
 impl Item<'_> {
-    /// The parameter `key` (one of `q`, `w`, `r`, `t`) as a non-negative integer. `Err` if
-    /// present but malformed.
+    /// The parameter `key` (one of `q`, `w`, `r`, `t`) as a non-negative integer, or its
+    /// newer name's (`c`, `a`) when the member has no `key`. `Err` if present but malformed.
     pub fn int(&self, key: &str) -> Result<Option<u64>, ()> {
+        let own = self.raw_int(key)?;
+        match ALIASES.iter().find(|(k, _)| *k == key) {
+            Some((_, alias)) if own.is_none() => self.raw_int(alias),
+            _ => Ok(own),
+        }
+    }
+
+    fn raw_int(&self, key: &str) -> Result<Option<u64>, ()> {
         let slot = KEYS.iter().position(|k| *k == key).and_then(|i| self.params.get(i));
         slot.copied().flatten().transpose()
     }
@@ -144,15 +162,26 @@ fn item<'a>(c: &mut Cursor<'a>) -> Option<Item<'a>> {
         b if b.is_ascii_alphabetic() || b == b'*' => Cow::Borrowed(c.take_while(is_token_char)),
         _ => return None,
     };
-    let mut params = [None; 4];
+    let (mut params, mut unit, mut partition) = ([None; 6], None, None);
     while c.semicolon() {
         let (key, value) = param(c)?;
-        let slot = KEYS.iter().position(|k| *k == key).and_then(|i| params.get_mut(i));
-        if let Some(slot) = slot {
-            *slot = Some(super::parse::parse_u64(value).ok_or(()));
+        match key {
+            "qu" => unit = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')),
+            "pk" => partition = Some(value).filter(|v| v.starts_with(':')),
+            _ => {
+                let slot = KEYS.iter().position(|k| *k == key).and_then(|i| params.get_mut(i));
+                if let Some(slot) = slot {
+                    *slot = Some(super::parse::parse_u64(value).ok_or(()));
+                }
+            }
         }
     }
-    Some(Item { name, params })
+    Some(Item {
+        name,
+        params,
+        unit,
+        partition,
+    })
 }
 
 /// The members of a list, in order; an `Err` (then the end) where a member is malformed,
@@ -224,8 +253,23 @@ mod tests {
         assert_eq!((tokens[1].name.as_ref(), tokens[1].int("flag")), ("other", Ok(None)));
         assert_eq!(parse_list(r#""p";r=1;r=2"#).unwrap()[0].int("r"), Ok(Some(2)));
         assert_eq!(parse_list(r#""p";q=1;Q=x;qq=y"#).unwrap()[0].int("q"), Ok(Some(1)));
+        // The names proposed after draft -11 stand in for the draft's; the draft's win.
+        let renamed = parse_list(r#""p";c=100;a=7;w=60, "q";r=1;a=2;q=3;c=4"#).unwrap();
+        assert_eq!((renamed[0].int("q"), renamed[0].int("r")), (Ok(Some(100)), Ok(Some(7))));
+        assert_eq!((renamed[1].int("q"), renamed[1].int("r")), (Ok(Some(3)), Ok(Some(1))));
         assert_eq!(parse_list(r#""p";k="a;b,c";r=3"#).unwrap()[0].int("r"), Ok(Some(3)));
         assert_eq!(parse_list("  ").unwrap(), []);
+        let unit = parse_list(r#""p";q=9;qu="content-bytes";pk=:cHsd=:;w=10"#).unwrap();
+        assert_eq!(
+            (unit[0].unit, unit[0].partition),
+            (Some("content-bytes"), Some(":cHsd=:"))
+        );
+        assert_eq!(unit[0].int("w"), Ok(Some(10)));
+        assert_eq!(
+            parse_list(r#""p";qu=tokens"#).unwrap()[0].unit,
+            None,
+            "qu must be a string"
+        );
         let mut members = list(r#""a";r=1, ?"#);
         assert!(members.next().unwrap().is_ok());
         assert_eq!(members.next(), Some(Err(())));
