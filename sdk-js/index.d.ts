@@ -17,6 +17,29 @@ export interface RateLimitInfo {
   /** The limit covers every route of the client (Discord's `X-RateLimit-Global: true`):
    *  every bucket of the host waits out `retryAfterMs`. */
   global: boolean;
+  /** The IETF partition key (`pk`) of the policy, as sent (`:…:`); it keys the bucket too. */
+  partition?: string;
+  /** The quotas counted in other units than requests (OpenAI's and Anthropic's tokens, an
+   *  IETF policy's `qu`), one per unit; the fields above are the requests quota. */
+  quotas: UnitQuota[];
+}
+
+/** A quota counted in another unit than requests. */
+export interface UnitQuota {
+  /** `tokens`, `input-tokens`, `output-tokens`, `content-bytes`, … */
+  unit: string;
+  limit?: number;
+  remaining?: number;
+  resetAfterMs?: number;
+  windowMs?: number;
+  policy?: string;
+}
+
+/** `fetch`'s options, and what the request is expected to spend of quotas in other units. */
+export interface SluiceRequestInit extends RequestInit {
+  /** E.g. `{ tokens: 1200 }`: the request waits until each such quota can take it; a unit
+   *  not named counts 1. */
+  cost?: Record<string, number>;
 }
 
 /** The backoff schedule: full jitter over `baseMs · 2^n` by default. */
@@ -105,7 +128,7 @@ export interface SluiceResponse extends Response {
 
 /** A drop-in `fetch` that paces, retries and reads rate-limit headers. */
 export interface SluiceFetch {
-  (input: RequestInfo | URL, init?: RequestInit): Promise<SluiceResponse>;
+  (input: RequestInfo | URL, init?: SluiceRequestInit): Promise<SluiceResponse>;
   /** The bucket a request to `url` joins now. */
   bucketFor(url: string | URL): string;
   /** Requests waiting in bucket `key` (not those in flight). */

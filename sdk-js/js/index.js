@@ -76,7 +76,30 @@ function plain(quota) {
     policy: quota.policy,
     windowMs: quota.windowMs,
     global: quota.global,
+    partition: quota.partition,
+    quotas: quota.units.map((unit) => {
+      const q = quota.unitQuota(unit);
+      try {
+        return { unit, limit: q.limit, remaining: q.remaining, resetAfterMs: q.resetAfterMs, windowMs: q.windowMs, policy: q.policy };
+      } finally {
+        q.free();
+      }
+    }),
   };
+}
+
+/** A request's expected cost (`{ tokens: 1200 }`) as the pacer takes it: units, amounts. */
+function costOf(cost) {
+  const units = [];
+  const amounts = [];
+  for (const [unit, amount] of Object.entries(cost ?? {})) {
+    if (typeof amount !== 'number' || !(amount >= 0)) {
+      throw new TypeError(`cost.${unit} must be a non-negative number of ${unit}, not ${String(amount)}`);
+    }
+    units.push(unit);
+    amounts.push(amount);
+  }
+  return { units, amounts };
 }
 
 const QUOTAS = new WeakMap();
@@ -91,7 +114,10 @@ export function rateLimitOf(response) {
  * (`response.rateLimit`), queues and paces requests per bucket, and retries 429/503 and
  * network errors with full-jitter backoff after the server's `Retry-After`, for idempotent
  * requests (or those with an `Idempotency-Key`) while the retry budget lasts.
- * An `AbortSignal` on the request takes it out of its queue at once.
+ * An `AbortSignal` on the request takes it out of its queue at once. `init.cost` gives what
+ * a request is expected to spend of quotas counted in other units than requests
+ * (`{ tokens: 1200 }`): it waits until each quota its bucket's responses report can take it,
+ * and the responses' figures correct the estimate; a unit not named counts 1.
  */
 export function createFetch(options = {}) {
   const opts = resolve(options);
@@ -157,6 +183,7 @@ export function createFetch(options = {}) {
     const request = new Request(input, init);
     const signal = request.signal;
     const fixed = opts.bucket?.(request);
+    const cost = costOf(init?.cost);
     budget.deposit();
     const retryable =
       opts.retryNonIdempotent || core.isIdempotent(request.method) || request.headers.has('idempotency-key');
@@ -168,7 +195,7 @@ export function createFetch(options = {}) {
       for (;;) {
         const key = fixed ?? bucketFor(request.url);
         const bucket = bucketNamed(key);
-        const ticket = await bucket.acquire(signal);
+        const ticket = await bucket.acquire(signal, cost);
         await heldBack(hostKey(new URL(request.url)), signal);
         const { response, info, floor, error } = await attempt(bucket, ticket, retryable ? request.clone() : request);
         const worth = error
@@ -204,7 +231,7 @@ export function createFetch(options = {}) {
       bucket.answered(quota, ticket);
       const info = plain(quota);
       if (info.global && info.retryAfterMs !== undefined) hold(hostKey(new URL(request.url)), info.retryAfterMs);
-      learn(response.url || request.url, info.policy);
+      learn(response.url || request.url, quota.bucketName);
       return { response, info, floor: quota.serverFloorMs() };
     } finally {
       quota.free();
@@ -278,13 +305,13 @@ class Bucket {
 
   /** Resolves with the pacer's ticket when the request may go; rejects at once when the
    *  queue is full. */
-  acquire(signal) {
+  acquire(signal, cost) {
     if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.waiting.length >= this.queue.capacity) {
       return Promise.reject(new QueueFullError(this.key, this.queue.capacity));
     }
     return new Promise((resolve, reject) => {
-      const waiter = { resolve, signal, onAbort: undefined };
+      const waiter = { resolve, signal, cost, onAbort: undefined };
       if (signal) {
         waiter.onAbort = () => {
           const i = this.waiting.indexOf(waiter);
@@ -307,7 +334,8 @@ class Bucket {
       const max = this.queue.maxInFlight;
       if (max !== undefined && this.inFlight >= max) return;
       const now = this.clock();
-      const at = this.pacer ? this.pacer.nextSendAt(now) : now;
+      const { units, amounts } = this.waiting[0].cost;
+      const at = this.pacer ? this.pacer.nextSendAt(now, units, amounts) : now;
       if (at === undefined) return; // an answer will tell more
       if (at > now) {
         this.timer = setTimeout(() => this.pump(), at - now);
@@ -315,7 +343,7 @@ class Bucket {
       }
       const waiter = this.waiting.shift();
       waiter.signal?.removeEventListener('abort', waiter.onAbort);
-      const ticket = this.pacer ? this.pacer.onSend(now) : 0;
+      const ticket = this.pacer ? this.pacer.onSend(now, units, amounts) : 0;
       this.inFlight += 1;
       waiter.resolve(ticket);
     }

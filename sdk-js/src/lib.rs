@@ -10,7 +10,7 @@
 
 use sluice_core::backoff::{Backoff as CoreBackoff, BackoffPolicy, Jitter, SplitMix64};
 use sluice_core::headers::{self, HeaderMode, RateLimitInfo};
-use sluice_core::pacing::{Pacer as CorePacer, PacerConfig};
+use sluice_core::pacing::{BucketPacer, Cost, PacerConfig};
 use sluice_core::retry::{self, BudgetConfig, RetryBudget as CoreBudget};
 use sluice_core::{Algorithm, Limit, State};
 use wasm_bindgen::prelude::*;
@@ -71,12 +71,41 @@ impl Quota {
     pub fn global(&self) -> bool {
         self.0.global
     }
+    /// The IETF partition key (`pk`) of the policy, as sent.
+    #[wasm_bindgen(getter)]
+    pub fn partition(&self) -> Option<String> {
+        self.0.partition.clone()
+    }
+    /// The bucket the server counts this response in: the policy, with its partition key.
+    #[wasm_bindgen(getter, js_name = bucketName)]
+    pub fn bucket_name(&self) -> Option<String> {
+        self.0.bucket_name()
+    }
+    /// The units of the quotas reported besides requests (`tokens`, …), for `unitQuota`.
+    #[wasm_bindgen(getter)]
+    pub fn units(&self) -> Vec<String> {
+        self.0.quotas.iter().map(|q| q.unit.clone()).collect()
+    }
+    /// The quota counted in `unit`, if the response reported one (its `limit`,
+    /// `remaining`, `resetAfterMs`, `windowMs` and `policy` in that unit).
+    #[wasm_bindgen(js_name = unitQuota)]
+    pub fn unit_quota(&self, unit: &str) -> Option<Quota> {
+        self.0.quota(unit).map(|q| Quota(q.to_info()))
+    }
     /// What the server asked the client to wait before retrying: its `Retry-After`, or the
     /// reset of a spent quota.
     #[wasm_bindgen(js_name = serverFloorMs)]
     pub fn server_floor_ms(&self) -> Option<f64> {
         retry::server_floor_ms(&self.0).map(num)
     }
+}
+
+/// A request's expected cost from JavaScript: `units[i]` goes with `amounts[i]`.
+fn cost(units: Vec<String>, amounts: Vec<f64>) -> Cost {
+    units
+        .iter()
+        .zip(amounts)
+        .fold(Cost::new(), |cost, (unit, amount)| cost.with(unit, whole(amount)))
 }
 
 /// Reads a response's rate-limit headers (`X-RateLimit-*`, IETF `RateLimit` /
@@ -251,25 +280,27 @@ impl RetryBudget {
     }
 }
 
-/// The pacing state of one bucket: when may its next request go.
+/// The pacing state of one bucket: when may its next request go, on every quota its
+/// responses report (requests, and tokens or other units at a request's expected cost:
+/// `units[i]` is expected to cost `amounts[i]`, any other unit 1).
 #[wasm_bindgen]
 #[derive(Debug, Clone)]
-pub struct Pacer(CorePacer);
+pub struct Pacer(BucketPacer);
 
 #[wasm_bindgen]
 impl Pacer {
     /// A pacer that knows nothing yet.
     #[wasm_bindgen(constructor)]
     pub fn new(reserve: f64, margin_percent: f64) -> Pacer {
-        Pacer(CorePacer::with_config(PacerConfig {
+        Pacer(BucketPacer::new(PacerConfig {
             reserve: whole(reserve),
             margin_percent: whole(margin_percent),
         }))
     }
     /// Records a request sent at `nowMs`; returns its ticket for `observe`/`onFailure`.
     #[wasm_bindgen(js_name = onSend)]
-    pub fn on_send(&mut self, now_ms: f64) -> f64 {
-        num(self.0.on_send(whole(now_ms)))
+    pub fn on_send(&mut self, now_ms: f64, units: Vec<String>, amounts: Vec<f64>) -> f64 {
+        num(self.0.on_send(whole(now_ms), &cost(units, amounts)))
     }
     /// Records that the request with `ticket` got no response.
     #[wasm_bindgen(js_name = onFailure)]
@@ -283,8 +314,8 @@ impl Pacer {
     /// The earliest time the next request may go (`nowMs` or later), or `undefined` to
     /// wait for an answer to a request in flight.
     #[wasm_bindgen(js_name = nextSendAt)]
-    pub fn next_send_at(&self, now_ms: f64) -> Option<f64> {
-        self.0.next_send_at(whole(now_ms)).map(num)
+    pub fn next_send_at(&self, now_ms: f64, units: Vec<String>, amounts: Vec<f64>) -> Option<f64> {
+        self.0.next_send_at(whole(now_ms), &cost(units, amounts)).map(num)
     }
 }
 

@@ -31,7 +31,7 @@ async function twoRequests(server) {
 test('a literal X-RateLimit-Remaining: 0 holds the next request until the literal reset', async (t) => {
   const [spent, left] = await servers(t, X_SPENT, X_LEFT);
   const [s, l] = await Promise.all([twoRequests(spent), twoRequests(left)]);
-  assert.deepEqual(s.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: undefined, windowMs: undefined, global: false });
+  assert.deepEqual(s.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: undefined, windowMs: undefined, global: false, partition: undefined, quotas: [] });
   assert.equal(l.quota.remaining, 9);
   t.diagnostic(`next request after ${s.gap.toFixed(1)} ms (remaining 0), ${l.gap.toFixed(1)} ms (remaining 9)`);
   assert.ok(s.gap >= 1000, `sent ${s.gap} ms after, before the reset`);
@@ -41,7 +41,7 @@ test('a literal X-RateLimit-Remaining: 0 holds the next request until the litera
 test('literal IETF fields let the next request go after one refill, not at the reset', async (t) => {
   const [ietf, legacy] = await servers(t, IETF_SPENT, X_SPENT);
   const [i, l] = await Promise.all([twoRequests(ietf), twoRequests(legacy)]);
-  assert.deepEqual(i.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: 'p', windowMs: 1000, global: false });
+  assert.deepEqual(i.quota, { limit: 10, remaining: 0, resetAfterMs: 1000, retryAfterMs: undefined, policy: 'p', windowMs: 1000, global: false, partition: undefined, quotas: [] });
   t.diagnostic(`next request after ${i.gap.toFixed(1)} ms (IETF, w=1 q=10), ${l.gap.toFixed(1)} ms (X-RateLimit, no window)`);
   // w / q = 100 ms refills one request; without a window only the reset (1 s) does.
   assert.ok(i.gap >= 100, `sent ${i.gap} ms after, before a refill`);
@@ -116,4 +116,45 @@ test('a Discord global 429 holds every route of the host, a shared one only its 
   t.diagnostic(`/b after the 429 on /a: ${g.gap.toFixed(1)} ms (global), ${s.gap.toFixed(1)} ms (shared)`);
   assert.ok(g.gap >= 1000, `/b went ${g.gap} ms after a global 429 with Retry-After: 1`);
   assert.ok(s.gap < g.gap / 2, `/b waited ${s.gap} ms for a shared limit on /a's bucket`);
+});
+
+// OpenAI's headers (platform.openai.com/docs/guides/rate-limits, "Rate limits in headers") with
+// a token quota of 1,000 draining: 600 left after the first request, 200 after the second,
+// whole again a second later.
+const OPENAI_TOKENS = [
+  ['HTTP/1.1 200 OK', 'x-ratelimit-limit-requests: 60', 'x-ratelimit-remaining-requests: 59', 'x-ratelimit-reset-requests: 1s',
+    'x-ratelimit-limit-tokens: 1000', 'x-ratelimit-remaining-tokens: 600', 'x-ratelimit-reset-tokens: 1s'],
+  ['HTTP/1.1 200 OK', 'x-ratelimit-limit-requests: 60', 'x-ratelimit-remaining-requests: 58', 'x-ratelimit-reset-requests: 1s',
+    'x-ratelimit-limit-tokens: 1000', 'x-ratelimit-remaining-tokens: 200', 'x-ratelimit-reset-tokens: 1s'],
+  ['HTTP/1.1 200 OK'],
+];
+
+// Three requests one after the other, each expected to spend `tokens`: the second one's
+// quota, and the time from the second request's arrival to the third's.
+async function threeCosting(server, tokens) {
+  const fetch = createFetch();
+  const quotas = [];
+  for (let i = 0; i < 3; i++) {
+    const response = await fetch(server.url, { cost: { tokens } });
+    assert.equal(response.status, 200);
+    quotas.push(response.rateLimit);
+  }
+  return { quota: quotas[1], gap: server.gap(1) };
+}
+
+test('an OpenAI token quota holds a request that would overspend it until its reset', async (t) => {
+  const [big, small] = await servers(t, OPENAI_TOKENS, OPENAI_TOKENS);
+  const [b, s] = await Promise.all([threeCosting(big, 400), threeCosting(small, 100)]);
+  assert.deepEqual([b.quota.limit, b.quota.remaining], [60, 58], 'the requests quota');
+  assert.deepEqual(b.quota.quotas, [
+    { unit: 'tokens', limit: 1000, remaining: 200, resetAfterMs: 1000, windowMs: undefined, policy: undefined },
+  ]);
+  t.diagnostic(`third request after ${b.gap.toFixed(1)} ms (400 tokens), ${s.gap.toFixed(1)} ms (100 tokens), 200 left`);
+  assert.ok(b.gap >= 1000, `400 tokens went ${b.gap} ms after, with 200 left, before the reset`);
+  assert.ok(s.gap < b.gap / 2, `100 tokens fit in the 200 left, yet waited ${s.gap} ms`);
+});
+
+test('a cost that is not a non-negative number is an error that names it', async () => {
+  const fetch = createFetch({ fetch: async () => new Response('') });
+  await assert.rejects(fetch('http://127.0.0.1:9/', { cost: { tokens: 'many' } }), /cost\.tokens must be a non-negative number/);
 });

@@ -13,6 +13,24 @@ function close(got, want) {
   return got !== undefined && Math.abs(got - want) <= 1;
 }
 
+// The quotas in other units, compared by unit in any order.
+function quotasMatch(got, want) {
+  return (
+    got.length === want.length &&
+    want.every((w) =>
+      got.some(
+        (g) =>
+          g.unit === w.unit &&
+          close(g.limit, w.limit) &&
+          close(g.remaining, w.remaining) &&
+          close(g.resetAfterMs, w.reset_after_ms) &&
+          close(g.windowMs, w.window_ms) &&
+          close(g.policy, w.policy),
+      ),
+    )
+  );
+}
+
 test('every shared header vector parses as expected', async () => {
   const v = JSON.parse(await readFile(VECTORS, 'utf8'));
   const nowMs = v.now * 1000;
@@ -28,7 +46,9 @@ test('every shared header vector parses as expected', async () => {
       close(got.retryAfterMs, e.retry_after_ms) &&
       close(got.windowMs, e.window_ms) &&
       close(got.policy, e.policy) &&
-      got.global === (e.global ?? false);
+      close(got.partition, e.partition) &&
+      got.global === (e.global ?? false) &&
+      quotasMatch(got.quotas, e.quotas ?? []);
     if (!ok) failures.push(`${c.name}: got ${JSON.stringify(got)}, want ${JSON.stringify(e)}`);
   }
   assert.deepEqual(failures, []);
@@ -36,7 +56,17 @@ test('every shared header vector parses as expected', async () => {
 
 test('headers come as Headers, pairs or a plain object alike', () => {
   const pairs = [['RateLimit', '"api";r=4;t=30'], ['RateLimit-Policy', '"api";q=10;w=60']];
-  const want = { limit: 10, remaining: 4, resetAfterMs: 30000, retryAfterMs: undefined, policy: 'api', windowMs: 60000, global: false };
+  const want = {
+    limit: 10,
+    remaining: 4,
+    resetAfterMs: 30000,
+    retryAfterMs: undefined,
+    policy: 'api',
+    windowMs: 60000,
+    global: false,
+    partition: undefined,
+    quotas: [],
+  };
   assert.deepEqual(parseHeaders(200, pairs), want);
   assert.deepEqual(parseHeaders(200, new Headers(pairs)), want);
   assert.deepEqual(parseHeaders(200, Object.fromEntries(pairs)), want);
@@ -55,6 +85,8 @@ test('formatted headers parse back to the same quota', () => {
     policy: 'per_ip',
     windowMs: 60_000,
     global: false,
+    partition: undefined,
+    quotas: [],
   });
   assert.throws(() => formatHeaders('fancy', 'p', 1, 1, 1, 1, undefined, now), /unknown header mode "fancy"/);
 });

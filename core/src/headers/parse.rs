@@ -60,6 +60,21 @@ pub struct UnitQuota {
     pub policy: Option<String>,
 }
 
+impl UnitQuota {
+    /// This quota in the shape of a requests quota (the fields a [`crate::pacing::Pacer`]
+    /// reads), without `Retry-After`.
+    pub fn to_info(&self) -> RateLimitInfo {
+        RateLimitInfo {
+            limit: self.limit,
+            remaining: self.remaining,
+            reset_after_ms: self.reset_after_ms,
+            policy: self.policy.clone(),
+            window_ms: self.window_ms,
+            ..RateLimitInfo::default()
+        }
+    }
+}
+
 impl RateLimitInfo {
     /// Whether any rate-limit header was read.
     pub fn is_empty(&self) -> bool {
@@ -512,7 +527,10 @@ mod tests {
         let two = parse(&[("RateLimit", r#""peruser";r=5;pk=:dXNlcjI=:"#)]);
         assert_eq!(one.bucket_name().as_deref(), Some("peruser :dXNlcjE=:"));
         assert_ne!(one.bucket_name(), two.bucket_name());
-        assert_eq!(parse(&[("RateLimit", r#""p";r=5"#)]).bucket_name().as_deref(), Some("p"));
+        assert_eq!(
+            parse(&[("RateLimit", r#""p";r=5"#)]).bucket_name().as_deref(),
+            Some("p")
+        );
         assert_eq!(parse(&[("X-RateLimit-Remaining", "5")]).bucket_name(), None);
     }
 

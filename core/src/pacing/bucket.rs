@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{Pacer, PacerConfig};
-use crate::headers::{RateLimitInfo, UnitQuota};
+use crate::headers::RateLimitInfo;
 
 /// Quotas in other units followed at most: a server naming more is paced on the first ones.
 const MAX_UNITS: usize = 8;
@@ -130,7 +130,11 @@ impl BucketPacer {
             // A pacer made for this answer never saw the request: a ticket it has not issued
             // is taken as the latest.
             let own = u.tickets.remove(&ticket).unwrap_or(u64::MAX);
-            u.pacer.observe(&as_info(quota, info), now_ms, own);
+            let reported = RateLimitInfo {
+                retry_after_ms: info.retry_after_ms,
+                ..quota.to_info()
+            };
+            u.pacer.observe(&reported, now_ms, own);
         }
         // Quotas this answer does not report: the request is answered, with no news of them.
         let silent = RateLimitInfo {
@@ -172,22 +176,10 @@ impl BucketPacer {
     }
 }
 
-/// A quota in other units as the [`Pacer`] reads one, with the response's `Retry-After`.
-fn as_info(quota: &UnitQuota, info: &RateLimitInfo) -> RateLimitInfo {
-    RateLimitInfo {
-        limit: quota.limit,
-        remaining: quota.remaining,
-        reset_after_ms: quota.reset_after_ms,
-        retry_after_ms: info.retry_after_ms,
-        policy: quota.policy.clone(),
-        window_ms: quota.window_ms,
-        ..RateLimitInfo::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::headers::UnitQuota;
 
     fn answer(requests_left: u64, tokens_left: u64, tokens_reset_ms: u64) -> RateLimitInfo {
         RateLimitInfo {
