@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice_testkit::{free_port, wait_for_port, Child};
+use sluice_testkit::{free_port, wait_for_port, Child, ScratchDir};
 
 /// How long a SIGTERMed service may take before it is SIGKILLed.
 const GRACE: Duration = Duration::from_secs(5);
@@ -94,8 +94,7 @@ fn example_rules_answer_checks() {
 
 #[test]
 fn rule_file_changes_are_reloaded_and_broken_files_ignored() {
-    let dir = std::env::temp_dir().join(format!("sluice-reload-{}", free_port()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("reload");
     let file = dir.join("rules.toml");
     let rule = |limit: u32| {
         format!("[[rule]]\nname = \"r{limit}\"\nby = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n")
@@ -111,12 +110,12 @@ fn rule_file_changes_are_reloaded_and_broken_files_ignored() {
     // Only once the node has read and refused the broken file does "old rules kept" mean anything.
     wait_until("broken file never refused", || reload_errors(port) > errors);
     assert_eq!(check(port, "c")["policy"], "r2", "a broken file replaced the rules");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn sigterm_stops_gracefully_and_bad_flags_explain_themselves() {
-    let log = std::env::temp_dir().join(format!("sluice-shutdown-{}.log", free_port()));
+    let dir = ScratchDir::new("shutdown");
+    let log = dir.join("service.log");
     let file = std::fs::File::create(&log).unwrap();
     let (mut child, _port) = start_with(&["--log-format", "json"], file.into());
     let stopped = child.stop(GRACE).expect("the service was running");
@@ -131,7 +130,6 @@ fn sigterm_stops_gracefully_and_bad_flags_explain_themselves() {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter_map(|v| v["fields"]["message"].as_str().map(str::to_owned))
         .collect();
-    let _ = std::fs::remove_file(&log);
     let at = |m: &str| messages.iter().position(|x| x.starts_with(m));
     let (shutting_down, ended) = (at("shutting down"), at("stopped"));
     assert!(

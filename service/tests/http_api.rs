@@ -11,7 +11,7 @@ use sluice_service::node::NodeConfig;
 use sluice_service::rules_source;
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::Store;
-use sluice_testkit::free_port;
+use sluice_testkit::ScratchDir;
 
 const RULES: &str = r#"
 [[rule]]
@@ -327,8 +327,7 @@ fn rule_file(limit: u32) -> String {
 
 #[tokio::test]
 async fn a_rule_file_edit_keeping_length_and_mtime_is_reloaded() {
-    let dir = std::env::temp_dir().join(format!("sluice-same-length-{}", free_port()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("same-length");
     let file = dir.join("rules.toml");
     std::fs::write(&file, rule_file(1)).unwrap();
     let n = TestNode::start(
@@ -365,7 +364,6 @@ async fn a_rule_file_edit_keeping_length_and_mtime_is_reloaded() {
         rule_in_force() == "r33"
     })
     .await;
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn now_ms() -> u64 {

@@ -150,8 +150,7 @@ async fn a_file_edit_on_one_node_and_an_admin_change_on_another_end_on_the_same_
     let server = RedisServer::start();
     let a = node(&server).await;
     let b = node(&server).await;
-    let dir = std::env::temp_dir().join(format!("sluice-file-vs-admin-{}", sluice_testkit::free_port()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = sluice_testkit::ScratchDir::new("file-vs-admin");
     let file = dir.join("rules.toml");
     std::fs::write(&file, RULES).unwrap();
     let (_, seen) = sluice_service::rules_source::load_file(&file).unwrap();
