@@ -10,6 +10,7 @@
 //! - [`algorithm`]: the six algorithms as state machines ([`Limit`], [`State`], [`Decision`]);
 //! - [`state_map`]: limit state per key with bounded memory (the filter's buckets, the
 //!   service's memory store and fallback buckets);
+//! - [`lease`]: leased quotas — units granted ahead of use, what each algorithm guarantees;
 //! - [`breaker`]: the circuit breaker around a call that may fail (the filter's check
 //!   calls, the service's store calls);
 //! - [`rules`]: the rule file, its validation and matching a request to its rules;
@@ -29,6 +30,7 @@
 pub mod algorithm;
 pub mod breaker;
 pub mod headers;
+pub mod lease;
 pub mod rules;
 pub mod state_map;
 pub mod wire;
