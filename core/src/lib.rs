@@ -13,6 +13,8 @@
 //! - [`lease`]: leased quotas — units granted ahead of use, what each algorithm guarantees;
 //! - [`breaker`]: the circuit breaker around a call that may fail (the filter's check
 //!   calls, the service's store calls);
+//! - [`descriptors`]: Envoy's rate limit descriptors matched against an
+//!   envoyproxy/ratelimit configuration (the check service's gRPC API);
 //! - [`rules`]: the rule file, its validation and matching a request to its rules;
 //! - [`wire`]: the `POST /v1/check` request and answer;
 //! - [`headers`] (formatting): the rate-limit headers and the 429 body the filter sends.
@@ -29,6 +31,7 @@
 // Deciding.
 pub mod algorithm;
 pub mod breaker;
+pub mod descriptors;
 pub mod headers;
 pub mod lease;
 pub mod rules;

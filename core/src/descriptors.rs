@@ -1,0 +1,500 @@
+//! Envoy's rate limit descriptors matched against a configuration in envoyproxy/ratelimit's
+//! format: a domain, a tree of descriptor keys (a value or any value), a limit per node.
+//!
+//! Matching follows envoyproxy/ratelimit: a descriptor's entries walk the tree one level per
+//! entry, each entry taking the child with its key and value, else one whose value has `*`
+//! wildcards matching it, else the child with its key and no value (any value); the limit
+//! applies when the walk ends on a node with one at the descriptor's last entry. Each
+//! distinct descriptor (its domain, keys and values) counts on its own: a key configured
+//! without a value gives every value its own counter, and so does a wildcard unless it
+//! sets `share_threshold`. `requests_per_unit: 0` refuses every request.
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+
+use crate::algorithm::{Algorithm, Limit};
+use crate::rules::FailureMode;
+use crate::time::Micros;
+
+/// One configuration file: a domain and its descriptor tree.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainConfig {
+    /// The domain requests name.
+    pub domain: String,
+    /// The top level of the tree.
+    #[serde(default)]
+    pub descriptors: Vec<DescriptorNode>,
+}
+
+/// A node of the tree: a key, optionally a value, optionally a limit, and its children.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DescriptorNode {
+    /// The entry key.
+    pub key: String,
+    /// The entry value; absent (or empty) matches any value.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// The limit of a descriptor ending here.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitSpec>,
+    /// Count, never deny.
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// Accepted for compatibility; Sluice's metrics are per limit name already.
+    #[serde(default)]
+    pub detailed_metric: bool,
+    /// Accepted for compatibility (metric keys), as `detailed_metric`.
+    #[serde(default)]
+    pub value_to_metric: bool,
+    /// A wildcard value's matches share one counter instead of one each.
+    #[serde(default)]
+    pub share_threshold: bool,
+    /// Accepted and ignored: envoyproxy/ratelimit's quota mode.
+    #[serde(default)]
+    pub quota_mode: bool,
+    /// Accepted and ignored.
+    #[serde(default)]
+    pub metadata: Option<serde::de::IgnoredAny>,
+    /// The next level.
+    #[serde(default)]
+    pub descriptors: Vec<DescriptorNode>,
+}
+
+/// A limit: `requests_per_unit` per `unit` (envoyproxy/ratelimit's fields), or unlimited.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSpec {
+    /// Its name (in responses, headers, metrics and `replaces`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `second`, `minute`, `hour` or `day`.
+    #[serde(default)]
+    pub unit: Option<Unit>,
+    /// Requests per unit.
+    #[serde(default)]
+    pub requests_per_unit: u64,
+    /// No limit at all: the descriptor is always under it.
+    #[serde(default)]
+    pub unlimited: bool,
+    /// Limits (by name) this one replaces when both apply to a request.
+    #[serde(default)]
+    pub replaces: Vec<Replaced>,
+    /// Sluice's extension: the algorithm (default `fixed_window`, as envoyproxy/ratelimit).
+    #[serde(default)]
+    pub algorithm: Option<Algorithm>,
+    /// Sluice's extension: what happens when the store cannot answer (default `open`).
+    #[serde(default)]
+    pub failure_mode: Option<FailureMode>,
+}
+
+/// A `replaces` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replaced {
+    /// The replaced limit's name.
+    pub name: String,
+}
+
+/// envoyproxy/ratelimit's time units (any case in the file, as there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// One minute.
+    Minute,
+    /// One hour.
+    Hour,
+    /// One day.
+    Day,
+    /// 30 days, as envoyproxy/ratelimit counts it.
+    Month,
+    /// 365 days, as envoyproxy/ratelimit counts it.
+    Year,
+}
+
+impl TryFrom<String> for Unit {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Unit, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => {
+                return Err(format!(
+                    "invalid rate limit unit {s:?}: use second, minute, hour, day, month or year"
+                ))
+            }
+        })
+    }
+}
+
+impl Unit {
+    /// The unit's length.
+    pub fn micros(self) -> Micros {
+        const DAY: Micros = 86_400_000_000;
+        match self {
+            Unit::Second => 1_000_000,
+            Unit::Minute => 60_000_000,
+            Unit::Hour => 3_600_000_000,
+            Unit::Day => DAY,
+            Unit::Month => 30 * DAY,
+            Unit::Year => 365 * DAY,
+        }
+    }
+}
+
+/// A configuration entry that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("domain {domain:?}, descriptor {path}: {problem}")]
+pub struct DescriptorError {
+    /// The domain.
+    pub domain: String,
+    /// The keys leading to the entry (`key=value/key`).
+    pub path: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// A validated limit of the tree.
+#[derive(Debug, Clone)]
+pub struct DescriptorLimit {
+    /// The name: the configured one, else `domain.key_value.key…`.
+    pub name: String,
+    /// The limit: `None` when unlimited or when it refuses everything (`requests_per_unit: 0`).
+    pub limit: Option<Limit>,
+    /// No limit at all.
+    pub unlimited: bool,
+    /// Requests per unit, and the unit, as configured (for the response).
+    pub requests_per_unit: u64,
+    /// The configured unit.
+    pub unit: Option<Unit>,
+    /// Count, never deny.
+    pub shadow: bool,
+    /// The store-failure policy.
+    pub failure: FailureMode,
+    /// Names of the limits this one replaces.
+    pub replaces: Vec<String>,
+}
+
+/// A validated tree node.
+#[derive(Debug, Clone)]
+struct Node {
+    key: String,
+    value: Option<String>,
+    share_threshold: bool,
+    limit: Option<DescriptorLimit>,
+    children: Vec<Node>,
+}
+
+/// Whether `value` matches `pattern`, whose `*`s each match any run of characters.
+fn wildcard(pattern: &str, value: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = value.strip_prefix(first) else {
+        return false;
+    };
+    let mut parts: Vec<&str> = parts.collect();
+    let Some(last) = parts.pop() else {
+        return rest.is_empty(); // no `*` at all: an exact match was wanted
+    };
+    for part in parts {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// Every domain's validated tree.
+#[derive(Debug, Clone, Default)]
+pub struct DescriptorSet {
+    domains: Vec<(String, Vec<Node>)>,
+}
+
+impl DescriptorSet {
+    /// Validates `configs` (one per file); a domain may appear once.
+    pub fn new(configs: Vec<DomainConfig>) -> Result<DescriptorSet, DescriptorError> {
+        let mut domains: Vec<(String, Vec<Node>)> = Vec::new();
+        for config in configs {
+            let fail = |problem: String| DescriptorError {
+                domain: config.domain.clone(),
+                path: String::from("(top)"),
+                problem,
+            };
+            if config.domain.is_empty() {
+                return Err(fail("the domain is empty".into()));
+            }
+            if domains.iter().any(|(d, _)| *d == config.domain) {
+                return Err(fail("this domain is configured twice".into()));
+            }
+            let nodes = nodes(&config.domain, &config.domain, config.descriptors)?;
+            domains.push((config.domain, nodes));
+        }
+        Ok(DescriptorSet { domains })
+    }
+
+    /// Whether `domain` is configured.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.iter().any(|(d, _)| d == domain)
+    }
+
+    /// The limit a descriptor (its entries, `(key, value)`, in order) falls under, if any,
+    /// and the identity of its counter: the domain and the entries, `key=value` joined by
+    /// `|`, a wildcard that shares its threshold standing for the values it matched.
+    pub fn find<'s>(&'s self, domain: &str, entries: &[(&str, &str)]) -> Option<(&'s DescriptorLimit, String)> {
+        let (_, top) = self.domains.iter().find(|(d, _)| d == domain)?;
+        let mut level: &[Node] = top;
+        let mut identity = String::from(domain);
+        for (i, &(key, value)) in entries.iter().enumerate() {
+            let exact = level.iter().find(|n| n.key == key && n.value.as_deref() == Some(value));
+            let pattern = || {
+                level.iter().find(|n| {
+                    n.key == key
+                        && n.value
+                            .as_deref()
+                            .is_some_and(|p| p.contains('*') && wildcard(p, value))
+                })
+            };
+            let any = || level.iter().find(|n| n.key == key && n.value.is_none());
+            let node = exact.or_else(pattern).or_else(any)?;
+            let shown = match (&node.value, node.share_threshold) {
+                (Some(p), true) => p.as_str(),
+                _ => value,
+            };
+            identity.push('|');
+            identity.push_str(key);
+            identity.push('=');
+            identity.push_str(shown);
+            if i + 1 == entries.len() {
+                return node.limit.as_ref().map(|l| (l, identity));
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    /// The limits of a request's descriptors (`None` where none applies) with their
+    /// counters' identities, less those that another applying limit `replaces`.
+    pub fn limits_for<'s>(
+        &'s self,
+        domain: &str,
+        descriptors: &[Vec<(&str, &str)>],
+    ) -> Vec<Option<(&'s DescriptorLimit, String)>> {
+        let mut found: Vec<_> = descriptors.iter().map(|d| self.find(domain, d)).collect();
+        let replaced: BTreeSet<String> = found
+            .iter()
+            .flatten()
+            .flat_map(|(l, _)| l.replaces.iter().cloned())
+            .collect();
+        for slot in &mut found {
+            if slot.as_ref().is_some_and(|(l, _)| replaced.contains(&l.name)) {
+                *slot = None;
+            }
+        }
+        found
+    }
+}
+
+/// Validates one level of the tree under `path`.
+fn nodes(domain: &str, path: &str, specs: Vec<DescriptorNode>) -> Result<Vec<Node>, DescriptorError> {
+    let mut out: Vec<Node> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let value = spec.value.filter(|v| !v.is_empty());
+        let here = match &value {
+            Some(v) => format!("{path}.{}_{v}", spec.key),
+            None => format!("{path}.{}", spec.key),
+        };
+        let fail = |problem: String| DescriptorError {
+            domain: domain.to_owned(),
+            path: here.clone(),
+            problem,
+        };
+        if spec.key.is_empty() {
+            return Err(fail("an entry has an empty key".into()));
+        }
+        if out.iter().any(|n| n.key == spec.key && n.value == value) {
+            return Err(fail("the same key and value appear twice at this level".into()));
+        }
+        let limit = match spec.rate_limit {
+            Some(rl) => Some(limit(rl, spec.shadow_mode, &here).map_err(fail)?),
+            None => None,
+        };
+        if spec.share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            return Err(fail("share_threshold needs a wildcard value (one with `*`)".into()));
+        }
+        out.push(Node {
+            children: nodes(domain, &here, spec.descriptors)?,
+            key: spec.key,
+            value,
+            share_threshold: spec.share_threshold,
+            limit,
+        });
+    }
+    Ok(out)
+}
+
+/// Validates a node's `rate_limit`.
+fn limit(spec: RateLimitSpec, shadow: bool, path: &str) -> Result<DescriptorLimit, String> {
+    let name = spec.name.filter(|n| !n.is_empty()).unwrap_or_else(|| path.to_owned());
+    let replaces = spec.replaces.into_iter().map(|r| r.name).collect();
+    let failure = spec.failure_mode.unwrap_or(FailureMode::Open);
+    if spec.unlimited {
+        if spec.unit.is_some() {
+            return Err("an unlimited rate_limit has no unit".into());
+        }
+        return Ok(DescriptorLimit {
+            name,
+            limit: None,
+            unlimited: true,
+            requests_per_unit: 0,
+            unit: None,
+            shadow,
+            failure,
+            replaces,
+        });
+    }
+    let unit = spec
+        .unit
+        .ok_or("rate_limit has no unit: give second, minute, hour, day, month or year (or unlimited: true)")?;
+    let algorithm = spec.algorithm.unwrap_or(Algorithm::FixedWindow);
+    let built = match spec.requests_per_unit {
+        0 => None, // refuses every request
+        n => Some(
+            Limit::builder(algorithm, n, unit.micros())
+                .build()
+                .map_err(|e| format!("rate_limit: {e}"))?,
+        ),
+    };
+    Ok(DescriptorLimit {
+        name,
+        limit: built,
+        unlimited: false,
+        requests_per_unit: spec.requests_per_unit,
+        unit: Some(unit),
+        shadow,
+        failure,
+        replaces,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(yaml_like: Vec<DomainConfig>) -> DescriptorSet {
+        DescriptorSet::new(yaml_like).unwrap()
+    }
+
+    fn node(key: &str, value: Option<&str>, per: u64, children: Vec<DescriptorNode>) -> DescriptorNode {
+        DescriptorNode {
+            key: key.into(),
+            value: value.map(Into::into),
+            rate_limit: (per > 0).then(|| RateLimitSpec {
+                name: None,
+                unit: Some(Unit::Second),
+                requests_per_unit: per,
+                unlimited: false,
+                replaces: vec![],
+                algorithm: None,
+                failure_mode: None,
+            }),
+            shadow_mode: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            share_threshold: false,
+            quota_mode: false,
+            metadata: None,
+            descriptors: children,
+        }
+    }
+
+    #[test]
+    fn a_descriptor_takes_the_exact_value_then_a_prefix_then_any_value() {
+        let s = set(vec![DomainConfig {
+            domain: "d".into(),
+            descriptors: vec![
+                node("k", Some("exact"), 1, vec![]),
+                node("k", Some("pre*"), 2, vec![]),
+                node("k", None, 3, vec![]),
+            ],
+        }]);
+        let per = |v: &str| s.find("d", &[("k", v)]).map(|(l, _)| l.requests_per_unit);
+        assert_eq!((per("exact"), per("prefix"), per("other")), (Some(1), Some(2), Some(3)));
+        assert!(s.find("other-domain", &[("k", "exact")]).is_none());
+    }
+
+    #[test]
+    fn a_limit_applies_only_where_the_descriptor_ends() {
+        let s = set(vec![DomainConfig {
+            domain: "d".into(),
+            descriptors: vec![node("a", None, 5, vec![node("b", Some("x"), 7, vec![])])],
+        }]);
+        assert_eq!(s.find("d", &[("a", "1")]).map(|(l, _)| l.requests_per_unit), Some(5));
+        let (limit, identity) = s.find("d", &[("a", "1"), ("b", "x")]).unwrap();
+        assert_eq!((limit.requests_per_unit, identity.as_str()), (7, "d|a=1|b=x"));
+        assert!(s.find("d", &[("a", "1"), ("b", "y")]).is_none(), "no node for b=y");
+        assert!(
+            s.find("d", &[("a", "1"), ("b", "x"), ("c", "z")]).is_none(),
+            "past the tree"
+        );
+    }
+
+    #[test]
+    fn wildcards_match_anywhere_and_may_share_one_counter() {
+        assert!(wildcard("/api/*/action", "/api/123/action"));
+        assert!(!wildcard("/api/*/action", "/api/123/other"));
+        assert!(wildcard("/api/*/resource/*/action", "/api/1/resource/2/action"));
+        assert!(wildcard("files/*", "files/"));
+        assert!(!wildcard("exact", "exactly"));
+        let shared = DescriptorNode {
+            share_threshold: true,
+            ..node("f", Some("files/*"), 10, vec![])
+        };
+        let s = set(vec![DomainConfig {
+            domain: "d".into(),
+            descriptors: vec![shared, node("g", Some("g/*"), 10, vec![])],
+        }]);
+        let id = |k: &str, v: &str| s.find("d", &[(k, v)]).map(|(_, i)| i);
+        assert_eq!(id("f", "files/a.pdf"), id("f", "files/b.csv"), "one shared counter");
+        assert_ne!(id("g", "g/a"), id("g", "g/b"), "one counter each");
+    }
+
+    #[test]
+    fn bad_entries_are_named() {
+        let e = DescriptorSet::new(vec![DomainConfig {
+            domain: "d".into(),
+            descriptors: vec![node(
+                "a",
+                Some("v"),
+                0,
+                vec![DescriptorNode {
+                    rate_limit: Some(RateLimitSpec {
+                        name: None,
+                        unit: None,
+                        requests_per_unit: 3,
+                        unlimited: false,
+                        replaces: vec![],
+                        algorithm: None,
+                        failure_mode: None,
+                    }),
+                    ..node("b", None, 0, vec![])
+                }],
+            )],
+        }])
+        .unwrap_err();
+        assert_eq!(e.path, "d.a_v.b");
+        assert!(e.to_string().contains("rate_limit has no unit"), "{e}");
+    }
+}
