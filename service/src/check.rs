@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use sluice_core::algorithm::Part;
+use sluice_core::algorithm::{passes, Part};
 use sluice_core::rules::{FailureMode, Rule};
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, Outcome};
@@ -19,12 +19,51 @@ use crate::node::Node;
 use crate::store::{closed_decision, keys, Item, Stamped, StoreError};
 use crate::violations::Violation;
 
-/// A rule the request matched: the rule, the identity it limits, its limit, its key.
-struct Matched<'r> {
-    rule: &'r Rule,
-    identity: &'r str,
-    limit: Limit,
-    key: String,
+/// One limit a request is decided against, whichever front end asked (HTTP rules, gRPC
+/// descriptors): its store key, its limit, whether it is a shadow, its failure policy.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The limit's store key ([`keys::limit`]).
+    pub key: String,
+    /// The limit for this identity.
+    pub limit: Limit,
+    /// Counts, never denies.
+    pub shadow: bool,
+    /// What decides when the store cannot answer.
+    pub failure: FailureMode,
+}
+
+/// Decides a request of `cost` against every target at once, all-or-nothing, in one store
+/// call; when the store fails, by each target's failure policy. Returns the decisions in
+/// the targets' order and whether they came from the fallback buckets (`degraded`).
+pub async fn decide(node: &Node, targets: &[Target], cost: u64, now_us: Micros) -> (Vec<Decision>, bool) {
+    let items: Vec<Item<'_>> = targets
+        .iter()
+        .map(|t| Item {
+            key: &t.key,
+            part: Part {
+                limit: &t.limit,
+                shadow: t.shadow,
+            },
+        })
+        .collect();
+    let (mut decisions, degraded) = match store_decide(node, &items, cost).await {
+        Ok(stamps) => (stamps.iter().map(|s| s.decision).collect(), false),
+        Err(e) => {
+            tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
+            node.metrics.degraded();
+            (fail_over(node, targets, &items, cost, now_us), true)
+        }
+    };
+    // A refused request took nothing: the limits that would have admitted it still hold
+    // what they held, and say so.
+    let parts: Vec<Part<'_>> = items.iter().map(|i| i.part).collect();
+    if !passes(&parts, &decisions) {
+        for d in decisions.iter_mut().filter(|d| d.allowed) {
+            d.remaining = d.remaining.saturating_add(cost.max(1));
+        }
+    }
+    (decisions, degraded)
 }
 
 /// Decides a validated request.
@@ -32,61 +71,45 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let rules = node.rules();
     let now_us = node.clock.now_us();
     let now_ms = instant_ms(now_us);
-    let matched: Vec<Matched<'_>> = rules
-        .matching(&req.identities, &req.method, &req.path)
-        .map(|(rule, identity)| Matched {
-            rule,
-            identity,
-            limit: rules.limit_for(rule, identity, now_ms),
-            key: keys::limit(&rule.name, identity),
-        })
-        .collect();
+    let matched: Vec<(&Rule, &str)> = rules.matching(&req.identities, &req.method, &req.path).collect();
     if matched.is_empty() {
         return CheckResponse::from_outcomes(&[], now_ms);
     }
-    let items: Vec<Item<'_>> = matched
+    let targets: Vec<Target> = matched
         .iter()
-        .map(|m| Item {
-            key: &m.key,
-            part: Part {
-                limit: &m.limit,
-                shadow: m.rule.shadow,
-            },
+        .map(|&(rule, identity)| Target {
+            key: keys::limit(&rule.name, identity),
+            limit: rules.limit_for(rule, identity, now_ms),
+            shadow: rule.shadow,
+            failure: rule.failure,
         })
         .collect();
-    let (decisions, degraded) = match store_decide(node, &items, req.cost).await {
-        Ok(stamps) => (stamps.iter().map(|s| s.decision).collect(), false),
-        Err(e) => {
-            tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
-            node.metrics.degraded();
-            (fail_over(node, &matched, &items, req.cost, now_us), true)
-        }
-    };
+    let (decisions, degraded) = decide(node, &targets, req.cost, now_us).await;
 
     let mut outcomes: Vec<Outcome<'_>> = Vec::with_capacity(matched.len());
-    let mut denied_by: Option<&Matched<'_>> = None;
-    for (m, decision) in matched.iter().zip(decisions) {
-        let verdict = match (decision.allowed, m.rule.shadow) {
+    let mut denied_by: Option<(&Rule, &str)> = None;
+    for (&(rule, identity), decision) in matched.iter().zip(decisions) {
+        let verdict = match (decision.allowed, rule.shadow) {
             (true, _) => Verdict::Allowed,
             (false, true) => Verdict::ShadowDenied,
             (false, false) => Verdict::Denied,
         };
-        node.metrics.check(&m.rule.name, verdict);
+        node.metrics.check(&rule.name, verdict);
         if verdict == Verdict::Denied && denied_by.is_none() {
-            denied_by = Some(m);
+            denied_by = Some((rule, identity));
         }
         outcomes.push(Outcome {
-            rule: &m.rule.name,
-            window_ms: m.rule.window_ms,
-            shadow: m.rule.shadow,
+            rule: &rule.name,
+            window_ms: rule.window_ms,
+            shadow: rule.shadow,
             decision,
             degraded,
         });
     }
-    if let Some(m) = denied_by {
+    if let Some((rule, identity)) = denied_by {
         node.violations.record(Violation {
-            rule: m.rule.name.clone(),
-            identity: m.identity.to_owned(),
+            rule: rule.name.clone(),
+            identity: identity.to_owned(),
             at_ms: now_ms,
             cost: req.cost,
             path: req.path.clone(),
@@ -123,15 +146,15 @@ async fn store_decide(node: &Node, items: &[Item<'_>], cost: u64) -> Result<Vec<
 /// The decisions when the store could not answer: rules that fail closed deny; rules that
 /// fail open ask the fallback buckets together, which keep nothing when a closed rule
 /// denies the request anyway.
-fn fail_over(node: &Node, matched: &[Matched<'_>], items: &[Item<'_>], cost: u64, now: Micros) -> Vec<Decision> {
-    let fails_open = |m: &Matched<'_>| m.rule.failure == FailureMode::Open;
+fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>], cost: u64, now: Micros) -> Vec<Decision> {
+    let fails_open = |m: &Target| m.failure == FailureMode::Open;
     let open: Vec<Item<'_>> = items
         .iter()
         .zip(matched)
         .filter(|(_, m)| fails_open(m))
         .map(|(i, _)| *i)
         .collect();
-    let closed_denies = matched.iter().any(|m| !fails_open(m) && !m.rule.shadow);
+    let closed_denies = matched.iter().any(|m| !fails_open(m) && !m.shadow);
     let mut from_fallback = node
         .fallback
         .decide_all_at(&open, cost, now, !closed_denies)
