@@ -173,9 +173,16 @@ mod tests {
             assert_eq!(lease.units, 0);
             let held = Grant { units: 30, ..lease };
             assert!(give_back(&l, &mut s, &held, 20, SECOND + 1));
-            assert_eq!(grant(&l, &mut s, SECOND + 1, 70, SECOND).units, 20, "{algorithm}: given back");
+            assert_eq!(
+                grant(&l, &mut s, SECOND + 1, 70, SECOND).units,
+                20,
+                "{algorithm}: given back"
+            );
             let before = s.clone();
-            assert!(!give_back(&l, &mut s, &held, 10, 2 * SECOND + 1), "{algorithm}: too late");
+            assert!(
+                !give_back(&l, &mut s, &held, 10, 2 * SECOND + 1),
+                "{algorithm}: too late"
+            );
             assert_eq!(s, before, "{algorithm}: nothing back");
         }
     }
@@ -191,7 +198,10 @@ mod tests {
 
     #[test]
     fn logs_and_shaping_cannot_be_leased() {
-        assert_eq!(leasable(&limit(Algorithm::SlidingWindowLog, 5)), Err(LeaseError::SlidingLog));
+        assert_eq!(
+            leasable(&limit(Algorithm::SlidingWindowLog, 5)),
+            Err(LeaseError::SlidingLog)
+        );
         let shaped = Limit::builder(Algorithm::LeakyBucket, 5, SECOND)
             .shaping(Some(SECOND))
             .build()

@@ -10,6 +10,7 @@
 pub mod breaker;
 pub mod check;
 pub mod clock;
+pub mod grpc;
 pub mod housekeeping;
 pub mod http;
 pub mod metrics;

@@ -14,7 +14,7 @@ use sluice_service::node::{Node, NodeConfig};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::RedisStore;
 use sluice_service::store::Store;
-use sluice_service::{housekeeping, http, rules_source};
+use sluice_service::{grpc, housekeeping, http, rules_source};
 
 /// Every check allocates a few small, short-lived buffers (the parsed request, the rule
 /// keys, the JSON answer); mimalloc serves them with less CPU than the system allocator.
@@ -31,9 +31,19 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:8081")]
     listen: SocketAddr,
     /// Rule file (TOML, see examples/rules.toml); watched and reloaded on change.
-    /// Without it the node starts with no rules: every request is allowed.
+    /// Without it the node starts with no rules: every request is allowed. A `.yaml`/`.yml`
+    /// file is an envoyproxy/ratelimit configuration instead, for the gRPC API (as
+    /// `--descriptors`).
     #[arg(long, value_name = "FILE.toml")]
     rules: Option<PathBuf>,
+    /// Serve Envoy's rate limit service API (`envoy.service.ratelimit.v3.RateLimitService`)
+    /// and the gRPC health service on this address (HTTP/2, plaintext).
+    #[arg(long, value_name = "HOST:PORT")]
+    grpc_listen: Option<SocketAddr>,
+    /// envoyproxy/ratelimit configuration (YAML, one domain per file; repeat for more) that
+    /// the gRPC API matches descriptors against; read at start.
+    #[arg(long, value_name = "FILE.yaml")]
+    descriptors: Vec<PathBuf>,
     /// Counter store: `memory`, `redis://HOST:PORT` or `redis+cluster://H1:P1,H2:P2,...`.
     #[arg(long, default_value = "memory")]
     store: String,
@@ -77,11 +87,19 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(args))
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(mut args: Args) -> anyhow::Result<()> {
+    if let Some(yaml) = args.rules.take_if(|p| grpc::config::is_yaml(p)) {
+        args.descriptors.push(yaml);
+    }
+    let descriptor_files: Vec<&std::path::Path> = args.descriptors.iter().map(PathBuf::as_path).collect();
+    let descriptors = Arc::new(grpc::config::load(&descriptor_files).map_err(anyhow::Error::msg)?);
+    if args.grpc_listen.is_none() && !args.descriptors.is_empty() {
+        bail!("descriptor files are for the gRPC API: add --grpc-listen HOST:PORT");
+    }
     let (rules, fingerprint) = match &args.rules {
         Some(path) => rules_source::load_file(path).map_err(anyhow::Error::msg)?,
         None => {
-            tracing::warn!("no --rules file: every request is allowed");
+            tracing::warn!("no --rules file: every HTTP check is allowed");
             (RuleSet::default(), 0)
         }
     };
@@ -124,17 +142,56 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tokio::spawn(housekeeping::sweep(node.clone()));
     tokio::spawn(probe_store(node.clone()));
 
-    // Before the port opens: a SIGTERM sent as soon as it accepts connections must be caught.
+    // Before the ports open: a SIGTERM sent as soon as they accept connections must be caught.
     let shutdown = shutdown()?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}; is another process using it?", args.listen))?;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stopping.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let listener = bind(args.listen).await?;
+    let grpc_server = match args.grpc_listen {
+        Some(addr) => {
+            let grpc_listener = bind(addr).await?;
+            tracing::info!(grpc_listen = %grpc_listener.local_addr()?, "Envoy rate limit service API");
+            Some(tokio::spawn(grpc::serve(
+                grpc_listener,
+                node.clone(),
+                descriptors,
+                stopped(),
+            )))
+        }
+        None => None,
+    };
     tracing::info!(listen = %listener.local_addr()?, store = kind, rules = node.rules().rules().len(), "sluice-service ready");
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
     axum::serve(listener, http::router(node))
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(stopped())
         .await?;
+    if let Some(server) = grpc_server {
+        // HTTP/2 clients (Envoy) keep their connections open: in-flight calls get a moment
+        // to finish, then the connections are dropped with the process.
+        match tokio::time::timeout(GRPC_GRACE, server).await {
+            Ok(done) => done?.context("the gRPC server failed")?,
+            Err(_) => tracing::info!(grace = ?GRPC_GRACE, "gRPC connections still open; closing them"),
+        }
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How long a stopping node waits for gRPC calls in flight once HTTP has stopped.
+const GRPC_GRACE: Duration = Duration::from_secs(2);
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}; is another process using it?"))
 }
 
 /// While the breaker is open, pings the store every 100 ms and closes the breaker as soon as

@@ -1,5 +1,6 @@
 //! The `sluice-service` binary as a user runs it: --help, the example rules, file reloads
-//! (a broken file keeps the old rules) and graceful shutdown.
+//! (a broken file keeps the old rules), graceful shutdown, and the gRPC API on an
+//! envoyproxy/ratelimit configuration file.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -142,4 +143,55 @@ fn sigterm_stops_gracefully_and_bad_flags_explain_themselves() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/rules.toml"));
+}
+
+#[test]
+fn the_grpc_api_serves_an_envoyproxy_ratelimit_file_and_stops_gracefully() {
+    use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use sluice_service::grpc::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let grpc_port = free_port();
+    let yaml = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ratelimit.yaml");
+    let grpc = format!("127.0.0.1:{grpc_port}");
+    let (mut child, _port) = start(&["--rules", yaml, "--grpc-listen", &grpc]);
+    wait_for_port(grpc_port, Duration::from_secs(20));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let codes: Vec<i32> = runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}")).await.unwrap();
+        let mut codes = Vec::new();
+        for address in ["198.51.100.1", "203.0.113.7"] {
+            let request = RateLimitRequest {
+                domain: "edge".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: "remote_address".into(),
+                        value: address.into(),
+                    }],
+                    hits_addend: None,
+                }],
+                hits_addend: 0,
+            };
+            codes.push(
+                client
+                    .should_rate_limit(request)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .overall_code,
+            );
+        }
+        codes
+    });
+    assert_eq!(codes, [1, 2], "OK for an address, OVER_LIMIT for the blocked one");
+    let stopped = child.stop(GRACE).expect("the service was running");
+    assert!(stopped.status.success() && !stopped.killed, "{stopped:?}");
+
+    let out = Command::new(BIN).args(["--descriptors", yaml]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("add --grpc-listen"));
 }

@@ -1,0 +1,267 @@
+//! `ShouldRateLimit`: a request's descriptors → the configured limits → one all-or-nothing
+//! store decision → per-descriptor statuses and Sluice's rate-limit headers.
+
+use std::sync::Arc;
+
+use sluice_core::descriptors::{DescriptorLimit, DescriptorSet, Unit};
+use sluice_core::headers::{format_headers, HeaderMode, Quota};
+use sluice_core::rules::FailureMode;
+use sluice_core::time::instant_ms;
+use sluice_core::Decision;
+use tonic::{Request, Response, Status};
+
+use super::envoy::config::core::v3::HeaderValue;
+use super::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use super::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use super::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::check::{self, Target};
+use crate::metrics::Verdict;
+use crate::node::Node;
+use crate::store::keys;
+use crate::violations::Violation;
+
+/// Descriptors per request, and entries per descriptor, accepted at most.
+const MAX_DESCRIPTORS: usize = 64;
+const MAX_ENTRIES: usize = 32;
+/// Bytes of one entry's key or value accepted at most.
+const MAX_ENTRY_BYTES: usize = 1_024;
+
+/// The rate limit service.
+pub struct RateLimiter {
+    node: Arc<Node>,
+    descriptors: Arc<DescriptorSet>,
+}
+
+impl RateLimiter {
+    /// A service deciding over `node`'s store by `descriptors`.
+    pub fn new(node: Arc<Node>, descriptors: Arc<DescriptorSet>) -> RateLimiter {
+        RateLimiter { node, descriptors }
+    }
+}
+
+/// A descriptor that falls under a limit, with its counter's identity.
+struct Limited<'a> {
+    index: usize,
+    limit: &'a DescriptorLimit,
+    identity: String,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let req = request.into_inner();
+        let (entries, cost) = validate(&req)?;
+        let node = &*self.node;
+        let now_us = node.clock.now_us();
+        let now_ms = instant_ms(now_us);
+        let limits = self.descriptors.limits_for(&req.domain, &entries);
+        let mut statuses: Vec<DescriptorStatus> = entries.iter().map(|_| ok_status()).collect();
+        let mut overall = Code::Ok;
+        // Counted limits go to the store; unlimited ones are OK and a limit of 0 refuses.
+        let mut limited: Vec<Limited<'_>> = Vec::with_capacity(limits.len());
+        for (index, found) in limits.into_iter().enumerate() {
+            let Some((limit, identity)) = found else { continue };
+            if limit.limit.is_some() {
+                limited.push(Limited { index, limit, identity });
+            } else if limit.unlimited {
+                statuses[index].limit_remaining = u32::MAX;
+            } else {
+                let refused = !limit.shadow;
+                node.metrics.check(
+                    &limit.name,
+                    if refused {
+                        Verdict::Denied
+                    } else {
+                        Verdict::ShadowDenied
+                    },
+                );
+                statuses[index].code = if refused { Code::OverLimit } else { Code::Ok } as i32;
+                if refused {
+                    overall = Code::OverLimit;
+                }
+            }
+        }
+        let targets: Vec<Target> = limited
+            .iter()
+            .filter_map(|l| {
+                Some(Target {
+                    key: keys::limit(&l.limit.name, &l.identity),
+                    limit: l.limit.limit?,
+                    shadow: l.limit.shadow,
+                    failure: l.limit.failure,
+                })
+            })
+            .collect();
+        // A request one limit refuses outright consumes nothing elsewhere.
+        let (decisions, degraded) = if targets.is_empty() || overall == Code::OverLimit {
+            (Vec::new(), false)
+        } else {
+            check::decide(node, &targets, cost, now_us).await
+        };
+        if let Some(closed) = limited
+            .iter()
+            .find(|l| degraded && l.limit.failure == FailureMode::Closed && !l.limit.shadow)
+        {
+            return Err(Status::unavailable(format!(
+                "the counter store cannot answer and limit {:?} fails closed",
+                closed.limit.name
+            )));
+        }
+        // The limit whose headers the response carries: the first denial, else the least remaining.
+        let mut shown: Option<(&Limited<'_>, &Decision)> = None;
+        for (l, d) in limited.iter().zip(&decisions) {
+            let verdict = match (d.allowed, l.limit.shadow) {
+                (true, _) => Verdict::Allowed,
+                (false, true) => Verdict::ShadowDenied,
+                (false, false) => Verdict::Denied,
+            };
+            node.metrics.check(&l.limit.name, verdict);
+            let over = verdict == Verdict::Denied;
+            if over && overall == Code::Ok {
+                overall = Code::OverLimit;
+                node.violations.record(Violation {
+                    rule: l.limit.name.clone(),
+                    identity: l.identity.clone(),
+                    at_ms: now_ms,
+                    cost,
+                    path: String::new(),
+                });
+            }
+            if let Some(status) = statuses.get_mut(l.index) {
+                *status = status_of(l.limit, d, over);
+            }
+            let replace = match shown {
+                None => !l.limit.shadow,
+                Some((_, s)) => {
+                    !l.limit.shadow && (over && s.allowed || (d.allowed == s.allowed && d.remaining < s.remaining))
+                }
+            };
+            if replace {
+                shown = Some((l, d));
+            }
+        }
+        let response_headers_to_add = shown.map(|(l, d)| headers(l.limit, d, now_ms)).unwrap_or_default();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            response_headers_to_add,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+/// A descriptor's entries, `(key, value)`.
+type Entries<'a> = Vec<(&'a str, &'a str)>;
+
+/// The descriptors' entries and the request's cost, or what is wrong with the request.
+fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, u64), Status> {
+    if req.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "the domain is empty: name the configuration domain",
+        ));
+    }
+    if req.descriptors.is_empty() {
+        return Err(Status::invalid_argument("no descriptors: send at least one"));
+    }
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "{} descriptors: at most {MAX_DESCRIPTORS} per request",
+            req.descriptors.len()
+        )));
+    }
+    let request_cost = u64::from(req.hits_addend.max(1));
+    let mut cost: Option<u64> = None;
+    let mut all = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i} has {} entries: give 1 to {MAX_ENTRIES}",
+                d.entries.len()
+            )));
+        }
+        let mut entries = Vec::with_capacity(d.entries.len());
+        for e in &d.entries {
+            if e.key.is_empty() || e.key.len() > MAX_ENTRY_BYTES || e.value.len() > MAX_ENTRY_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "descriptor {i}: an entry's key is empty or a key or value is over {MAX_ENTRY_BYTES} bytes"
+                )));
+            }
+            entries.push((e.key.as_str(), e.value.as_str()));
+        }
+        let own = d.hits_addend.map_or(request_cost, |h| u64::from(h.max(1)));
+        match cost {
+            Some(c) if c != own => {
+                return Err(Status::invalid_argument(format!(
+                    "descriptors ask for different hits_addend ({c} and {own}): Sluice decides a request's \
+                     descriptors together, at one cost"
+                )))
+            }
+            _ => cost = Some(own),
+        }
+        all.push(entries);
+    }
+    Ok((all, cost.unwrap_or(request_cost)))
+}
+
+/// The status of a descriptor no limit applies to.
+fn ok_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    }
+}
+
+/// A descriptor's status from its limit's decision.
+fn status_of(limit: &DescriptorLimit, d: &Decision, over: bool) -> DescriptorStatus {
+    let unit = match limit.unit {
+        Some(Unit::Second) => ProtoUnit::Second,
+        Some(Unit::Minute) => ProtoUnit::Minute,
+        Some(Unit::Hour) => ProtoUnit::Hour,
+        Some(Unit::Day) => ProtoUnit::Day,
+        Some(Unit::Month) => ProtoUnit::Month,
+        Some(Unit::Year) => ProtoUnit::Year,
+        None => ProtoUnit::Unknown,
+    };
+    let reset = d.reset_after;
+    DescriptorStatus {
+        code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        current_limit: Some(RateLimit {
+            name: limit.name.clone(),
+            requests_per_unit: u32::try_from(limit.requests_per_unit).unwrap_or(u32::MAX),
+            unit: unit as i32,
+        }),
+        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: i64::try_from(reset / 1_000_000).unwrap_or(i64::MAX),
+            nanos: i32::try_from(reset % 1_000_000 * 1_000).unwrap_or(0),
+        }),
+    }
+}
+
+/// Sluice's rate-limit headers for `limit`'s decision (`RateLimit`, `RateLimit-Policy`,
+/// `X-RateLimit-*`, and `Retry-After` on a denial), for Envoy to add to the response.
+fn headers(limit: &DescriptorLimit, d: &Decision, now_ms: u64) -> Vec<HeaderValue> {
+    let window_ms = limit.limit.map_or(0, |l| l.window() / 1_000);
+    let quota = Quota {
+        policy: &limit.name,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_ms: d.reset_after.div_ceil(1_000),
+        window_ms,
+        retry_after_ms: (!d.allowed).then(|| d.retry_after.div_ceil(1_000)),
+        now_ms,
+    };
+    let mut out = Vec::new();
+    format_headers(&quota, HeaderMode::All, &mut out);
+    out.into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.to_owned(),
+            value,
+            ..HeaderValue::default()
+        })
+        .collect()
+}

@@ -1,0 +1,585 @@
+//! Envoy's rate limit service API (gRPC) driven by a tonic client, over the memory store and
+//! a real `redis-server`: envoyproxy/ratelimit's README examples (their configurations as
+//! printed there, and the decisions the README describes), the response's fields and
+//! headers, bad requests, store failures, health, and exactness under 64 concurrent clients.
+
+use std::future::pending;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sluice_core::descriptors::DescriptorSet;
+use sluice_core::rules::RuleSet;
+use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice_service::grpc::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_service::grpc::{self, config};
+use sluice_service::node::{Node, NodeConfig};
+use sluice_service::store::memory::MemoryStore;
+use sluice_service::store::redis::RedisStore;
+use sluice_service::store::Store;
+use sluice_testkit::RedisServer;
+use tonic::transport::Channel;
+
+type Client = RateLimitServiceClient<Channel>;
+
+/// Serves the gRPC API over `store` with the YAML `configs` on a free loopback port.
+async fn serve(store: Store, configs: &[&str]) -> (Client, Arc<Node>) {
+    let parsed = configs
+        .iter()
+        .map(|c| config::parse(c).expect("test YAML parses"))
+        .collect();
+    let descriptors = Arc::new(DescriptorSet::new(parsed).expect("test configuration is valid"));
+    // Long enough that 1,280 concurrent calls all get the store's answer: a timed-out call
+    // would be decided by the fail-open fallback buckets instead (tested apart).
+    let config = NodeConfig {
+        store_timeout: Duration::from_secs(10),
+        ..NodeConfig::default()
+    };
+    let node = Node::new(store, RuleSet::default(), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(grpc::serve(listener, node.clone(), descriptors, pending()));
+    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    (client, node)
+}
+
+fn memory() -> Store {
+    Store::Memory(MemoryStore::new(10_000))
+}
+
+fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: (*k).into(),
+                        value: (*v).into(),
+                    })
+                    .collect(),
+                hits_addend: None,
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn ask(client: &mut Client, req: RateLimitRequest) -> RateLimitResponse {
+    client.should_rate_limit(req).await.expect("an answer").into_inner()
+}
+
+fn code(r: &RateLimitResponse) -> Code {
+    Code::try_from(r.overall_code).expect("a known code")
+}
+
+/// Waits for the start of the next whole second, so that a burst of second-long fixed
+/// windows' requests falls in one window.
+async fn next_second() {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
+    tokio::time::sleep(Duration::from_secs(1) - Duration::from_nanos(u64::from(since.subsec_nanos()))).await;
+}
+
+/// How many of `n` identical requests sent at once are admitted.
+async fn admitted(client: &Client, n: usize, req: &RateLimitRequest) -> usize {
+    let calls = (0..n).map(|_| {
+        let (mut c, r) = (client.clone(), req.clone());
+        tokio::spawn(async move { code(&ask(&mut c, r).await) == Code::Ok })
+    });
+    let mut ok = 0;
+    for call in calls.collect::<Vec<_>>() {
+        ok += usize::from(call.await.expect("task"));
+    }
+    ok
+}
+
+const EXAMPLE_1: &str = "
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+";
+
+/// README example 1: two values of one key, each with 500 per second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_1_each_value_has_its_own_500_per_second() {
+    let (client, _) = serve(memory(), &[EXAMPLE_1]).await;
+    let users = request("mongo_cps", &[&[("database", "users")]]);
+    let default = request("mongo_cps", &[&[("database", "default")]]);
+    for _attempt in 0..3 {
+        next_second().await;
+        let started = SystemTime::now();
+        let (u, d) = tokio::join!(admitted(&client, 540, &users), admitted(&client, 20, &default));
+        if started.elapsed().expect("clock") < Duration::from_millis(900) {
+            assert_eq!((u, d), (500, 20), "users: 500 of 540; default: its own 500");
+            return;
+        }
+        // The burst ran past its second on a slow machine: try in the next one.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("540 requests never fitted in one second");
+}
+
+const EXAMPLE_2: &str = "
+domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+";
+
+/// README example 2: nested descriptors, every number its own counter, both descriptors
+/// of one request limited together — and, unlike envoyproxy/ratelimit, a refused request
+/// moves no counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_2_marketing_five_a_day_per_number_and_a_hundred_overall() {
+    let server = RedisServer::start();
+    for store in [memory(), redis_store(&server).await] {
+        let (mut client, _) = serve(store, &[EXAMPLE_2]).await;
+        let send = |number: &'static str| {
+            request(
+                "messaging",
+                &[
+                    &[("message_type", "marketing"), ("to_number", number)],
+                    &[("to_number", number)],
+                ],
+            )
+        };
+        for i in 0..5 {
+            let r = ask(&mut client, send("2061111111")).await;
+            assert_eq!(code(&r), Code::Ok, "marketing message {i}");
+        }
+        let refused = ask(&mut client, send("2061111111")).await;
+        assert_eq!(code(&refused), Code::OverLimit);
+        assert_eq!(refused.statuses[0].code, Code::OverLimit as i32, "the marketing limit");
+        assert_eq!(refused.statuses[1].code, Code::Ok as i32, "the per-number limit");
+        assert_eq!(
+            refused.statuses[1].limit_remaining, 95,
+            "the refusal took nothing from it"
+        );
+        let other = ask(&mut client, send("2062222222")).await;
+        assert_eq!(code(&other), Code::Ok, "another number has its own 5");
+        let plain = ask(&mut client, request("messaging", &[&[("to_number", "2061111111")]])).await;
+        assert_eq!((code(&plain), plain.statuses[0].limit_remaining), (Code::Ok, 94));
+    }
+}
+
+const EXAMPLE_3: &str = "
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+";
+
+/// README example 3: the key and value beat the key alone; a limit of 0 refuses all.
+#[tokio::test]
+async fn example_3_a_value_beats_the_key_and_zero_blocks() {
+    let (mut client, _) = serve(memory(), &[EXAMPLE_3]).await;
+    let other = ask(
+        &mut client,
+        request("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.1")]]),
+    )
+    .await;
+    assert_eq!(code(&other), Code::Ok);
+    let limit = other.statuses[0].current_limit.as_ref().expect("a limit");
+    assert_eq!(limit.requests_per_unit, 10);
+    let blocked = ask(
+        &mut client,
+        request("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.5")]]),
+    )
+    .await;
+    assert_eq!(code(&blocked), Code::OverLimit);
+}
+
+const EXAMPLE_4_FLAT: &str = "
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 300
+      unit: second
+";
+
+const EXAMPLE_4_NESTED: &str = "
+domain: example4_nested
+descriptors:
+  - key: key
+    value: value
+    descriptors:
+      - key: subkey
+        rate_limit:
+          requests_per_unit: 300
+          unit: second
+";
+
+/// README example 4: a descriptor matches only a configuration as deep as it is long.
+#[tokio::test]
+async fn example_4_levels_must_match() {
+    let (mut client, _) = serve(memory(), &[EXAMPLE_4_FLAT, EXAMPLE_4_NESTED]).await;
+    let two = [("key", "value"), ("subkey", "subvalue")];
+    let flat = ask(&mut client, request("example4", &[&two])).await;
+    assert!(flat.statuses[0].current_limit.is_none(), "no limit for two tuples");
+    let nested = ask(&mut client, request("example4_nested", &[&two])).await;
+    let limit = nested.statuses[0].current_limit.as_ref().expect("the nested limit");
+    assert_eq!(limit.requests_per_unit, 300);
+}
+
+const EXAMPLE_5: &str = "
+domain: internal
+descriptors:
+  - key: ldap
+    rate_limit:
+      unlimited: true
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+";
+
+/// README example 5: an unlimited descriptor is OK with `limit_remaining` at its maximum.
+#[tokio::test]
+async fn example_5_unlimited() {
+    let (mut client, _) = serve(memory(), &[EXAMPLE_5]).await;
+    let r = ask(&mut client, request("internal", &[&[("ldap", "x")], &[("azure", "y")]])).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert_eq!(r.statuses[1].limit_remaining, 99);
+}
+
+const EXAMPLE_6: &str = "
+domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 20
+          unit: second
+";
+
+/// README example 6: a shadow limit counts but never refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_6_shadow_mode_counts_but_never_refuses() {
+    let (client, node) = serve(memory(), &[EXAMPLE_6]).await;
+    let a = request("example6", &[&[("service", "auth-service"), ("user", "user-a")]]);
+    let b = request("example6", &[&[("service", "auth-service"), ("user", "user-b")]]);
+    next_second().await;
+    let (a_ok, b_ok) = tokio::join!(admitted(&client, 30, &a), admitted(&client, 25, &b));
+    assert_eq!(a_ok, 30, "user-a is never refused");
+    assert!(b_ok <= 20, "user-b is limited to 20 a second: {b_ok}");
+    let metrics = node.metrics.render();
+    let shadow = metrics
+        .lines()
+        .find(|l| l.contains("user_user-a") && l.contains("shadow_denied"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(shadow.is_some_and(|n| n >= 10), "shadow refusals counted: {metrics}");
+}
+
+const EXAMPLE_7: &str = "
+domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+";
+
+/// README example 7: with both descriptors, the 10/s limit replaces the 5/s one, which
+/// is left untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_7_replaces() {
+    let (mut client, _) = serve(memory(), &[EXAMPLE_7]).await;
+    let one = [("key_1", "value_1"), ("user", "bkthomps")];
+    let two = [("key_2", "value_2"), ("user", "bkthomps")];
+    next_second().await;
+    let both = request("example7", &[&one, &two]);
+    assert_eq!(admitted(&client, 12, &both).await, 10, "10/s, not 5/s");
+    let alone = ask(&mut client, request("example7", &[&one])).await;
+    assert_eq!(
+        (code(&alone), alone.statuses[0].limit_remaining),
+        (Code::Ok, 4),
+        "the replaced limit was not counted"
+    );
+}
+
+const EXAMPLE_11: &str = "
+domain: example11
+descriptors:
+  # With share_threshold: true, all files/* matches share the same threshold
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+  # Without share_threshold, each files_no_share/* match has its own isolated threshold
+  - key: files_no_share
+    value: files_no_share/*
+    share_threshold: false
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+";
+
+/// README examples 9 and 11: wildcard values, sharing one counter or one each.
+#[tokio::test]
+async fn example_11_wildcards_share_a_threshold_or_not() {
+    let (mut client, _) = serve(memory(), &[EXAMPLE_11]).await;
+    for (key, file) in [("files", "files/a.pdf"), ("files", "files/b.csv")] {
+        for _ in 0..5 {
+            assert_eq!(
+                code(&ask(&mut client, request("example11", &[&[(key, file)]])).await),
+                Code::Ok
+            );
+        }
+    }
+    let c = ask(&mut client, request("example11", &[&[("files", "files/c.txt")]])).await;
+    assert_eq!(code(&c), Code::OverLimit, "files/* share their 10");
+    for _ in 0..10 {
+        let r = ask(
+            &mut client,
+            request("example11", &[&[("files_no_share", "files_no_share/a.pdf")]]),
+        )
+        .await;
+        assert_eq!(code(&r), Code::Ok);
+    }
+    let b = ask(
+        &mut client,
+        request("example11", &[&[("files_no_share", "files_no_share/b.csv")]]),
+    )
+    .await;
+    assert_eq!(code(&b), Code::Ok, "b.csv has its own 10");
+}
+
+/// Every field of a status, and Sluice's headers for Envoy to add (with Retry-After on a
+/// refusal); hits_addend at request and descriptor level.
+#[tokio::test]
+async fn statuses_headers_and_hits_addend() {
+    let (mut client, _) = serve(memory(), &[EXAMPLE_2]).await;
+    let mut req = request("messaging", &[&[("to_number", "1")]]);
+    req.hits_addend = 30;
+    let r = ask(&mut client, req.clone()).await;
+    let status = &r.statuses[0];
+    assert_eq!(status.limit_remaining, 70, "30 hits");
+    let limit = status.current_limit.as_ref().expect("limit");
+    assert_eq!((limit.requests_per_unit, limit.unit), (100, 4), "100 a DAY (4)");
+    assert!(limit.name.contains("to_number"), "{}", limit.name);
+    let reset = status.duration_until_reset.expect("reset");
+    assert!((1..=86_400).contains(&reset.seconds), "{reset:?}");
+    let header = |r: &RateLimitResponse, name: &str| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key.eq_ignore_ascii_case(name))
+            .map(|h| h.value.clone())
+    };
+    assert_eq!(header(&r, "X-RateLimit-Remaining").as_deref(), Some("70"));
+    assert!(header(&r, "RateLimit").is_some_and(|v| v.contains(";r=70")));
+    assert!(header(&r, "RateLimit-Policy").is_some_and(|v| v.contains(";q=100;w=86400")));
+    assert_eq!(header(&r, "Retry-After"), None, "only on a refusal");
+    // A descriptor's own hits_addend wins over the request's.
+    req.descriptors[0].hits_addend = Some(70);
+    let r = ask(&mut client, req.clone()).await;
+    assert_eq!((code(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    let refused = ask(&mut client, req).await;
+    assert_eq!(code(&refused), Code::OverLimit);
+    assert!(
+        header(&refused, "Retry-After").is_some(),
+        "a refusal carries Retry-After"
+    );
+}
+
+/// A client's mistakes are INVALID_ARGUMENT naming what is wrong; unknown domains and
+/// descriptors are OK, as in envoyproxy/ratelimit.
+#[tokio::test]
+async fn bad_requests_are_named_and_unknown_descriptors_pass() {
+    let (mut client, _) = serve(memory(), &[EXAMPLE_2]).await;
+    let mut two_costs = request("messaging", &[&[("to_number", "1")], &[("to_number", "2")]]);
+    two_costs.descriptors[0].hits_addend = Some(2);
+    let cases = [
+        (request("", &[&[("to_number", "1")]]), "domain is empty"),
+        (request("messaging", &[]), "no descriptors"),
+        (request("messaging", &[&[]]), "descriptor 0 has 0 entries"),
+        (request("messaging", &[&[("", "1")]]), "key is empty"),
+        (two_costs, "different hits_addend"),
+    ];
+    for (req, says) in cases {
+        let status = client.should_rate_limit(req).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(says), "{}", status.message());
+    }
+    let unknown = ask(&mut client, request("nowhere", &[&[("a", "b")]])).await;
+    assert_eq!((code(&unknown), unknown.statuses.len()), (Code::Ok, 1));
+}
+
+/// 64 concurrent clients against one limit of 1,000 a day: exactly 1,000 admitted, on
+/// the memory store and on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_clients_get_exactly_the_limit() {
+    const CONFIG: &str = "
+domain: exact
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: day
+      requests_per_unit: 1000
+";
+    let server = RedisServer::start();
+    for store in [memory(), redis_store(&server).await] {
+        let kind = store.kind();
+        let (client, _) = serve(store, &[CONFIG]).await;
+        let req = request("exact", &[&[("tenant", "acme")]]);
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let (client, req) = (client.clone(), req.clone());
+                tokio::spawn(async move { admitted(&client, 20, &req).await })
+            })
+            .collect();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.expect("task");
+        }
+        assert_eq!(total, 1_000, "{kind}: 1,280 asked, the limit is 1,000");
+    }
+}
+
+/// The store unreachable: a limit that fails open is decided by the fallback buckets, one
+/// that fails closed makes the answer an UNAVAILABLE error, for Envoy's failure_mode_deny.
+#[tokio::test]
+async fn store_failures_follow_each_limits_policy() {
+    const CONFIG: &str = "
+domain: failing
+descriptors:
+  - key: open
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+  - key: closed
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      failure_mode: closed
+";
+    let dead = RedisStore::start(
+        &format!("redis://127.0.0.1:{}", sluice_testkit::free_port()),
+        Duration::from_millis(50),
+    )
+    .expect("a store");
+    let (mut client, _) = serve(Store::Redis(Box::new(dead)), &[CONFIG]).await;
+    let open = ask(&mut client, request("failing", &[&[("open", "x")]])).await;
+    assert_eq!(code(&open), Code::Ok, "fail open: the fallback decides");
+    let closed = client
+        .should_rate_limit(request("failing", &[&[("closed", "x")]]))
+        .await
+        .expect_err("fails closed");
+    assert_eq!(closed.code(), tonic::Code::Unavailable);
+    assert!(closed.message().contains("fails closed"), "{}", closed.message());
+}
+
+/// The standard health service answers SERVING for the rate limit service.
+#[tokio::test]
+async fn health_is_serving() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let parsed = vec![config::parse(EXAMPLE_5).expect("yaml")];
+    let node = Node::new(memory(), RuleSet::default(), NodeConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let set = Arc::new(DescriptorSet::new(parsed).expect("valid"));
+    tokio::spawn(grpc::serve(listener, node, set, pending()));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .expect("health")
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "{service:?}");
+    }
+}
+
+/// Configuration errors name the file's problem: an unknown key, a missing unit.
+#[test]
+fn configuration_errors_name_what_is_wrong() {
+    let unknown = config::parse("domain: d\ndescriptors:\n  - key: a\n    colour: blue\n").expect_err("refused");
+    assert!(unknown.contains("unknown field `colour`"), "{unknown}");
+    assert!(unknown.contains("line 4"), "{unknown}");
+    let parsed = config::parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      requests_per_unit: 3\n")
+        .expect("parses");
+    let missing = DescriptorSet::new(vec![parsed]).expect_err("refused");
+    assert!(missing.to_string().contains("rate_limit has no unit"), "{missing}");
+    let unit = config::parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n")
+        .expect_err("refused");
+    assert!(unit.contains("invalid rate limit unit"), "{unit}");
+}
+
+async fn redis_store(server: &RedisServer) -> Store {
+    let store = RedisStore::connect(&server.url(), Duration::from_millis(500))
+        .await
+        .expect("redis");
+    Store::Redis(Box::new(store))
+}
