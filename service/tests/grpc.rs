@@ -51,6 +51,13 @@ fn memory() -> Store {
     Store::Memory(MemoryStore::new(10_000))
 }
 
+/// The memory store and a real Redis (kept running by the returned server).
+async fn both_stores() -> (RedisServer, [Store; 2]) {
+    let server = RedisServer::start();
+    let redis = redis_store(&server).await;
+    (server, [memory(), redis])
+}
+
 fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.into(),
@@ -206,21 +213,24 @@ descriptors:
 /// README example 3: the key and value beat the key alone; a limit of 0 refuses all.
 #[tokio::test]
 async fn example_3_a_value_beats_the_key_and_zero_blocks() {
-    let (mut client, _) = serve(memory(), &[EXAMPLE_3]).await;
-    let other = ask(
-        &mut client,
-        request("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.1")]]),
-    )
-    .await;
-    assert_eq!(code(&other), Code::Ok);
-    let limit = other.statuses[0].current_limit.as_ref().expect("a limit");
-    assert_eq!(limit.requests_per_unit, 10);
-    let blocked = ask(
-        &mut client,
-        request("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.5")]]),
-    )
-    .await;
-    assert_eq!(code(&blocked), Code::OverLimit);
+    let (_server, stores) = both_stores().await;
+    for store in stores {
+        let (mut client, _) = serve(store, &[EXAMPLE_3]).await;
+        let other = ask(
+            &mut client,
+            request("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.1")]]),
+        )
+        .await;
+        assert_eq!(code(&other), Code::Ok);
+        let limit = other.statuses[0].current_limit.as_ref().expect("a limit");
+        assert_eq!(limit.requests_per_unit, 10);
+        let blocked = ask(
+            &mut client,
+            request("edge_proxy_per_ip", &[&[("remote_address", "50.0.0.5")]]),
+        )
+        .await;
+        assert_eq!(code(&blocked), Code::OverLimit);
+    }
 }
 
 const EXAMPLE_4_FLAT: &str = "
@@ -272,12 +282,15 @@ descriptors:
 /// README example 5: an unlimited descriptor is OK with `limit_remaining` at its maximum.
 #[tokio::test]
 async fn example_5_unlimited() {
-    let (mut client, _) = serve(memory(), &[EXAMPLE_5]).await;
-    let r = ask(&mut client, request("internal", &[&[("ldap", "x")], &[("azure", "y")]])).await;
-    assert_eq!(code(&r), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
-    assert!(r.statuses[0].current_limit.is_none());
-    assert_eq!(r.statuses[1].limit_remaining, 99);
+    let (_server, stores) = both_stores().await;
+    for store in stores {
+        let (mut client, _) = serve(store, &[EXAMPLE_5]).await;
+        let r = ask(&mut client, request("internal", &[&[("ldap", "x")], &[("azure", "y")]])).await;
+        assert_eq!(code(&r), Code::Ok);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        assert!(r.statuses[0].current_limit.is_none());
+        assert_eq!(r.statuses[1].limit_remaining, 99);
+    }
 }
 
 const EXAMPLE_6: &str = "
@@ -344,18 +357,21 @@ descriptors:
 /// is left untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_7_replaces() {
-    let (mut client, _) = serve(memory(), &[EXAMPLE_7]).await;
-    let one = [("key_1", "value_1"), ("user", "bkthomps")];
-    let two = [("key_2", "value_2"), ("user", "bkthomps")];
-    next_second().await;
-    let both = request("example7", &[&one, &two]);
-    assert_eq!(admitted(&client, 12, &both).await, 10, "10/s, not 5/s");
-    let alone = ask(&mut client, request("example7", &[&one])).await;
-    assert_eq!(
-        (code(&alone), alone.statuses[0].limit_remaining),
-        (Code::Ok, 4),
-        "the replaced limit was not counted"
-    );
+    let (_server, stores) = both_stores().await;
+    for store in stores {
+        let (mut client, _) = serve(store, &[EXAMPLE_7]).await;
+        let one = [("key_1", "value_1"), ("user", "bkthomps")];
+        let two = [("key_2", "value_2"), ("user", "bkthomps")];
+        next_second().await;
+        let both = request("example7", &[&one, &two]);
+        assert_eq!(admitted(&client, 12, &both).await, 10, "10/s, not 5/s");
+        let alone = ask(&mut client, request("example7", &[&one])).await;
+        assert_eq!(
+            (code(&alone), alone.statuses[0].limit_remaining),
+            (Code::Ok, 4),
+            "the replaced limit was not counted"
+        );
+    }
 }
 
 const EXAMPLE_11: &str = "
@@ -380,68 +396,74 @@ descriptors:
 /// README examples 9 and 11: wildcard values, sharing one counter or one each.
 #[tokio::test]
 async fn example_11_wildcards_share_a_threshold_or_not() {
-    let (mut client, _) = serve(memory(), &[EXAMPLE_11]).await;
-    for (key, file) in [("files", "files/a.pdf"), ("files", "files/b.csv")] {
-        for _ in 0..5 {
-            assert_eq!(
-                code(&ask(&mut client, request("example11", &[&[(key, file)]])).await),
-                Code::Ok
-            );
+    let (_server, stores) = both_stores().await;
+    for store in stores {
+        let (mut client, _) = serve(store, &[EXAMPLE_11]).await;
+        for (key, file) in [("files", "files/a.pdf"), ("files", "files/b.csv")] {
+            for _ in 0..5 {
+                assert_eq!(
+                    code(&ask(&mut client, request("example11", &[&[(key, file)]])).await),
+                    Code::Ok
+                );
+            }
         }
-    }
-    let c = ask(&mut client, request("example11", &[&[("files", "files/c.txt")]])).await;
-    assert_eq!(code(&c), Code::OverLimit, "files/* share their 10");
-    for _ in 0..10 {
-        let r = ask(
+        let c = ask(&mut client, request("example11", &[&[("files", "files/c.txt")]])).await;
+        assert_eq!(code(&c), Code::OverLimit, "files/* share their 10");
+        for _ in 0..10 {
+            let r = ask(
+                &mut client,
+                request("example11", &[&[("files_no_share", "files_no_share/a.pdf")]]),
+            )
+            .await;
+            assert_eq!(code(&r), Code::Ok);
+        }
+        let b = ask(
             &mut client,
-            request("example11", &[&[("files_no_share", "files_no_share/a.pdf")]]),
+            request("example11", &[&[("files_no_share", "files_no_share/b.csv")]]),
         )
         .await;
-        assert_eq!(code(&r), Code::Ok);
+        assert_eq!(code(&b), Code::Ok, "b.csv has its own 10");
     }
-    let b = ask(
-        &mut client,
-        request("example11", &[&[("files_no_share", "files_no_share/b.csv")]]),
-    )
-    .await;
-    assert_eq!(code(&b), Code::Ok, "b.csv has its own 10");
 }
 
 /// Every field of a status, and Sluice's headers for Envoy to add (with Retry-After on a
 /// refusal); hits_addend at request and descriptor level.
 #[tokio::test]
 async fn statuses_headers_and_hits_addend() {
-    let (mut client, _) = serve(memory(), &[EXAMPLE_2]).await;
-    let mut req = request("messaging", &[&[("to_number", "1")]]);
-    req.hits_addend = 30;
-    let r = ask(&mut client, req.clone()).await;
-    let status = &r.statuses[0];
-    assert_eq!(status.limit_remaining, 70, "30 hits");
-    let limit = status.current_limit.as_ref().expect("limit");
-    assert_eq!((limit.requests_per_unit, limit.unit), (100, 4), "100 a DAY (4)");
-    assert!(limit.name.contains("to_number"), "{}", limit.name);
-    let reset = status.duration_until_reset.expect("reset");
-    assert!((1..=86_400).contains(&reset.seconds), "{reset:?}");
-    let header = |r: &RateLimitResponse, name: &str| {
-        r.response_headers_to_add
-            .iter()
-            .find(|h| h.key.eq_ignore_ascii_case(name))
-            .map(|h| h.value.clone())
-    };
-    assert_eq!(header(&r, "X-RateLimit-Remaining").as_deref(), Some("70"));
-    assert!(header(&r, "RateLimit").is_some_and(|v| v.contains(";r=70")));
-    assert!(header(&r, "RateLimit-Policy").is_some_and(|v| v.contains(";q=100;w=86400")));
-    assert_eq!(header(&r, "Retry-After"), None, "only on a refusal");
-    // A descriptor's own hits_addend wins over the request's.
-    req.descriptors[0].hits_addend = Some(70);
-    let r = ask(&mut client, req.clone()).await;
-    assert_eq!((code(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
-    let refused = ask(&mut client, req).await;
-    assert_eq!(code(&refused), Code::OverLimit);
-    assert!(
-        header(&refused, "Retry-After").is_some(),
-        "a refusal carries Retry-After"
-    );
+    let (_server, stores) = both_stores().await;
+    for store in stores {
+        let (mut client, _) = serve(store, &[EXAMPLE_2]).await;
+        let mut req = request("messaging", &[&[("to_number", "1")]]);
+        req.hits_addend = 30;
+        let r = ask(&mut client, req.clone()).await;
+        let status = &r.statuses[0];
+        assert_eq!(status.limit_remaining, 70, "30 hits");
+        let limit = status.current_limit.as_ref().expect("limit");
+        assert_eq!((limit.requests_per_unit, limit.unit), (100, 4), "100 a DAY (4)");
+        assert!(limit.name.contains("to_number"), "{}", limit.name);
+        let reset = status.duration_until_reset.expect("reset");
+        assert!((1..=86_400).contains(&reset.seconds), "{reset:?}");
+        let header = |r: &RateLimitResponse, name: &str| {
+            r.response_headers_to_add
+                .iter()
+                .find(|h| h.key.eq_ignore_ascii_case(name))
+                .map(|h| h.value.clone())
+        };
+        assert_eq!(header(&r, "X-RateLimit-Remaining").as_deref(), Some("70"));
+        assert!(header(&r, "RateLimit").is_some_and(|v| v.contains(";r=70")));
+        assert!(header(&r, "RateLimit-Policy").is_some_and(|v| v.contains(";q=100;w=86400")));
+        assert_eq!(header(&r, "Retry-After"), None, "only on a refusal");
+        // A descriptor's own hits_addend wins over the request's.
+        req.descriptors[0].hits_addend = Some(70);
+        let r = ask(&mut client, req.clone()).await;
+        assert_eq!((code(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+        let refused = ask(&mut client, req).await;
+        assert_eq!(code(&refused), Code::OverLimit);
+        assert!(
+            header(&refused, "Retry-After").is_some(),
+            "a refusal carries Retry-After"
+        );
+    }
 }
 
 /// A client's mistakes are INVALID_ARGUMENT naming what is wrong; unknown domains and
