@@ -31,12 +31,15 @@ pub struct Target {
     pub shadow: bool,
     /// What decides when the store cannot answer.
     pub failure: FailureMode,
+    /// What the request costs this limit.
+    pub cost: u64,
 }
 
-/// Decides a request of `cost` against every target at once, all-or-nothing, in one store
-/// call; when the store fails, by each target's failure policy. Returns the decisions in
-/// the targets' order and whether they came from the fallback buckets (`degraded`).
-pub async fn decide(node: &Node, targets: &[Target], cost: u64, now_us: Micros) -> (Vec<Decision>, bool) {
+/// Decides a request against every target at once, each at its cost, all-or-nothing, in
+/// one store call; when the store fails, by each target's failure policy. Returns the
+/// decisions in the targets' order and whether they came from the fallback buckets
+/// (`degraded`).
+pub async fn decide(node: &Node, targets: &[Target], now_us: Micros) -> (Vec<Decision>, bool) {
     let items: Vec<Item<'_>> = targets
         .iter()
         .map(|t| Item {
@@ -44,23 +47,24 @@ pub async fn decide(node: &Node, targets: &[Target], cost: u64, now_us: Micros) 
             part: Part {
                 limit: &t.limit,
                 shadow: t.shadow,
+                cost: t.cost,
             },
         })
         .collect();
-    let (mut decisions, degraded) = match store_decide(node, &items, cost).await {
+    let (mut decisions, degraded) = match store_decide(node, &items).await {
         Ok(stamps) => (stamps.iter().map(|s| s.decision).collect(), false),
         Err(e) => {
             tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
             node.metrics.degraded();
-            (fail_over(node, targets, &items, cost, now_us), true)
+            (fail_over(node, targets, &items, now_us), true)
         }
     };
     // A refused request took nothing: the limits that would have admitted it still hold
     // what they held, and say so.
     let parts: Vec<Part<'_>> = items.iter().map(|i| i.part).collect();
     if !passes(&parts, &decisions) {
-        for d in decisions.iter_mut().filter(|d| d.allowed) {
-            d.remaining = d.remaining.saturating_add(cost.max(1));
+        for (d, t) in decisions.iter_mut().zip(targets).filter(|(d, _)| d.allowed) {
+            d.remaining = d.remaining.saturating_add(t.cost.max(1));
         }
     }
     (decisions, degraded)
@@ -82,9 +86,10 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
             limit: rules.limit_for(rule, identity, now_ms),
             shadow: rule.shadow,
             failure: rule.failure,
+            cost: req.cost,
         })
         .collect();
-    let (decisions, degraded) = decide(node, &targets, req.cost, now_us).await;
+    let (decisions, degraded) = decide(node, &targets, now_us).await;
 
     let mut outcomes: Vec<Outcome<'_>> = Vec::with_capacity(matched.len());
     let mut denied_by: Option<(&Rule, &str)> = None;
@@ -119,12 +124,12 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
 }
 
 /// One store call through the breaker, with the node's timeout.
-async fn store_decide(node: &Node, items: &[Item<'_>], cost: u64) -> Result<Vec<Stamped>, StoreError> {
+async fn store_decide(node: &Node, items: &[Item<'_>]) -> Result<Vec<Stamped>, StoreError> {
     if !node.breaker.allow() {
         return Err(StoreError::Unavailable("circuit breaker open".into()));
     }
     let started = Instant::now();
-    let call = node.store.decide_all(items, cost);
+    let call = node.store.decide_all(items);
     let result = match tokio::time::timeout(node.config.store_timeout, call).await {
         Ok(r) => r,
         Err(_) => Err(StoreError::Unavailable(format!(
@@ -146,7 +151,7 @@ async fn store_decide(node: &Node, items: &[Item<'_>], cost: u64) -> Result<Vec<
 /// The decisions when the store could not answer: rules that fail closed deny; rules that
 /// fail open ask the fallback buckets together, which keep nothing when a closed rule
 /// denies the request anyway.
-fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>], cost: u64, now: Micros) -> Vec<Decision> {
+fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>], now: Micros) -> Vec<Decision> {
     let fails_open = |m: &Target| m.failure == FailureMode::Open;
     let open: Vec<Item<'_>> = items
         .iter()
@@ -155,10 +160,7 @@ fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>], cost: u64, now
         .map(|(i, _)| *i)
         .collect();
     let closed_denies = matched.iter().any(|m| !fails_open(m) && !m.shadow);
-    let mut from_fallback = node
-        .fallback
-        .decide_all_at(&open, cost, now, !closed_denies)
-        .into_iter();
+    let mut from_fallback = node.fallback.decide_all_at(&open, now, !closed_denies).into_iter();
     matched
         .iter()
         .map(|m| match fails_open(m).then(|| from_fallback.next()).flatten() {

@@ -130,22 +130,28 @@ fn several_rules_agree_with_core(
         .run(&multi_case(), |c| {
             let n = counter.fetch_add(1, Ordering::Relaxed);
             let keys: Vec<String> = (0..c.rules.len()).map(|j| key(n, j)).collect();
-            let parts: Vec<Part<'_>> = c
-                .rules
-                .iter()
-                .map(|(limit, shadow)| Part { limit, shadow: *shadow })
-                .collect();
-            let items: Vec<Item<'_>> = keys
-                .iter()
-                .zip(&parts)
-                .map(|(key, part)| Item { key, part: *part })
-                .collect();
-            let mut states = vec![State::Fresh; parts.len()];
+            let mut states = vec![State::Fresh; c.rules.len()];
             let mut now = c.start;
             for (i, &(gap, cost)) in c.steps.iter().enumerate() {
                 now += gap;
-                let want = decide_all(&parts, &mut states, now, cost);
-                let got = rt.block_on(store.decide_all_at(&items, cost, Some(now))).unwrap();
+                // Each rule at a cost of its own (rule j: cost + j), as gRPC descriptors may ask.
+                let parts: Vec<Part<'_>> = c
+                    .rules
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (limit, shadow))| Part {
+                        limit,
+                        shadow: *shadow,
+                        cost: cost + j as u64,
+                    })
+                    .collect();
+                let items: Vec<Item<'_>> = keys
+                    .iter()
+                    .zip(&parts)
+                    .map(|(key, part)| Item { key, part: *part })
+                    .collect();
+                let want = decide_all(&parts, &mut states, now);
+                let got = rt.block_on(store.decide_all_at(&items, Some(now))).unwrap();
                 let got: Vec<_> = got.iter().map(|s| s.decision).collect();
                 prop_assert_eq!(got, want, "step {} at {}", i, now);
             }
@@ -192,14 +198,18 @@ fn a_check_is_one_round_trip_however_many_rules_and_a_denial_consumes_nothing() 
         );
         let item = |key, limit| Item {
             key,
-            part: Part { limit, shadow: false },
+            part: Part {
+                limit,
+                shadow: false,
+                cost: 1,
+            },
         };
         let three = [item(&k_wide, &wide), item(&k_narrow, &narrow), item(&k_bucket, &bucket)];
-        store.decide_all(&three[..1], 0).await.unwrap(); // loads the script
+        store.decide_all(&three[..1]).await.unwrap(); // loads the script
         reset_stats(&port);
         let mut admitted = 0;
         for _ in 0..30 {
-            let stamps = store.decide_all(&three, 1).await.unwrap();
+            let stamps = store.decide_all(&three).await.unwrap();
             admitted += u32::from(stamps.iter().all(|s| s.decision.allowed));
         }
         assert_eq!(admitted, 10, "the narrow rule admits 10");
@@ -208,7 +218,7 @@ fn a_check_is_one_round_trip_however_many_rules_and_a_denial_consumes_nothing() 
         let two = [item(&k_wide, &wide), item(&k_other, &narrow)];
         let mut passed = 0;
         for _ in 0..100 {
-            passed += u32::from(store.decide_all(&two[..1], 1).await.unwrap()[0].decision.allowed);
+            passed += u32::from(store.decide_all(&two[..1]).await.unwrap()[0].decision.allowed);
         }
         assert_eq!(
             passed, 89,
@@ -247,18 +257,19 @@ fn a_cluster_check_is_one_call_per_slot_and_hashes_slots_as_redis_does() {
             part: Part {
                 limit: &limit,
                 shadow: false,
+                cost: 1,
             },
         };
         for items in [[item(&a), item(&b)], [item(&a), item(&c)]] {
-            store.decide_all(&items, 1).await.unwrap(); // loads the script on each master
+            store.decide_all(&items).await.unwrap(); // loads the script on each master
         }
         reset_stats(&ports);
         for _ in 0..10 {
-            store.decide_all(&[item(&a), item(&b)], 1).await.unwrap();
+            store.decide_all(&[item(&a), item(&b)]).await.unwrap();
         }
         assert_eq!(script_calls(&ports), 10, "one identity's rules: one slot, one call");
         for _ in 0..10 {
-            store.decide_all(&[item(&a), item(&b), item(&c)], 1).await.unwrap();
+            store.decide_all(&[item(&a), item(&b), item(&c)]).await.unwrap();
         }
         assert_eq!(script_calls(&ports), 30, "two identities: two slots, two calls");
     });
@@ -310,9 +321,13 @@ fn burst(
             let got = rt.block_on(stores.0.decide(&key, limit, 1)).unwrap().decision;
             let item = Item {
                 key: &key,
-                part: Part { limit, shadow: false },
+                part: Part {
+                    limit,
+                    shadow: false,
+                    cost: 1,
+                },
             };
-            let want = stores.1.decide_all(&[item], 1)[0].decision;
+            let want = stores.1.decide_all(&[item])[0].decision;
             redis[i].push((got.allowed, got.remaining));
             memory[i].push((want.allowed, want.remaining));
         }
@@ -403,6 +418,7 @@ async fn two_rules_under_64_clients(url: &str) -> (u64, u64) {
                     part: Part {
                         limit: &shared,
                         shadow: false,
+                        cost: 1,
                     },
                 },
                 Item {
@@ -410,11 +426,12 @@ async fn two_rules_under_64_clients(url: &str) -> (u64, u64) {
                     part: Part {
                         limit: &per_user,
                         shadow: false,
+                        cost: 1,
                     },
                 },
             ];
             for _ in 0..25 {
-                let stamps = store.decide_all(&items, 1).await.expect("redis answers");
+                let stamps = store.decide_all(&items).await.expect("redis answers");
                 if stamps.iter().all(|s| s.decision.allowed) {
                     passed.fetch_add(1, Ordering::Relaxed);
                 }

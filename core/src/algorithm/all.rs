@@ -10,6 +10,8 @@ pub struct Part<'a> {
     pub limit: &'a Limit,
     /// A shadow rule counts the request but never denies it.
     pub shadow: bool,
+    /// What the request costs this limit (0 counts as 1, as [`Limit::decide`] takes it).
+    pub cost: u64,
 }
 
 /// Whether a request passes: every enforced part admitted it.
@@ -17,7 +19,7 @@ pub fn passes(parts: &[Part<'_>], decisions: &[Decision]) -> bool {
     parts.iter().zip(decisions).all(|(p, d)| d.allowed || p.shadow)
 }
 
-/// Decides a request of `cost` against every part at `now`, all-or-nothing.
+/// Decides a request against every part, at each part's cost, at `now`, all-or-nothing.
 ///
 /// Each part is decided on its own state as [`Limit::decide`] would. The request passes when
 /// every enforced part admits it ([`passes`]); only then does each part that admitted it,
@@ -27,7 +29,7 @@ pub fn passes(parts: &[Part<'_>], decisions: &[Decision]) -> bool {
 ///
 /// The service's memory store calls this under one critical section for all the keys; the
 /// Redis check script mirrors it.
-pub fn decide_all(parts: &[Part<'_>], states: &mut [State], now: Micros, cost: u64) -> Vec<Decision> {
+pub fn decide_all(parts: &[Part<'_>], states: &mut [State], now: Micros) -> Vec<Decision> {
     debug_assert_eq!(parts.len(), states.len());
     let mut next: Vec<State> = Vec::with_capacity(parts.len());
     let decisions: Vec<Decision> = parts
@@ -35,7 +37,7 @@ pub fn decide_all(parts: &[Part<'_>], states: &mut [State], now: Micros, cost: u
         .zip(states.iter())
         .map(|(part, state)| {
             let mut s = state.clone();
-            let d = part.limit.decide(&mut s, now, cost);
+            let d = part.limit.decide(&mut s, now, part.cost);
             next.push(s);
             d
         })
@@ -67,16 +69,18 @@ mod tests {
             Part {
                 limit: &wide,
                 shadow: false,
+                cost: 1,
             },
             Part {
                 limit: &narrow,
                 shadow: false,
+                cost: 1,
             },
         ];
         let mut states = [State::Fresh, State::Fresh];
-        assert!(passes(&parts, &decide_all(&parts, &mut states, 0, 1)));
+        assert!(passes(&parts, &decide_all(&parts, &mut states, 0)));
         let after_first = states.clone();
-        let d = decide_all(&parts, &mut states, 1, 1);
+        let d = decide_all(&parts, &mut states, 1);
         assert!(d[0].allowed && !d[1].allowed && !passes(&parts, &d));
         assert_eq!(states, after_first, "the denied request consumed nothing");
         assert_eq!(d[0].remaining, 8, "the admitting part reports what it would have left");
@@ -89,16 +93,18 @@ mod tests {
             Part {
                 limit: &enforced,
                 shadow: false,
+                cost: 1,
             },
             Part {
                 limit: &shadow,
                 shadow: true,
+                cost: 1,
             },
         ];
         let mut states = [State::Fresh, State::Fresh];
-        let first = decide_all(&parts, &mut states, 0, 1);
+        let first = decide_all(&parts, &mut states, 0);
         assert!(first[1].allowed && states[1] != State::Fresh, "the shadow part counted");
-        let second = decide_all(&parts, &mut states, 1, 1);
+        let second = decide_all(&parts, &mut states, 1);
         assert!(
             !second[1].allowed && passes(&parts, &second),
             "a shadow denial does not deny"
@@ -113,10 +119,11 @@ mod tests {
             let parts = [Part {
                 limit: &l,
                 shadow: false,
+                cost: 1,
             }];
             let (mut states, mut single) = ([State::Fresh], State::Fresh);
             for t in 0..6 {
-                let all = decide_all(&parts, &mut states, t * 1_000, 1);
+                let all = decide_all(&parts, &mut states, t * 1_000);
                 assert_eq!(all[0], l.decide(&mut single, t * 1_000, 1), "{algorithm} at {t} ms");
                 assert_eq!(states[0], single, "{algorithm} at {t} ms");
             }

@@ -54,7 +54,7 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let req = request.into_inner();
-        let (entries, cost) = validate(&req)?;
+        let (entries, costs) = validate(&req)?;
         let node = &*self.node;
         let now_us = node.clock.now_us();
         let now_ms = instant_ms(now_us);
@@ -93,6 +93,7 @@ impl RateLimitService for RateLimiter {
                     limit: l.limit.limit?,
                     shadow: l.limit.shadow,
                     failure: l.limit.failure,
+                    cost: costs[l.index],
                 })
             })
             .collect();
@@ -100,7 +101,7 @@ impl RateLimitService for RateLimiter {
         let (decisions, degraded) = if targets.is_empty() || overall == Code::OverLimit {
             (Vec::new(), false)
         } else {
-            check::decide(node, &targets, cost, now_us).await
+            check::decide(node, &targets, now_us).await
         };
         if let Some(closed) = limited
             .iter()
@@ -127,7 +128,7 @@ impl RateLimitService for RateLimiter {
                     rule: l.limit.name.clone(),
                     identity: l.identity.clone(),
                     at_ms: now_ms,
-                    cost,
+                    cost: costs[l.index],
                     path: String::new(),
                 });
             }
@@ -157,8 +158,9 @@ impl RateLimitService for RateLimiter {
 /// A descriptor's entries, `(key, value)`.
 type Entries<'a> = Vec<(&'a str, &'a str)>;
 
-/// The descriptors' entries and the request's cost, or what is wrong with the request.
-fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, u64), Status> {
+/// The descriptors' entries and what the request costs each (its own `hits_addend`, else
+/// the request's; 0 means 1), or what is wrong with the request.
+fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, Vec<u64>), Status> {
     if req.domain.is_empty() {
         return Err(Status::invalid_argument(
             "the domain is empty: name the configuration domain",
@@ -174,7 +176,7 @@ fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, u64), Status> {
         )));
     }
     let request_cost = u64::from(req.hits_addend.max(1));
-    let mut cost: Option<u64> = None;
+    let mut costs = Vec::with_capacity(req.descriptors.len());
     let mut all = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
         if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
@@ -192,19 +194,10 @@ fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, u64), Status> {
             }
             entries.push((e.key.as_str(), e.value.as_str()));
         }
-        let own = d.hits_addend.map_or(request_cost, |h| u64::from(h.max(1)));
-        match cost {
-            Some(c) if c != own => {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors ask for different hits_addend ({c} and {own}): Sluice decides a request's \
-                     descriptors together, at one cost"
-                )))
-            }
-            _ => cost = Some(own),
-        }
+        costs.push(d.hits_addend.map_or(request_cost, |h| u64::from(h.max(1))));
         all.push(entries);
     }
-    Ok((all, cost.unwrap_or(request_cost)))
+    Ok((all, costs))
 }
 
 /// The status of a descriptor no limit applies to.

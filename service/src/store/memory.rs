@@ -53,9 +53,9 @@ impl MemoryStore {
     }
 
     /// Decides one request against every item at the store's clock, all-or-nothing.
-    pub fn decide_all(&self, items: &[Item<'_>], cost: u64) -> Vec<Stamped> {
+    pub fn decide_all(&self, items: &[Item<'_>]) -> Vec<Stamped> {
         let at = self.clock.now_us();
-        self.decide_all_at(items, cost, at, true)
+        self.decide_all_at(items, at, true)
             .into_iter()
             .map(|decision| Stamped { decision, at })
             .collect()
@@ -64,10 +64,10 @@ impl MemoryStore {
     /// Decides at an explicit time, under one critical section for all the items' keys
     /// (the fallback buckets and tests). With `keep` false nothing is written: the
     /// decisions are those the request would get (a request another rule denies anyway).
-    pub fn decide_all_at(&self, items: &[Item<'_>], cost: u64, now: Micros, keep: bool) -> Vec<Decision> {
+    pub fn decide_all_at(&self, items: &[Item<'_>], now: Micros, keep: bool) -> Vec<Decision> {
         if let ([item], true) = (items, keep) {
             let mut shard = self.lock(self.shard_index(item.key));
-            return vec![shard.decide(item.key, item.part.limit, cost, now)];
+            return vec![shard.decide(item.key, item.part.limit, item.part.cost, now)];
         }
         let shard_of: Vec<usize> = items.iter().map(|i| self.shard_index(i.key)).collect();
         let mut order = shard_of.clone();
@@ -82,7 +82,7 @@ impl MemoryStore {
             .map(|(item, &shard)| guards[slot(shard)].state(item.key, now))
             .collect();
         let parts: Vec<Part<'_>> = items.iter().map(|i| i.part).collect();
-        let decisions = decide_all(&parts, &mut states, now, cost);
+        let decisions = decide_all(&parts, &mut states, now);
         if keep && passes(&parts, &decisions) {
             for (((item, &shard), state), d) in items.iter().zip(&shard_of).zip(states).zip(&decisions) {
                 if d.allowed {
@@ -158,12 +158,16 @@ mod tests {
     fn item<'a>(key: &'a str, limit: &'a Limit) -> Item<'a> {
         Item {
             key,
-            part: Part { limit, shadow: false },
+            part: Part {
+                limit,
+                shadow: false,
+                cost: 1,
+            },
         }
     }
 
     fn decide(store: &MemoryStore, key: &str, limit: &Limit, now: Micros) -> bool {
-        store.decide_all_at(&[item(key, limit)], 1, now, true)[0].allowed
+        store.decide_all_at(&[item(key, limit)], now, true)[0].allowed
     }
 
     #[test]
@@ -208,7 +212,7 @@ mod tests {
                     let user = format!("user-{t}");
                     let items = [item("ip", shared), item(&user, per_user)];
                     for i in 0..25 {
-                        let d = store.decide_all_at(&items, 1, 1_000 + i, true);
+                        let d = store.decide_all_at(&items, 1_000 + i, true);
                         if d.iter().all(|d| d.allowed) {
                             passed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
@@ -230,10 +234,10 @@ mod tests {
             .unwrap();
         let one = Limit::builder(Algorithm::TokenBucket, 1, 1_000_000).build().unwrap();
         let items = [item("wide", &ten), item("narrow", &one)];
-        assert!(store.decide_all_at(&items, 1, 0, false).iter().all(|d| d.allowed));
+        assert!(store.decide_all_at(&items, 0, false).iter().all(|d| d.allowed));
         assert!(store.is_empty(), "a peek wrote state");
-        assert!(store.decide_all_at(&items, 1, 0, true).iter().all(|d| d.allowed));
-        let denied = store.decide_all_at(&items, 1, 1, true);
+        assert!(store.decide_all_at(&items, 0, true).iter().all(|d| d.allowed));
+        let denied = store.decide_all_at(&items, 1, true);
         assert!(denied[0].allowed && !denied[1].allowed);
         for t in 2..11 {
             assert!(

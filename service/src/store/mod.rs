@@ -94,12 +94,12 @@ pub enum Store {
 }
 
 impl Store {
-    /// Decides one request of `cost` against every item, all-or-nothing (see the module's
-    /// contract); the decisions come back in the items' order.
-    pub async fn decide_all(&self, items: &[Item<'_>], cost: u64) -> Result<Vec<Stamped>, StoreError> {
+    /// Decides one request against every item, each at its part's cost, all-or-nothing
+    /// (see the module's contract); the decisions come back in the items' order.
+    pub async fn decide_all(&self, items: &[Item<'_>]) -> Result<Vec<Stamped>, StoreError> {
         match self {
-            Store::Memory(m) => Ok(m.decide_all(items, cost)),
-            Store::Redis(r) => r.decide_all(items, cost).await,
+            Store::Memory(m) => Ok(m.decide_all(items)),
+            Store::Redis(r) => r.decide_all(items).await,
         }
     }
 

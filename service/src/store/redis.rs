@@ -210,18 +210,13 @@ impl RedisStore {
     }
 
     /// Decides one request against every item, all-or-nothing, at Redis's clock.
-    pub async fn decide_all(&self, items: &[Item<'_>], cost: u64) -> Result<Vec<Stamped>, StoreError> {
-        self.decide_all_at(items, cost, None).await
+    pub async fn decide_all(&self, items: &[Item<'_>]) -> Result<Vec<Stamped>, StoreError> {
+        self.decide_all_at(items, None).await
     }
 
     /// Decides at an explicit clock (`Some`, tests only) or at Redis's `TIME` (`None`):
     /// one script per cluster slot involved, run concurrently.
-    pub async fn decide_all_at(
-        &self,
-        items: &[Item<'_>],
-        cost: u64,
-        now: Option<Micros>,
-    ) -> Result<Vec<Stamped>, StoreError> {
+    pub async fn decide_all_at(&self, items: &[Item<'_>], now: Option<Micros>) -> Result<Vec<Stamped>, StoreError> {
         let connection = self.connection()?;
         let groups: Vec<Vec<Item<'_>>> = match connection {
             Connection::Single(_) => vec![items.to_vec()],
@@ -231,9 +226,9 @@ impl RedisStore {
                 .collect(),
         };
         if let [group] = &groups[..] {
-            return self.decide_group(&connection, group, cost, now).await;
+            return self.decide_group(&connection, group, now).await;
         }
-        let answers = join_all(groups.iter().map(|g| self.decide_group(&connection, g, cost, now))).await;
+        let answers = join_all(groups.iter().map(|g| self.decide_group(&connection, g, now))).await;
         let passed = answers
             .iter()
             .zip(&groups)
@@ -248,17 +243,14 @@ impl RedisStore {
                     let stamps = answer.as_ref().ok().filter(|s| group_passes(group, s))?;
                     let taken = group.iter().zip(stamps).filter(|(_, s)| s.decision.allowed);
                     Some(Refund {
-                        items: taken.map(|(i, _)| (i.key.to_owned(), *i.part.limit)).collect(),
+                        items: taken
+                            .map(|(i, _)| (i.key.to_owned(), *i.part.limit, i.part.cost))
+                            .collect(),
                         at: stamps.first()?.at,
                     })
                 })
                 .collect();
-            let task = tokio::spawn(refund_all(
-                self.scripts.check.clone(),
-                connection.clone(),
-                refunds,
-                cost,
-            ));
+            let task = tokio::spawn(refund_all(self.scripts.check.clone(), connection.clone(), refunds));
             if let Err(e) = task.await {
                 tracing::debug!(error = %e, "refunds did not finish; quota stays spent");
             }
@@ -286,9 +278,13 @@ impl RedisStore {
     ) -> Result<Stamped, StoreError> {
         let item = Item {
             key,
-            part: Part { limit, shadow: false },
+            part: Part {
+                limit,
+                shadow: false,
+                cost,
+            },
         };
-        let mut stamps = self.decide_all_at(&[item], cost, now).await?;
+        let mut stamps = self.decide_all_at(&[item], now).await?;
         stamps.pop().ok_or_else(|| StoreError::Protocol("no decision".into()))
     }
 
@@ -301,9 +297,13 @@ impl RedisStore {
     pub async fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) -> Result<(), StoreError> {
         let item = Item {
             key,
-            part: Part { limit, shadow: false },
+            part: Part {
+                limit,
+                shadow: false,
+                cost,
+            },
         };
-        let invocation = check_invocation(&self.scripts.check, &[item], "refund", Some(at), cost, at);
+        let invocation = check_invocation(&self.scripts.check, &[item], "refund", Some(at), at);
         run::<Value>(&self.connection()?, &invocation).await.map(drop)
     }
 
@@ -312,10 +312,9 @@ impl RedisStore {
         &self,
         connection: &Connection,
         group: &[Item<'_>],
-        cost: u64,
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
-        let invocation = check_invocation(&self.scripts.check, group, "decide", now, cost, 0);
+        let invocation = check_invocation(&self.scripts.check, group, "decide", now, 0);
         let reply: Vec<i64> = run(connection, &invocation).await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
@@ -444,23 +443,28 @@ impl RedisStore {
 
 /// What one slot's rules admitted, to give back: their keys and limits, and when.
 struct Refund {
-    items: Vec<(String, Limit)>,
+    /// Key, limit and the cost it took.
+    items: Vec<(String, Limit, u64)>,
     at: Micros,
 }
 
-/// Gives back `cost` for every refund, one script call per slot, concurrently.
-async fn refund_all(script: Script, connection: Connection, refunds: Vec<Refund>, cost: u64) {
+/// Gives back what every refund's items took, one script call per slot, concurrently.
+async fn refund_all(script: Script, connection: Connection, refunds: Vec<Refund>) {
     let (script, connection) = (&script, &connection);
     let calls = refunds.iter().map(|refund| async move {
         let items: Vec<Item<'_>> = refund
             .items
             .iter()
-            .map(|(key, limit)| Item {
+            .map(|(key, limit, cost)| Item {
                 key,
-                part: Part { limit, shadow: false },
+                part: Part {
+                    limit,
+                    shadow: false,
+                    cost: *cost,
+                },
             })
             .collect();
-        let invocation = check_invocation(script, &items, "refund", Some(refund.at), cost, refund.at);
+        let invocation = check_invocation(script, &items, "refund", Some(refund.at), refund.at);
         run::<Value>(connection, &invocation).await
     });
     for failed in join_all(calls).await.into_iter().filter_map(Result::err) {
@@ -475,14 +479,12 @@ fn check_invocation<'s>(
     group: &[Item<'_>],
     op: &str,
     now: Option<Micros>,
-    cost: u64,
     at: Micros,
 ) -> redis::ScriptInvocation<'s> {
     let mut invocation = script.prepare_invoke();
     invocation
         .arg(op)
         .arg(now.map_or(String::new(), |n| n.to_string()))
-        .arg(cost.max(1)) // as core's `Limit::decide` takes it
         .arg(at);
     for item in group {
         let limit = item.part.limit;
@@ -504,6 +506,7 @@ fn check_invocation<'s>(
         invocation
             .arg(name)
             .arg(u8::from(item.part.shadow))
+            .arg(item.part.cost.max(1)) // as core's `Limit::decide` takes it
             .arg(limit.limit())
             .arg(&params[..]);
     }

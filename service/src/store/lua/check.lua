@@ -1,13 +1,14 @@
 -- The driver: decides one request against every rule it names, all-or-nothing, mirroring
 -- sluice-core's `decide_all`. The request passes when every enforced rule admits it; only
 -- then does each rule that admitted it (shadow rules too) keep its new state.
--- ARGV[1] 'decide' | 'refund'; ARGV[2] clock (see common); ARGV[3] cost; ARGV[4] for a
--- refund the time the admissions were made at; then six values per rule: algorithm,
--- shadow (1/0), limit and its three derived numbers. KEYS: each rule's state keys in turn.
+-- ARGV[1] 'decide' | 'refund'; ARGV[2] clock (see common); ARGV[3] for a refund the time
+-- the admissions were made at; then seven values per rule: algorithm, shadow (1/0), the
+-- request's cost to it, limit and its three derived numbers. KEYS: each rule's state keys
+-- in turn.
 -- 'decide' returns {now, then allowed, remaining, reset, retry, delay per rule}.
-local op, cost, at = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+local op, at = ARGV[1], tonumber(ARGV[3])
 local built, out, commits, passes, next_key = {}, {now}, {}, true, 1
-for i = 5, #ARGV, 6 do
+for i = 4, #ARGV, 7 do
   local name = ARGV[i]
   local algorithm = built[name]
   if not algorithm then
@@ -17,7 +18,8 @@ for i = 5, #ARGV, 6 do
   end
   local k1, k2 = KEYS[next_key], KEYS[next_key + 1]
   next_key = next_key + algorithm.keys
-  local limit, a, b, c = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5])
+  local cost = tonumber(ARGV[i + 2])
+  local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
   if op == 'refund' then
     algorithm.refund(k1, k2, limit, a, b, c, at, cost)
   else
