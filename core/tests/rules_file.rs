@@ -248,3 +248,28 @@ fn json_rules_are_accepted_too() {
             .to_string();
     assert_eq!(got, "rule \"j\": field limit: limit must be at least 1");
 }
+
+#[test]
+fn leased_rules_say_when_an_algorithm_cannot_be_leased() {
+    let leased = RuleSet::from_toml(&with("lease = true\nlease_ttl = \"2s\"")).unwrap();
+    assert_eq!(leased.rules()[0].lease_ttl, Some(2_000_000));
+    let again = RuleSet::from_toml(&leased.to_toml()).unwrap();
+    assert_eq!(again.rules()[0].lease_ttl, Some(2_000_000), "round trip");
+    assert_eq!(
+        RuleSet::from_toml(&with("lease = true")).unwrap().rules()[0].lease_ttl,
+        Some(1_000_000)
+    );
+    assert_eq!(
+        RuleSet::from_toml(BASE).unwrap().rules()[0].lease_ttl,
+        None,
+        "off by default"
+    );
+    let log = BASE.replace("algorithm = \"gcra\"", "algorithm = \"sliding_window_log\"") + "lease = true\n";
+    assert!(
+        err(&log).contains("field lease: sliding_window_log cannot be leased"),
+        "{}",
+        err(&log)
+    );
+    assert!(err(&with("lease_ttl = \"2s\"")).contains("add lease = true"));
+    assert!(err(&with("lease = true\nlease_ttl = \"2m\"")).contains("field lease_ttl: must be 1ms to 60000 ms"));
+}

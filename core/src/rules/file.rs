@@ -77,6 +77,13 @@ pub struct RuleSpec {
     /// Count but never deny.
     #[serde(default, skip_serializing_if = "is_false")]
     pub shadow: bool,
+    /// Proxies may hold leases of this rule's quota and decide locally (see
+    /// `sluice_core::lease`); default off: every request is an exact call.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub lease: bool,
+    /// How long a lease lasts; default `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl: Option<String>,
 }
 
 /// One `[[override]]` as written.

@@ -7,7 +7,7 @@ use super::file::RuleSpec;
 use super::glob::Glob;
 use super::RulesError;
 use crate::algorithm::{Algorithm, Limit, LimitError, UnknownAlgorithm};
-use crate::time::micros_from_ms;
+use crate::time::{micros_from_ms, Micros};
 use crate::wire::{is_token, MAX_HOLD_MS, MAX_IDENTITY_BYTES, MAX_METHOD_BYTES, MAX_PATH_BYTES};
 
 /// Longest rule name, in bytes.
@@ -107,6 +107,8 @@ pub struct Rule {
     pub failure: FailureMode,
     /// Count, never deny.
     pub shadow: bool,
+    /// How long a lease of this rule's quota lasts, when proxies may lease it.
+    pub lease_ttl: Option<Micros>,
 }
 
 impl Rule {
@@ -236,6 +238,7 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         .shaping(spec.shaping.then_some(micros_from_ms(max_delay_ms)))
         .build()
         .map_err(|e| fail(limit_error_field(&e), e.to_string()))?;
+    let lease_ttl = lease_ttl(spec, &limit).map_err(|(field, message)| fail(field, message))?;
     Ok(Rule {
         name: spec.name.clone(),
         by,
@@ -246,5 +249,34 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         window_ms,
         failure,
         shadow: spec.shadow,
+        lease_ttl,
     })
+}
+
+/// The longest lease a rule may give.
+const MAX_LEASE_TTL_MS: u64 = 60_000;
+
+/// A leased rule's lease length, or why it cannot be leased.
+fn lease_ttl(spec: &RuleSpec, limit: &Limit) -> Result<Option<Micros>, (&'static str, String)> {
+    if !spec.lease {
+        return match spec.lease_ttl {
+            Some(_) => Err((
+                "lease_ttl",
+                "applies to leased rules: add lease = true, or leave it out".into(),
+            )),
+            None => Ok(None),
+        };
+    }
+    crate::lease::leasable(limit).map_err(|e| ("lease", e.to_string()))?;
+    let ttl_ms = match &spec.lease_ttl {
+        Some(text) => parse_duration(text).map_err(|m| ("lease_ttl", m))?,
+        None => 1_000,
+    };
+    if ttl_ms == 0 || ttl_ms > MAX_LEASE_TTL_MS {
+        return Err((
+            "lease_ttl",
+            format!("must be 1ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms} ms"),
+        ));
+    }
+    Ok(Some(micros_from_ms(ttl_ms)))
 }
