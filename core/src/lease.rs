@@ -22,6 +22,8 @@
 
 use thiserror::Error;
 
+pub mod wire;
+
 use crate::algorithm::{Algorithm, Decision, Limit, State};
 use crate::time::Micros;
 
@@ -117,17 +119,24 @@ pub fn grant(limit: &Limit, state: &mut State, now: Micros, want: u64, ttl: Micr
     }
 }
 
-/// Gives back, at `now`, `unspent` units of `lease`; whether they were taken back.
+/// Gives back, at `now`, `unspent` units of a lease granted at `granted_at` and ending at
+/// `expires_at` (the caller bounds `unspent` by what the lease holds); whether they were
+/// taken back.
 ///
 /// Only until the lease ends: units held past it are not given back but come back as the
 /// algorithm refills (or its window turns). A unit returned later would escape the bucket's
 /// cap while it was held, and the bucket could then admit more at once than it ever holds.
-pub fn give_back(limit: &Limit, state: &mut State, lease: &Grant, unspent: u64, now: Micros) -> bool {
-    let back = unspent.min(lease.units);
-    if back == 0 || now > lease.expires_at {
+pub fn give_back(
+    limit: &Limit,
+    state: &mut State,
+    (granted_at, expires_at): (Micros, Micros),
+    unspent: u64,
+    now: Micros,
+) -> bool {
+    if unspent == 0 || now > expires_at {
         return false;
     }
-    limit.refund(state, lease.granted_at, back);
+    limit.refund(state, granted_at, unspent);
     true
 }
 
@@ -169,10 +178,8 @@ mod tests {
             let g = grant(&l, &mut s, SECOND, 70, SECOND);
             assert_eq!(g.units, 0, "{algorithm}: nothing left");
             assert!(!g.decision.allowed, "{algorithm}");
-            let lease = grant(&l, &mut s, SECOND, 0, SECOND);
-            assert_eq!(lease.units, 0);
-            let held = Grant { units: 30, ..lease };
-            assert!(give_back(&l, &mut s, &held, 20, SECOND + 1));
+            let held = (SECOND, 2 * SECOND);
+            assert!(give_back(&l, &mut s, held, 20, SECOND + 1));
             assert_eq!(
                 grant(&l, &mut s, SECOND + 1, 70, SECOND).units,
                 20,
@@ -180,7 +187,7 @@ mod tests {
             );
             let before = s.clone();
             assert!(
-                !give_back(&l, &mut s, &held, 10, 2 * SECOND + 1),
+                !give_back(&l, &mut s, held, 10, 2 * SECOND + 1),
                 "{algorithm}: too late"
             );
             assert_eq!(s, before, "{algorithm}: nothing back");

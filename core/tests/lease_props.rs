@@ -25,13 +25,8 @@ fn spend(limit: &Limit, arrivals: &[(Micros, usize)], asks: &[u64], ttl: Micros,
         ended.sort_by_key(|&q| held[q].map(|(g, _)| g.expires_at));
         for q in ended {
             if let Some((lease, left)) = held[q].take() {
-                give_back(
-                    limit,
-                    &mut state,
-                    &lease,
-                    left,
-                    if return_late { t } else { lease.expires_at },
-                );
+                let at = if return_late { t } else { lease.expires_at };
+                give_back(limit, &mut state, (lease.granted_at, lease.expires_at), left, at);
             }
         }
         let (lease, left) = held[p].get_or_insert_with(|| {

@@ -15,10 +15,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use sluice_core::lease::wire::LeaseRequest;
 use sluice_core::rules::{parse_rfc3339, Override, RuleSet};
 use sluice_core::wire::{CheckRequest, MAX_HOLD_MS};
 
 use crate::check::check;
+use crate::lease::{self, LeaseError};
 use crate::node::Node;
 use crate::rules_source;
 use crate::store::{Publish, StoreError};
@@ -45,6 +47,7 @@ pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/v1/check", post(check_handler))
         .route("/v1/wait", get(wait))
+        .route("/v1/lease", post(lease_handler))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -80,6 +83,24 @@ async fn check_handler(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRe
     match CheckRequest::from_json(&raw) {
         Ok(req) => Json(check(&node, &req).await).into_response(),
         Err(e) => bad(e.0).into_response(),
+    }
+}
+
+/// `POST /v1/lease`: leases granted and given back (see [`crate::lease`]); 400 for a rule
+/// that is not leased, 503 when the store cannot answer (the proxy then checks exactly).
+async fn lease_handler(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRejection>) -> Response {
+    let raw = match body(raw) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let req = match LeaseRequest::from_json(&raw) {
+        Ok(req) => req,
+        Err(e) => return bad(e.0).into_response(),
+    };
+    match lease::lease(&node, &req).await {
+        Ok(answer) => Json(answer).into_response(),
+        Err(e @ LeaseError::NotLeased(_)) => bad(e.to_string()).into_response(),
+        Err(e @ LeaseError::Store(_)) => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }
 

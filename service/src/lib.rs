@@ -13,6 +13,7 @@ pub mod clock;
 pub mod grpc;
 pub mod housekeeping;
 pub mod http;
+pub mod lease;
 pub mod metrics;
 pub mod node;
 pub mod rules_source;

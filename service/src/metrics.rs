@@ -32,6 +32,9 @@ pub struct Metrics {
     latency_sum_ns: AtomicU64,
     store_errors: AtomicU64,
     degraded: AtomicU64,
+    leases_granted: AtomicU64,
+    lease_units_granted: AtomicU64,
+    lease_units_returned: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_error: AtomicU64,
 }
@@ -68,6 +71,17 @@ impl Metrics {
     /// Counts a decision taken by the local fallback.
     pub fn degraded(&self) {
         self.degraded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a lease granted with `units` (0: asked, none left).
+    pub fn lease_granted(&self, units: u64) {
+        self.leases_granted.fetch_add(1, Ordering::Relaxed);
+        self.lease_units_granted.fetch_add(units, Ordering::Relaxed);
+    }
+
+    /// Counts `units` given back by a lease.
+    pub fn lease_returned(&self, units: u64) {
+        self.lease_units_returned.fetch_add(units, Ordering::Relaxed);
     }
 
     /// Counts a rules reload.
@@ -118,6 +132,21 @@ impl Metrics {
                 "sluice_degraded_total",
                 "Rule decisions taken by the local fallback.",
                 &self.degraded,
+            ),
+            (
+                "sluice_leases_granted_total",
+                "Leases asked for and answered (some with 0 units).",
+                &self.leases_granted,
+            ),
+            (
+                "sluice_lease_units_granted_total",
+                "Units of quota granted in leases.",
+                &self.lease_units_granted,
+            ),
+            (
+                "sluice_lease_units_returned_total",
+                "Units of quota leases gave back unspent.",
+                &self.lease_units_returned,
             ),
         ];
         for (name, help, v) in simple {

@@ -26,6 +26,12 @@ pub const RULES_CHANNEL: &str = "sluice:rules:changed";
 /// The capped stream of violations.
 pub const VIOLATIONS: &str = "sluice:violations";
 
+/// What the lease `id` of the limit `limit_key` still holds: `<limit key>:lease:<id>`, in
+/// the limit's slot.
+pub fn lease(limit_key: &str, id: u64) -> String {
+    format!("{limit_key}:lease:{id}")
+}
+
 /// The hash-tagged key prefix of one limit: `sluice:{<identity>}:<rule>`.
 pub fn limit(rule: &str, identity: &str) -> String {
     let mut key = String::with_capacity(rule.len() + identity.len() + 10);

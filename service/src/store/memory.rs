@@ -7,14 +7,15 @@
 //! The published rules and the violations log live here too, for the one node that uses
 //! the store.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use sluice_core::algorithm::{decide_all, passes, Part};
-use sluice_core::{Decision, Micros, State, StateMap};
+use sluice_core::lease::{self, Grant};
+use sluice_core::{Decision, Limit, Micros, State, StateMap};
 
-use super::{Item, Publish, Published, Stamped, Violation};
+use super::{keys, Item, Publish, Published, Stamped, Violation};
 use crate::clock::Clock;
 
 /// Number of shards; a power of two.
@@ -27,6 +28,10 @@ pub struct MemoryStore {
     clock: Clock,
     published: Mutex<Option<Published>>,
     violations: Mutex<VecDeque<Violation>>,
+    /// What each lease still holds ([`keys::lease`] → units, granted at, end), at most
+    /// `max_leases`.
+    leases: Mutex<HashMap<String, (u64, Micros, Micros)>>,
+    max_leases: usize,
 }
 
 impl MemoryStore {
@@ -39,6 +44,65 @@ impl MemoryStore {
             clock: Clock::default(),
             published: Mutex::new(None),
             violations: Mutex::new(VecDeque::new()),
+            leases: Mutex::new(HashMap::new()),
+            max_leases: max_keys.max(1_024),
+        }
+    }
+
+    /// Grants up to `want` units of `limit` under `key` for `ttl` (see `sluice_core::lease`)
+    /// as the lease `id`, and records what it holds so that no more than that can come back.
+    pub fn grant(&self, key: &str, limit: &Limit, want: u64, ttl: Micros, id: u64) -> Grant {
+        let now = self.clock.now_us();
+        let mut shard = self.lock(self.shard_index(key));
+        let mut state = shard.state(key, now);
+        let granted = lease::grant(limit, &mut state, now, want, ttl);
+        if granted.units > 0 {
+            shard.keep(key, limit, state, now);
+            drop(shard);
+            let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+            if leases.len() >= self.max_leases {
+                leases.retain(|_, (_, _, end)| *end >= now);
+            }
+            // Over the bound even so: the lease's units are not recorded and cannot come back.
+            if leases.len() < self.max_leases {
+                let held = leases
+                    .entry(keys::lease(key, id))
+                    .or_insert((0, now, granted.expires_at));
+                held.0 += granted.units;
+            }
+        }
+        granted
+    }
+
+    /// Gives back up to `unspent` units of the lease `id` of `key`, if it has not ended:
+    /// never more than it still holds. The units taken back.
+    pub fn give_back(&self, key: &str, limit: &Limit, id: u64, unspent: u64) -> u64 {
+        let now = self.clock.now_us();
+        let record = keys::lease(key, id);
+        let (back, granted_at, expires_at) = {
+            let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(&(held, granted_at, end)) = leases.get(&record) else {
+                return 0;
+            };
+            if end < now {
+                leases.remove(&record);
+                return 0;
+            }
+            let back = unspent.min(held);
+            if back == held {
+                leases.remove(&record);
+            } else {
+                leases.insert(record, (held - back, granted_at, end));
+            }
+            (back, granted_at, end)
+        };
+        let mut shard = self.lock(self.shard_index(key));
+        let mut state = shard.state(key, now);
+        if lease::give_back(limit, &mut state, (granted_at, expires_at), back, now) {
+            shard.keep(key, limit, state, now);
+            back
+        } else {
+            0
         }
     }
 

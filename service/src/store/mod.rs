@@ -21,6 +21,7 @@ pub mod redis;
 
 use serde::{Deserialize, Serialize};
 use sluice_core::algorithm::Part;
+use sluice_core::lease::Grant;
 use sluice_core::{Decision, Limit, Micros};
 
 /// One rule of a request, as a store decides it: where its state lives and its limit.
@@ -100,6 +101,24 @@ impl Store {
         match self {
             Store::Memory(m) => Ok(m.decide_all(items)),
             Store::Redis(r) => r.decide_all(items).await,
+        }
+    }
+
+    /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id` (see
+    /// `sluice_core::lease`): the most the limit admits now, taken at once.
+    pub async fn grant(&self, key: &str, limit: &Limit, want: u64, ttl: Micros, id: u64) -> Result<Grant, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.grant(key, limit, want, ttl, id)),
+            Store::Redis(r) => r.grant(key, limit, (want, ttl), id, None).await,
+        }
+    }
+
+    /// Gives back up to `unspent` units of the lease `id` of `key` while it lasts; never
+    /// more than it still holds. The units taken back.
+    pub async fn give_back(&self, key: &str, limit: &Limit, id: u64, unspent: u64) -> Result<u64, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.give_back(key, limit, id, unspent)),
+            Store::Redis(r) => r.give_back(key, limit, id, unspent, None).await,
         }
     }
 

@@ -26,6 +26,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 use sluice_core::algorithm::{passes, Part};
+use sluice_core::lease::Grant;
 use sluice_core::{Algorithm, Decision, Limit, Micros};
 
 use super::{keys, Item, Publish, Published, Stamped, StoreError, Violation};
@@ -276,14 +277,7 @@ impl RedisStore {
         cost: u64,
         now: Option<Micros>,
     ) -> Result<Stamped, StoreError> {
-        let item = Item {
-            key,
-            part: Part {
-                limit,
-                shadow: false,
-                cost,
-            },
-        };
+        let item = single(key, limit, cost);
         let mut stamps = self.decide_all_at(&[item], now).await?;
         stamps.pop().ok_or_else(|| StoreError::Protocol("no decision".into()))
     }
@@ -295,16 +289,63 @@ impl RedisStore {
 
     /// Gives back `cost` admitted under `key` at `at` (tests; checks refund themselves).
     pub async fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) -> Result<(), StoreError> {
-        let item = Item {
-            key,
-            part: Part {
-                limit,
-                shadow: false,
-                cost,
-            },
-        };
+        let item = single(key, limit, cost);
         let invocation = check_invocation(&self.scripts.check, &[item], "refund", Some(at), at);
         run::<Value>(&self.connection()?, &invocation).await.map(drop)
+    }
+
+    /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`, at
+    /// Redis's clock or an explicit one (tests): one script call, the lease's record kept
+    /// beside the limit's keys (see `sluice_core::lease`).
+    pub async fn grant(
+        &self,
+        key: &str,
+        limit: &Limit,
+        (want, ttl): (u64, Micros),
+        id: u64,
+        now: Option<Micros>,
+    ) -> Result<Grant, StoreError> {
+        let item = single(key, limit, want.max(1));
+        let mut invocation = check_invocation(&self.scripts.check, &[item], "grant", now, ttl);
+        invocation.key(keys::lease(key, id));
+        let reply: Vec<i64> = run(&self.connection()?, &invocation).await?;
+        let n = |v: &i64| u64::try_from(*v).unwrap_or(0);
+        let [at, units, ends, allowed, remaining, reset, retry, delay] = reply[..] else {
+            return Err(StoreError::Protocol(format!("grant script returned {reply:?}")));
+        };
+        Ok(Grant {
+            units: n(&units),
+            granted_at: n(&at),
+            expires_at: n(&ends),
+            decision: Decision {
+                allowed: allowed == 1,
+                limit: limit.limit(),
+                remaining: n(&remaining),
+                reset_after: n(&reset),
+                retry_after: n(&retry),
+                delay: n(&delay),
+            },
+        })
+    }
+
+    /// Gives back up to `unspent` units of the lease `id` of `key`, if it has not ended;
+    /// never more than it still holds. The units taken back.
+    pub async fn give_back(
+        &self,
+        key: &str,
+        limit: &Limit,
+        id: u64,
+        unspent: u64,
+        now: Option<Micros>,
+    ) -> Result<u64, StoreError> {
+        if unspent == 0 {
+            return Ok(0);
+        }
+        let item = single(key, limit, unspent);
+        let mut invocation = check_invocation(&self.scripts.check, &[item], "giveback", now, 0);
+        invocation.key(keys::lease(key, id));
+        let back: i64 = run(&self.connection()?, &invocation).await?;
+        Ok(u64::try_from(back).unwrap_or(0))
     }
 
     /// One script call deciding `group` (keys in one slot).
@@ -511,6 +552,18 @@ fn check_invocation<'s>(
             .arg(&params[..]);
     }
     invocation
+}
+
+/// An item of one enforced rule: `key` decided on `limit` at `cost`.
+fn single<'a>(key: &'a str, limit: &'a Limit, cost: u64) -> Item<'a> {
+    Item {
+        key,
+        part: Part {
+            limit,
+            shadow: false,
+            cost,
+        },
+    }
 }
 
 /// The items' indices grouped by cluster slot, each group in the items' order.

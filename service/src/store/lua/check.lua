@@ -1,10 +1,12 @@
 -- The driver: decides one request against every rule it names, all-or-nothing, mirroring
 -- sluice-core's `decide_all`. The request passes when every enforced rule admits it; only
 -- then does each rule that admitted it (shadow rules too) keep its new state.
--- ARGV[1] 'decide' | 'refund'; ARGV[2] clock (see common); ARGV[3] for a refund the time
--- the admissions were made at; then seven values per rule: algorithm, shadow (1/0), the
--- request's cost to it, limit and its three derived numbers. KEYS: each rule's state keys
--- in turn.
+-- ARGV[1] 'decide' | 'refund' | 'grant' | 'giveback'; ARGV[2] clock (see common); ARGV[3]
+-- for a refund the time the admissions were made at, for a grant the lease's length (a
+-- giveback: unused); then seven values per rule: algorithm, shadow
+-- (1/0), the request's cost to it (a grant: what is asked; a giveback: what is returned),
+-- limit and its three derived numbers. KEYS: each rule's state keys in turn, then for a
+-- grant or giveback the lease's record ("<units>:<granted at>:<end>").
 -- 'decide' returns {now, then allowed, remaining, reset, retry, delay per rule}.
 local op, at = ARGV[1], tonumber(ARGV[3])
 local built, out, commits, passes, next_key = {}, {now}, {}, true, 1
@@ -20,7 +22,50 @@ for i = 4, #ARGV, 7 do
   next_key = next_key + algorithm.keys
   local cost = tonumber(ARGV[i + 2])
   local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-  if op == 'refund' then
+  if op == 'grant' then
+    -- Mirrors sluice-core's lease::grant and lease_end: the most the rule admits now, up to
+    -- what is asked, taken at once; a windowed rule's lease ends with its window.
+    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
+    local units = cost
+    if not allowed then
+      local lo, hi = 0, remaining
+      if hi > cost - 1 then hi = cost - 1 end
+      while lo < hi do
+        local mid = lo + idiv(hi - lo + 1, 2)
+        if (algorithm.decide(k1, k2, limit, a, b, c, mid)) then lo = mid else hi = mid - 1 end
+      end
+      units = lo
+      local n = units; if n < 1 then n = 1 end
+      allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, n)
+    end
+    local ends = now + at
+    if name == 'fixed_window' or name == 'sliding_window_counter' then
+      local window_end = (idiv(now, a) + 1) * a
+      if window_end < ends then ends = window_end end
+    end
+    if units > 0 then
+      commit()
+      local record = KEYS[#KEYS]
+      local held = redis.call('GET', record)
+      local total = units
+      if held then total = total + tonumber(string.match(held, '^(%d+)')) end
+      redis.call('SET', record, int(total) .. ':' .. int(now) .. ':' .. int(ends), 'PX', ttl_ms(ends - now))
+    end
+    return {now, units, ends, allowed and 1 or 0, remaining, reset, retry, delay}
+  elseif op == 'giveback' then
+    -- Never more than the lease still holds, and nothing once it has ended.
+    local record = KEYS[#KEYS]
+    local held = redis.call('GET', record)
+    if not held then return 0 end
+    local units, granted, ends = string.match(held, '^(%d+):(%d+):(%d+)$')
+    units, ends = tonumber(units), tonumber(ends)
+    if now > ends then return 0 end
+    local back = cost; if back > units then back = units end
+    if back == units then redis.call('DEL', record)
+    else redis.call('SET', record, int(units - back) .. ':' .. granted .. ':' .. int(ends), 'KEEPTTL') end
+    algorithm.refund(k1, k2, limit, a, b, c, tonumber(granted), back)
+    return back
+  elseif op == 'refund' then
     algorithm.refund(k1, k2, limit, a, b, c, at, cost)
   else
     local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
