@@ -22,6 +22,7 @@
 
 use thiserror::Error;
 
+pub mod book;
 pub mod wire;
 
 use crate::algorithm::{Algorithm, Decision, Limit, State};

@@ -1,0 +1,368 @@
+//! A proxy's book of leases: what it holds of each `(rule, identity)` quota, spending it
+//! all-or-nothing across the rules a request matches, asking for more before it runs out,
+//! and giving back what it will not spend before each lease ends.
+//!
+//! Pure state, time passed in (the proxy's clock, milliseconds). The filter drives it: for
+//! a request, [`LeaseBook::spend`]; on its timer, [`LeaseBook::due`] gives the grants to ask
+//! for and the units to give back in one `POST /v1/lease`, whose answer goes to
+//! [`LeaseBook::granted`].
+
+use std::collections::HashMap;
+
+use super::lease_size;
+use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
+
+/// A quota the book holds leases of: a rule's name and the identity value it limits.
+pub type Quota = (String, String);
+
+/// Tuning of a [`LeaseBook`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BookConfig {
+    /// Quotas held at most; past that the least recently used is given back and forgotten.
+    pub max_quotas: usize,
+    /// A lease is renewed when it would run out within this long at its spending rate, or
+    /// ends within it (ms).
+    pub renew_ahead_ms: u64,
+    /// Unspent units go back this long before a lease ends (ms): the service takes nothing
+    /// back after the end, and the call takes time.
+    pub return_margin_ms: u64,
+    /// Leases are sized for this long at the spending rate (ms), or for the length of the
+    /// quota's last lease when that is longer (a lease lasts what the rule's `lease_ttl`
+    /// gives: sizing it for its whole life spares calls).
+    pub horizon_ms: u64,
+}
+
+impl Default for BookConfig {
+    fn default() -> Self {
+        BookConfig {
+            max_quotas: 10_000,
+            renew_ahead_ms: 250,
+            return_margin_ms: 100,
+            horizon_ms: 1_000,
+        }
+    }
+}
+
+/// One quota's lease and spending.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    /// The lease's id, units left, and when it ends (proxy clock); no lease when `id` is
+    /// `None`.
+    id: Option<u64>,
+    units: u64,
+    ends_ms: u64,
+    /// What the quota had left after the grant (the headers' `remaining` start from it).
+    remaining: u64,
+    /// How long its last lease lasted (ms).
+    last_ttl_ms: u64,
+    /// A grant was asked for and not answered yet.
+    asked: bool,
+    /// Units spent in the current second, and the rate of the last whole one.
+    spent_this_s: u64,
+    second: u64,
+    rate_per_s: u64,
+    /// When it was last used, for eviction.
+    used_ms: u64,
+}
+
+impl Held {
+    fn live(&self, now_ms: u64) -> bool {
+        self.id.is_some() && now_ms < self.ends_ms
+    }
+
+    fn count(&mut self, now_ms: u64) {
+        let second = now_ms / 1_000;
+        if second != self.second {
+            self.rate_per_s = if second == self.second + 1 {
+                self.spent_this_s
+            } else {
+                0
+            };
+            (self.second, self.spent_this_s) = (second, 0);
+        }
+        self.spent_this_s += 1;
+    }
+}
+
+/// What [`LeaseBook::spend`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Spend {
+    /// One unit of every quota was spent; for each, what its lease has left and the quota
+    /// had left when granted minus what was spent since (for the response headers).
+    Spent(Vec<u64>),
+    /// Some quota has no live lease with a unit left: nothing was spent; decide exactly.
+    Missing,
+}
+
+/// A proxy's leases.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseBook {
+    config: BookConfig,
+    held: HashMap<Quota, Held>,
+    /// Units to give back with the next call.
+    returns: Vec<LeaseReturn>,
+}
+
+impl LeaseBook {
+    /// An empty book.
+    pub fn new(config: BookConfig) -> LeaseBook {
+        LeaseBook {
+            config,
+            ..LeaseBook::default()
+        }
+    }
+
+    /// Quotas held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether no quota is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Spends one unit of each of `quotas` at `now_ms`, all or none: only when every one
+    /// has a live lease with a unit left. A quota not held yet is noted, so that the next
+    /// [`LeaseBook::due`] asks for it.
+    pub fn spend(&mut self, quotas: &[Quota], now_ms: u64) -> Spend {
+        let mut ready = true;
+        for q in quotas {
+            if !self.held.contains_key(q) {
+                self.make_room(now_ms);
+            }
+            let h = self.held.entry(q.clone()).or_default();
+            h.used_ms = now_ms;
+            ready &= h.live(now_ms) && h.units > 0;
+        }
+        if !ready {
+            for q in quotas {
+                if let Some(h) = self.held.get_mut(q) {
+                    h.count(now_ms); // the demand counts, so the lease asked for fits it
+                }
+            }
+            return Spend::Missing;
+        }
+        let mut left = Vec::with_capacity(quotas.len());
+        for q in quotas {
+            if let Some(h) = self.held.get_mut(q) {
+                h.units -= 1;
+                h.remaining = h.remaining.saturating_sub(1);
+                h.count(now_ms);
+                left.push(h.remaining);
+            }
+        }
+        Spend::Spent(left)
+    }
+
+    /// What to send now: the grants to ask for (quotas about to run out or end, sized for
+    /// their spending rate) and the units to give back (leases about to end). Marks the
+    /// grants as asked until [`LeaseBook::granted`] or [`LeaseBook::failed`].
+    pub fn due(&mut self, now_ms: u64) -> (Vec<LeaseAsk>, Vec<LeaseReturn>) {
+        let c = self.config;
+        let mut asks = Vec::new();
+        for ((rule, identity), h) in &mut self.held {
+            let ending = h.live(now_ms) && now_ms + c.return_margin_ms >= h.ends_ms;
+            if ending || (h.id.is_some() && !h.live(now_ms)) {
+                note_return(&mut self.returns, &(rule.clone(), identity.clone()), h, now_ms);
+                (h.id, h.units) = (None, 0);
+            }
+            let rate = h.rate_per_s.max(h.spent_this_s);
+            let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(c.renew_ahead_ms);
+            let ends_soon = h.id.is_some() && now_ms + c.renew_ahead_ms >= h.ends_ms;
+            let needed = h.id.is_none() && rate > 0 || h.id.is_some() && (runs_out || ends_soon);
+            if needed && !h.asked {
+                h.asked = true;
+                let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
+                let want = lease_size(rate, horizon_ms * 1_000, u64::MAX);
+                asks.push(LeaseAsk {
+                    rule: rule.clone(),
+                    identity: identity.clone(),
+                    want: want.min(super::wire::MAX_WANT),
+                });
+            }
+        }
+        (asks, std::mem::take(&mut self.returns))
+    }
+
+    /// The answer to the grants asked for, `asked_at_ms` being when the call went out: the
+    /// new lease replaces the quota's old one, whose unspent units go back with the next
+    /// call. It ends `expires_in_ms` after the call went out: no later than the service's
+    /// end.
+    pub fn granted(&mut self, asks: &[LeaseAsk], grants: &[LeaseGranted], asked_at_ms: u64, now_ms: u64) {
+        for (ask, g) in asks.iter().zip(grants) {
+            let quota = (ask.rule.clone(), ask.identity.clone());
+            let Some(h) = self.held.get_mut(&quota) else {
+                // Forgotten meanwhile: give the units straight back.
+                self.returns.push(LeaseReturn {
+                    rule: ask.rule.clone(),
+                    identity: ask.identity.clone(),
+                    lease: g.lease,
+                    unspent: g.units,
+                });
+                continue;
+            };
+            note_return(&mut self.returns, &quota, h, now_ms);
+            h.asked = false;
+            h.id = Some(g.lease);
+            h.units = g.units;
+            h.remaining = g.remaining;
+            h.ends_ms = asked_at_ms.saturating_add(g.expires_in_ms);
+            h.last_ttl_ms = g.expires_in_ms;
+        }
+    }
+
+    /// The grants asked for got no answer: they may be asked again.
+    pub fn failed(&mut self, asks: &[LeaseAsk]) {
+        for ask in asks {
+            if let Some(h) = self.held.get_mut(&(ask.rule.clone(), ask.identity.clone())) {
+                h.asked = false;
+            }
+        }
+    }
+
+    /// Everything held goes back (the rules changed, or the proxy stops).
+    pub fn give_all_back(&mut self, now_ms: u64) -> Vec<LeaseReturn> {
+        for (quota, h) in self.held.drain() {
+            note_return(&mut self.returns, &quota, &h, now_ms);
+        }
+        std::mem::take(&mut self.returns)
+    }
+
+    /// At the bound, forgets the least recently used quota, giving its units back.
+    fn make_room(&mut self, now_ms: u64) {
+        if self.held.len() < self.config.max_quotas.max(1) {
+            return;
+        }
+        let Some(oldest) = self.held.iter().min_by_key(|(_, h)| h.used_ms).map(|(q, _)| q.clone()) else {
+            return;
+        };
+        if let Some(h) = self.held.remove(&oldest) {
+            note_return(&mut self.returns, &oldest, &h, now_ms);
+        }
+    }
+}
+
+/// Notes what `h`'s lease did not spend, if it is still live, to go back with the next call.
+fn note_return(returns: &mut Vec<LeaseReturn>, (rule, identity): &Quota, h: &Held, now_ms: u64) {
+    if let (Some(id), true) = (h.id, h.live(now_ms) && h.units > 0) {
+        returns.push(LeaseReturn {
+            rule: rule.clone(),
+            identity: identity.clone(),
+            lease: id,
+            unspent: h.units,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(rule: &str, id: &str) -> Quota {
+        (rule.into(), id.into())
+    }
+
+    fn grant(lease: u64, units: u64, expires_in_ms: u64) -> LeaseGranted {
+        LeaseGranted {
+            lease,
+            units,
+            expires_in_ms,
+            limit: 100,
+            remaining: 50,
+            reset_after_ms: 1_000,
+            window_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn a_request_spends_only_when_every_quota_has_a_unit() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let (a, b) = (q("per-ip", "1.2.3.4"), q("per-user", "u"));
+        assert_eq!(book.spend(&[a.clone(), b.clone()], 0), Spend::Missing);
+        let (asks, _) = book.due(0);
+        assert_eq!(asks.len(), 2, "both asked for");
+        // a gets 2 units, b 1 (the asks come in any order).
+        let grants: Vec<LeaseGranted> = asks
+            .iter()
+            .map(|ask| grant(1, if ask.rule == "per-ip" { 2 } else { 1 }, 5_000))
+            .collect();
+        book.granted(&asks, &grants, 0, 10);
+        assert_eq!(book.spend(&[a.clone(), b.clone()], 20), Spend::Spent(vec![49, 49]));
+        // b is spent out: nothing is taken from a either.
+        assert_eq!(book.spend(&[a.clone(), b.clone()], 30), Spend::Missing);
+        assert_eq!(
+            book.spend(std::slice::from_ref(&a), 40),
+            Spend::Spent(vec![48]),
+            "a kept its unit"
+        );
+        assert_eq!(book.spend(&[a], 50), Spend::Missing);
+    }
+
+    #[test]
+    fn unspent_units_go_back_before_the_lease_ends_and_never_after() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        book.spend(std::slice::from_ref(&a), 0);
+        let (asks, _) = book.due(0);
+        book.granted(&asks, &[grant(7, 10, 1_000)], 0, 5);
+        book.spend(std::slice::from_ref(&a), 10);
+        let (_, returns) = book.due(500);
+        assert!(returns.is_empty(), "not yet");
+        let (_, returns) = book.due(950);
+        assert_eq!(returns.len(), 1);
+        assert_eq!((returns[0].lease, returns[0].unspent), (7, 9));
+        assert_eq!(book.spend(&[a], 960), Spend::Missing, "given back: not spent any more");
+        // A lease found already ended gives nothing back.
+        let mut late = LeaseBook::new(BookConfig::default());
+        let b = q("r", "y");
+        late.spend(std::slice::from_ref(&b), 0);
+        let (asks, _) = late.due(0);
+        late.granted(&asks, &[grant(8, 10, 1_000)], 0, 5);
+        let (_, returns) = late.due(2_000);
+        assert!(returns.is_empty(), "past its end the service takes nothing back");
+    }
+
+    #[test]
+    fn a_lease_is_renewed_before_it_runs_out_at_its_rate() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        book.spend(std::slice::from_ref(&a), 0);
+        let (asks, _) = book.due(0);
+        book.granted(&asks, &[grant(1, 100, 10_000)], 0, 1);
+        // 100 a second: after 80 spent, 20 left last 200 ms < 250 ms ahead: renew.
+        let mut renewals = 0;
+        for t in 0..80u64 {
+            assert!(matches!(
+                book.spend(std::slice::from_ref(&a), 1_000 + t * 10),
+                Spend::Spent(_)
+            ));
+            renewals += book.due(1_000 + t * 10).0.len();
+        }
+        assert_eq!(renewals, 1, "asked once, while units were left");
+    }
+
+    #[test]
+    fn the_book_is_bounded_and_gives_back_what_it_forgets() {
+        let mut book = LeaseBook::new(BookConfig {
+            max_quotas: 2,
+            ..BookConfig::default()
+        });
+        let (a, b, c) = (q("r", "a"), q("r", "b"), q("r", "c"));
+        book.spend(std::slice::from_ref(&a), 0);
+        book.spend(std::slice::from_ref(&b), 1);
+        let (asks, _) = book.due(2);
+        let grants: Vec<LeaseGranted> = asks
+            .iter()
+            .enumerate()
+            .map(|(i, _)| grant(i as u64, 5, 10_000))
+            .collect();
+        book.granted(&asks, &grants, 2, 3);
+        book.spend(std::slice::from_ref(&b), 4);
+        book.spend(&[c], 5);
+        assert_eq!(book.len(), 2);
+        let (_, returns) = book.due(6);
+        assert_eq!(returns.len(), 1, "a's lease went back");
+        assert_eq!((returns[0].identity.as_str(), returns[0].unspent), ("a", 5));
+    }
+}
