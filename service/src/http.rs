@@ -48,6 +48,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/check", post(check_handler))
         .route("/v1/wait", get(wait))
         .route("/v1/lease", post(lease_handler))
+        .route("/v1/rules", get(rules_for_proxies))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -84,6 +85,28 @@ async fn check_handler(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRe
         Ok(req) => Json(check(&node, &req).await).into_response(),
         Err(e) => bad(e.0).into_response(),
     }
+}
+
+/// `GET /v1/rules`: the rules in force without overrides, as JSON (`RuleSet::from_json`
+/// reads it), for proxies that match requests to leased rules themselves; `ETag` is the
+/// rules' version, and `If-None-Match` with it answers 304.
+async fn rules_for_proxies(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
+    let (rules, version) = node.rules_in_force();
+    let etag = format!("\"{version}\"");
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|v| v.as_bytes() == etag.as_bytes())
+    {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    }
+    (
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::ETAG, etag),
+        ],
+        rules.rules_json(),
+    )
+        .into_response()
 }
 
 /// `POST /v1/lease`: leases granted and given back (see [`crate::lease`]); 400 for a rule

@@ -166,3 +166,40 @@ async fn a_store_that_cannot_answer_is_a_503_that_says_to_check_exactly() {
     assert_eq!(status, 503);
     assert!(err["error"].as_str().is_some_and(|e| e.contains("/v1/check")), "{err}");
 }
+
+/// Proxies read the rules (not the overrides, which name identities) to match leased rules
+/// themselves; the version is the ETag, and an unchanged version answers 304.
+#[tokio::test]
+async fn proxies_read_the_rules_without_overrides() {
+    let node = TestNode::start(Store::Memory(MemoryStore::new(100)), RULES, NodeConfig::default()).await;
+    let added = node
+        .client
+        .post(node.url("/v1/admin/overrides"))
+        .bearer_auth(common::TOKEN)
+        .json(&json!({"rule": "leased", "identity": "secret-key-1", "limit": 99, "until": "2099-01-01T00:00:00Z"}))
+        .send()
+        .await
+        .expect("override");
+    assert_eq!(added.status(), 201);
+    let r = node.client.get(node.url("/v1/rules")).send().await.expect("rules");
+    assert_eq!(r.status(), 200);
+    let etag = r.headers()["etag"].to_str().expect("etag").to_owned();
+    let text = r.text().await.expect("text");
+    assert!(!text.contains("secret-key-1"), "overrides stay on the service: {text}");
+    let rules = sluice_core::rules::RuleSet::from_json(&text).expect("the proxy reads them");
+    let leased: Vec<&str> = rules
+        .rules()
+        .iter()
+        .filter(|r| r.lease_ttl.is_some())
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(leased, ["leased", "bucket"]);
+    let again = node
+        .client
+        .get(node.url("/v1/rules"))
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .expect("rules");
+    assert_eq!(again.status(), 304, "unchanged since {etag}");
+}

@@ -163,6 +163,16 @@ impl RuleSet {
         serde_json::to_string(&self.to_file()).unwrap_or_default()
     }
 
+    /// The rules alone as JSON, without the overrides (which name identities, and which
+    /// only the service applies): what a proxy needs to match requests to rules itself.
+    pub fn rules_json(&self) -> String {
+        let file = RuleFile {
+            rules: self.specs.clone(),
+            overrides: Vec::new(),
+        };
+        serde_json::to_string(&file).unwrap_or_default()
+    }
+
     /// The rules in evaluation (file) order.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
