@@ -51,8 +51,13 @@ struct Held {
     id: Option<u64>,
     units: u64,
     ends_ms: u64,
-    /// What the quota had left after the grant (the headers' `remaining` start from it).
+    /// What the quota held for this proxy: what it had left at the grant plus the lease's
+    /// units, less what this proxy spent since (the headers' `remaining`).
     remaining: u64,
+    /// The rule's limit and window, and when the quota is whole again (proxy clock).
+    limit: u64,
+    window_ms: u64,
+    reset_at_ms: u64,
     /// How long its last lease lasted (ms).
     last_ttl_ms: u64,
     /// A grant was asked for and not answered yet.
@@ -84,12 +89,25 @@ impl Held {
     }
 }
 
+/// What a quota holds after a spend, as this proxy sees it (for the response headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    /// What the quota had left when the lease was granted, with the lease's units, less
+    /// what this proxy spent since: other proxies' spending shows at the next grant.
+    pub remaining: u64,
+    /// The rule's limit per window.
+    pub limit: u64,
+    /// Milliseconds until the quota is whole again, counted from the grant.
+    pub reset_after_ms: u64,
+    /// The rule's window in milliseconds.
+    pub window_ms: u64,
+}
+
 /// What [`LeaseBook::spend`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Spend {
-    /// One unit of every quota was spent; for each, what its lease has left and the quota
-    /// had left when granted minus what was spent since (for the response headers).
-    Spent(Vec<u64>),
+    /// One unit of every quota was spent; what each holds now, in the quotas' order.
+    Spent(Vec<Left>),
     /// Some quota has no live lease with a unit left: nothing was spent; decide exactly.
     Missing,
 }
@@ -149,7 +167,12 @@ impl LeaseBook {
                 h.units -= 1;
                 h.remaining = h.remaining.saturating_sub(1);
                 h.count(now_ms);
-                left.push(h.remaining);
+                left.push(Left {
+                    remaining: h.remaining,
+                    limit: h.limit,
+                    reset_after_ms: h.reset_at_ms.saturating_sub(now_ms),
+                    window_ms: h.window_ms,
+                });
             }
         }
         Spend::Spent(left)
@@ -206,7 +229,9 @@ impl LeaseBook {
             h.asked = false;
             h.id = Some(g.lease);
             h.units = g.units;
-            h.remaining = g.remaining;
+            h.remaining = g.remaining.saturating_add(g.units);
+            (h.limit, h.window_ms) = (g.limit, g.window_ms);
+            h.reset_at_ms = now_ms.saturating_add(g.reset_after_ms);
             h.ends_ms = asked_at_ms.saturating_add(g.expires_in_ms);
             h.last_ttl_ms = g.expires_in_ms;
         }
@@ -288,14 +313,15 @@ mod tests {
             .map(|ask| grant(1, if ask.rule == "per-ip" { 2 } else { 1 }, 5_000))
             .collect();
         book.granted(&asks, &grants, 0, 10);
-        assert_eq!(book.spend(&[a.clone(), b.clone()], 20), Spend::Spent(vec![49, 49]));
+        let left = |s: Spend| match s {
+            Spend::Spent(l) => l.iter().map(|l| l.remaining).collect::<Vec<_>>(),
+            Spend::Missing => vec![],
+        };
+        // 50 left at the grant and the lease's units: 52 and 51, less the one spent.
+        assert_eq!(left(book.spend(&[a.clone(), b.clone()], 20)), [51, 50]);
         // b is spent out: nothing is taken from a either.
         assert_eq!(book.spend(&[a.clone(), b.clone()], 30), Spend::Missing);
-        assert_eq!(
-            book.spend(std::slice::from_ref(&a), 40),
-            Spend::Spent(vec![48]),
-            "a kept its unit"
-        );
+        assert_eq!(left(book.spend(std::slice::from_ref(&a), 40)), [50], "a kept its unit");
         assert_eq!(book.spend(&[a], 50), Spend::Missing);
     }
 
