@@ -31,6 +31,40 @@ pub struct Config {
     /// Which rate-limit headers to send.
     #[serde(default)]
     pub headers: HeaderMode,
+    /// Leased quotas: the filter matches the service's rules itself and spends leases of
+    /// leased rules locally; absent, every request is an exact check.
+    pub lease: Option<Lease>,
+}
+
+fn default_rules_path() -> String {
+    "/v1/rules".into()
+}
+fn default_lease_path() -> String {
+    "/v1/lease".into()
+}
+fn default_poll_ms() -> u64 {
+    1_000
+}
+fn default_tick_ms() -> u64 {
+    50
+}
+
+/// Leasing: where the rules and leases come from, and how often the filter asks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// The service's rules for proxies (`GET`).
+    #[serde(default = "default_rules_path")]
+    pub rules_path: String,
+    /// The service's lease endpoint (`POST`).
+    #[serde(default = "default_lease_path")]
+    pub lease_path: String,
+    /// How often the rules are asked for (ms); a change reaches the filter within this.
+    #[serde(default = "default_poll_ms")]
+    pub poll_ms: u64,
+    /// The root context's timer (ms): leases are asked for and given back on it.
+    #[serde(default = "default_tick_ms")]
+    pub tick_ms: u64,
 }
 
 fn default_authority() -> String {
@@ -200,6 +234,16 @@ fn header_name(field: &str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// An endpoint's path: from `/`, without a query.
+fn endpoint(field: &str, path: &str) -> Result<(), ConfigError> {
+    if !path.starts_with('/') || path.contains('?') {
+        return Err(ConfigError(format!(
+            "{field}: {path:?} must start with / and have no query"
+        )));
+    }
+    Ok(())
+}
+
 fn range(field: &str, v: u64, lo: u64, hi: u64) -> Result<(), ConfigError> {
     if v < lo || v > hi {
         return Err(ConfigError(format!("{field}: {v} is out of range {lo}..={hi}")));
@@ -222,17 +266,15 @@ impl Config {
                 "check.cluster: must name the check service's cluster (or host:port)".into(),
             ));
         }
-        for (field, path) in [
-            ("check.path", &self.check.path),
-            ("check.wait_path", &self.check.wait_path),
-        ] {
-            if !path.starts_with('/') || path.contains('?') {
-                return Err(ConfigError(format!(
-                    "{field}: {path:?} must start with / and have no query"
-                )));
-            }
-        }
+        endpoint("check.path", &self.check.path)?;
+        endpoint("check.wait_path", &self.check.wait_path)?;
         range("check.timeout_ms", u64::from(self.check.timeout_ms), 1, 60_000)?;
+        if let Some(lease) = &self.lease {
+            endpoint("lease.rules_path", &lease.rules_path)?;
+            endpoint("lease.lease_path", &lease.lease_path)?;
+            range("lease.tick_ms", lease.tick_ms, 10, 1_000)?;
+            range("lease.poll_ms", lease.poll_ms, lease.tick_ms, 60_000)?;
+        }
         if let Some(ip) = &self.identities.ip {
             header_name("identities.ip.header", &ip.header)?;
             range("identities.ip.trusted_hops", u64::from(ip.trusted_hops), 0, 16)?;

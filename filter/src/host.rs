@@ -4,7 +4,10 @@
 
 use std::net::IpAddr;
 
+use std::time::Duration;
+
 use proxy_wasm::hostcalls;
+use proxy_wasm::traits::Context;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 
 use crate::config::IpSource;
@@ -51,6 +54,26 @@ pub fn request_ip(source: &IpSource) -> Option<IpAddr> {
 /// Answers the stream with a local response (the host ends it).
 pub fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
     let _ = hostcalls::send_http_response(status, headers, Some(body));
+}
+
+/// Dispatches `method path` (with a JSON `body`, and `extra` headers) to the check
+/// service's `cluster` from context `ctx`, whose callback gets the answer; the call's token,
+/// or why it did not go out.
+pub fn call<C: Context + ?Sized>(
+    ctx: &C,
+    (cluster, authority): (&str, &str),
+    (method, path): (&str, &str),
+    body: Option<&[u8]>,
+    extra: &[(&str, &str)],
+    timeout_ms: u64,
+) -> Result<u32, String> {
+    let mut headers = vec![(":method", method), (":path", path), (":authority", authority)];
+    if body.is_some() {
+        headers.push(("content-type", "application/json"));
+    }
+    headers.extend_from_slice(extra);
+    ctx.dispatch_http_call(cluster, headers, body, vec![], Duration::from_millis(timeout_ms))
+        .map_err(|status| format!("dispatch refused: {status:?}"))
 }
 
 /// Lets a paused request go on.

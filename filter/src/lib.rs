@@ -17,6 +17,7 @@ mod clock;
 pub mod config;
 mod host;
 pub mod identity;
+mod leases;
 mod metrics;
 mod root;
 mod shared;

@@ -13,6 +13,8 @@ pub struct Metrics {
     pub failed_open: u32,
     pub failed_closed: u32,
     pub delayed: u32,
+    /// Allowed by a lease held here, without a call.
+    pub leased: u32,
     pub check_latency_ms: u32,
 }
 
@@ -27,6 +29,7 @@ impl Metrics {
             failed_open: counter("sluice_filter_requests_failed_open"),
             failed_closed: counter("sluice_filter_requests_failed_closed"),
             delayed: counter("sluice_filter_requests_delayed"),
+            leased: counter("sluice_filter_requests_leased"),
             check_latency_ms: hostcalls::define_metric(MetricType::Histogram, "sluice_filter_check_latency_ms")
                 .unwrap_or(0),
         }

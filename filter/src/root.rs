@@ -3,12 +3,17 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
+use sluice_core::time::instant_ms;
+
+use crate::clock::now_us;
 use crate::config::Config;
-use crate::host::log;
+use crate::host::{self, call_response_body, call_response_header, log};
+use crate::leases::MAX_ANSWER_BYTES;
 use crate::shared::Shared;
 use crate::stream::Stream;
 
@@ -18,7 +23,24 @@ pub struct Root {
     shared: Option<Rc<RefCell<Shared>>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// The answer to a rules or lease call of the timer's.
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, body: usize, _trailers: usize) {
+        let Some(shared) = &self.shared else { return };
+        let status = call_response_header(":status")
+            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let etag = call_response_header("etag").and_then(|e| String::from_utf8(e).ok());
+        let body = if body > 0 {
+            call_response_body(body.min(MAX_ANSWER_BYTES))
+        } else {
+            Vec::new()
+        };
+        if let Some(leasing) = shared.borrow_mut().leasing.as_mut() {
+            leasing.answered(token, status, etag, &body, instant_ms(now_us()));
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -48,8 +70,44 @@ impl RootContext for Root {
                 shared.config.check.cluster
             ),
         );
+        if let Some(lease) = &shared.config.lease {
+            // The root context is where every host allows a timer (ngx_wasm_module included).
+            self.set_tick_period(Duration::from_millis(lease.tick_ms));
+        }
         self.shared = Some(Rc::new(RefCell::new(shared)));
         true
+    }
+
+    /// Asks for the rules and for leases, and gives back what leases will not spend.
+    fn on_tick(&mut self) {
+        let Some(shared) = self.shared.clone() else { return };
+        let now_ms = instant_ms(now_us());
+        let (due, check) = {
+            let mut s = shared.borrow_mut();
+            let due = s.leasing.as_mut().map(|l| l.due(now_ms)).unwrap_or_default();
+            (due, s.config.check.clone())
+        };
+        for out in due {
+            let etag = out.etag.as_deref().map(|e| ("if-none-match", e));
+            let extra: Vec<(&str, &str)> = etag.into_iter().collect();
+            let sent = host::call(
+                self,
+                (&check.cluster, &check.authority),
+                (out.method, &out.path),
+                out.body.as_deref(),
+                &extra,
+                u64::from(check.timeout_ms),
+            );
+            let mut s = shared.borrow_mut();
+            let Some(leasing) = s.leasing.as_mut() else { return };
+            match sent {
+                Ok(token) => leasing.sent(token, out.pending),
+                Err(why) => {
+                    log(LogLevel::Debug, &format!("sluice-filter: lease call not sent ({why})"));
+                    leasing.not_sent(&out.pending);
+                }
+            }
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

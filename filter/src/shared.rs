@@ -6,6 +6,7 @@ use sluice_core::time::micros_from_ms;
 
 use crate::buckets::Buckets;
 use crate::config::Config;
+use crate::leases::Leasing;
 use crate::metrics::Metrics;
 
 /// Keys the fallback buckets hold when the configuration has no local prefilter.
@@ -20,6 +21,8 @@ pub struct Shared {
     pub fallback: Buckets,
     pub breaker: Breaker,
     pub metrics: Metrics,
+    /// Leased quotas, when the configuration asks for them.
+    pub leasing: Option<Leasing>,
 }
 
 impl Shared {
@@ -35,12 +38,14 @@ impl Shared {
         let fallback = Buckets::new(fb.rate_per_s, fb.burst, max_keys).ok_or("failure.fallback: invalid rate")?;
         let settings = &config.failure.breaker;
         let breaker = Breaker::new(settings.failures, micros_from_ms(settings.cooldown_ms));
+        let leasing = config.lease.clone().map(Leasing::new);
         Ok(Shared {
             config,
             local,
             fallback,
             breaker,
             metrics: Metrics::define(),
+            leasing,
         })
     }
 }

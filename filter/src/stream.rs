@@ -3,7 +3,6 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::time::Duration;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
@@ -17,7 +16,7 @@ use sluice_core::{Decision, Micros};
 use crate::answer::{read_answer, Failure};
 use crate::buckets;
 use crate::clock::now_us;
-use crate::host::{add_response_header, log, request_header, request_ip, respond, resume_request};
+use crate::host::{self, add_response_header, log, request_header, request_ip, respond, resume_request};
 use crate::identity::{bounded, bounded_path};
 use crate::metrics::Metrics;
 use crate::shared::Shared;
@@ -174,12 +173,39 @@ impl Stream {
             let s = self.shared.borrow();
             (s.config.check.cluster.clone(), s.config.check.authority.clone())
         };
-        let mut headers = vec![(":method", method), (":path", path), (":authority", authority.as_str())];
-        if body.is_some() {
-            headers.push(("content-type", "application/json"));
+        host::call(self, (&cluster, &authority), (method, path), body, &[], timeout_ms)
+    }
+
+    /// The request decided by leases, if it can be (see [`crate::leases`]): it goes on,
+    /// with the headers of its most restrictive quota.
+    fn by_lease(&mut self, method: &str, path: &str, now: Micros) -> bool {
+        let decided = {
+            let mut s = self.shared.borrow_mut();
+            let leasing = s.leasing.as_mut();
+            leasing.and_then(|l| l.decide(&self.identities, method, path, instant_ms(now)))
+        };
+        let Some(quotas) = decided else {
+            return false;
+        };
+        let (mode, metrics) = {
+            let s = self.shared.borrow();
+            (s.config.headers, s.metrics)
+        };
+        if let Some((rule, left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
+            let quota = Quota {
+                policy: rule,
+                limit: left.limit,
+                remaining: left.remaining,
+                reset_after_ms: left.reset_after_ms,
+                window_ms: left.window_ms,
+                retry_after_ms: None,
+                now_ms: instant_ms(now),
+            };
+            format_headers(&quota, mode, &mut self.response_headers);
         }
-        self.dispatch_http_call(&cluster, headers, body, vec![], Duration::from_millis(timeout_ms))
-            .map_err(|status| format!("dispatch refused: {status:?}"))
+        Metrics::bump(metrics.allowed);
+        Metrics::bump(metrics.leased);
+        true
     }
 
     /// Holds the request `delay_ms` on the service's wait endpoint: the stream stays paused
@@ -239,6 +265,14 @@ impl HttpContext for Stream {
             return Action::Pause;
         }
 
+        // Leased quotas: a request whose rules are all leased and held is decided here.
+        let method = request_header(":method");
+        let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
+        let path = request_header(":path").map_or_else(|| "/".into(), |p| bounded_path(&p).to_owned());
+        if self.by_lease(&method, &path, now) {
+            return Action::Continue;
+        }
+
         let (allowed, state) = {
             let breaker = &mut self.shared.borrow_mut().breaker;
             (breaker.allow(now), breaker.state())
@@ -247,11 +281,10 @@ impl HttpContext for Stream {
             return self.fail_headers(now, "circuit breaker open");
         }
         self.probe = state == BreakerState::HalfOpen;
-        let method = request_header(":method");
         let request = CheckRequest {
             identities: std::mem::take(&mut self.identities),
-            method: check_method(method.as_deref().unwrap_or("GET")).to_owned(),
-            path: request_header(":path").map_or_else(|| "/".into(), |p| bounded_path(&p).to_owned()),
+            method,
+            path,
             cost: 1,
         };
         let Ok(body) = serde_json::to_vec(&request) else {

@@ -246,12 +246,12 @@ impl LeaseBook {
         }
     }
 
-    /// Everything held goes back (the rules changed, or the proxy stops).
-    pub fn give_all_back(&mut self, now_ms: u64) -> Vec<LeaseReturn> {
+    /// Forgets every quota (the rules changed); what their leases did not spend goes back
+    /// with the next call.
+    pub fn forget_all(&mut self, now_ms: u64) {
         for (quota, h) in self.held.drain() {
             note_return(&mut self.returns, &quota, &h, now_ms);
         }
-        std::mem::take(&mut self.returns)
     }
 
     /// At the bound, forgets the least recently used quota, giving its units back.

@@ -1,0 +1,171 @@
+//! Leased quotas in the filter: the service's rules, polled, so that a request is matched
+//! to its rules here, and a book of leases (`sluice_core::lease::book`) that streams spend
+//! and the root's timer renews and gives back. A request all of whose rules are leased and
+//! held is decided here, without a call; any other goes to the exact check.
+
+use std::collections::BTreeMap;
+
+use sluice_core::lease::book::{BookConfig, LeaseBook, Left, Quota, Spend};
+use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseResponse};
+use sluice_core::rules::RuleSet;
+
+use crate::config::Lease;
+
+/// Bytes of a rules or lease answer read at most.
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// A call of the root's in flight.
+#[derive(Debug, Clone)]
+pub enum Pending {
+    /// `GET` of the rules.
+    Rules,
+    /// `POST` of a lease call: the grants asked for, and when it went out (ms).
+    Lease { asks: Vec<LeaseAsk>, sent_ms: u64 },
+}
+
+/// A call the root should send.
+#[derive(Debug, Clone)]
+pub struct Out {
+    pub method: &'static str,
+    pub path: String,
+    pub body: Option<Vec<u8>>,
+    /// `If-None-Match` for the rules.
+    pub etag: Option<String>,
+    pub pending: Pending,
+}
+
+/// The filter's leases and the rules they follow.
+pub struct Leasing {
+    config: Lease,
+    rules: Option<RuleSet>,
+    etag: Option<String>,
+    book: LeaseBook,
+    calls: Vec<(u32, Pending)>,
+    polled_ms: Option<u64>,
+}
+
+impl Leasing {
+    pub fn new(config: Lease) -> Leasing {
+        Leasing {
+            config,
+            rules: None,
+            etag: None,
+            book: LeaseBook::new(BookConfig::default()),
+            calls: Vec::new(),
+            polled_ms: None,
+        }
+    }
+
+    /// A request's decision by leases: `Some` with what each of its quotas holds (empty
+    /// when no rule limits it), or `None` to check it exactly — no rules known yet, a rule
+    /// that is not leased, or a quota without a unit in hand (then asked for on the timer).
+    pub fn decide(
+        &mut self,
+        identities: &BTreeMap<String, String>,
+        method: &str,
+        path: &str,
+        now_ms: u64,
+    ) -> Option<Vec<(String, Left)>> {
+        let rules = self.rules.as_ref()?;
+        let mut quotas: Vec<Quota> = Vec::new();
+        for (rule, identity) in rules.matching(identities, method, path) {
+            rule.lease_ttl?;
+            quotas.push((rule.name.clone(), identity.to_owned()));
+        }
+        match self.book.spend(&quotas, now_ms) {
+            Spend::Spent(left) => Some(quotas.into_iter().map(|(rule, _)| rule).zip(left).collect()),
+            Spend::Missing => None,
+        }
+    }
+
+    /// The calls to send now: the rules when their poll is due, and a lease call when
+    /// leases are to be asked for or given back (one of each in flight at most).
+    pub fn due(&mut self, now_ms: u64) -> Vec<Out> {
+        let mut out = Vec::new();
+        let in_flight =
+            |calls: &[(u32, Pending)], rules: bool| calls.iter().any(|(_, p)| matches!(p, Pending::Rules) == rules);
+        let poll = self.polled_ms.is_none_or(|t| now_ms >= t + self.config.poll_ms);
+        if poll && !in_flight(&self.calls, true) {
+            self.polled_ms = Some(now_ms);
+            out.push(Out {
+                method: "GET",
+                path: self.config.rules_path.clone(),
+                body: None,
+                etag: self.etag.clone(),
+                pending: Pending::Rules,
+            });
+        }
+        if !in_flight(&self.calls, false) {
+            let (grants, returns) = self.book.due(now_ms);
+            if !grants.is_empty() || !returns.is_empty() {
+                let request = LeaseRequest { grants, returns };
+                if let Ok(body) = serde_json::to_vec(&request) {
+                    out.push(Out {
+                        method: "POST",
+                        path: self.config.lease_path.clone(),
+                        body: Some(body),
+                        etag: None,
+                        pending: Pending::Lease {
+                            asks: request.grants,
+                            sent_ms: now_ms,
+                        },
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// A call went out as `token`.
+    pub fn sent(&mut self, token: u32, pending: Pending) {
+        self.calls.push((token, pending));
+    }
+
+    /// A call could not go out.
+    pub fn not_sent(&mut self, pending: &Pending) {
+        if let Pending::Lease { asks, .. } = pending {
+            self.book.failed(asks);
+        }
+    }
+
+    /// The answer to the call `token` (status 0: none came); whether it was one of ours.
+    pub fn answered(&mut self, token: u32, status: u16, etag: Option<String>, body: &[u8], now_ms: u64) -> bool {
+        let Some(i) = self.calls.iter().position(|(t, _)| *t == token) else {
+            return false;
+        };
+        match self.calls.swap_remove(i).1 {
+            Pending::Rules => {
+                if status == 200 {
+                    self.rules_arrived(etag, body, now_ms);
+                }
+            }
+            Pending::Lease { asks, sent_ms } => {
+                match serde_json::from_slice::<LeaseResponse>(body) {
+                    Ok(answer) if status == 200 && answer.grants.len() == asks.len() => {
+                        self.book.granted(&asks, &answer.grants, sent_ms, now_ms);
+                        if self.etag.as_deref() != Some(&format!("\"{}\"", answer.rules_version)) {
+                            self.polled_ms = None; // the rules changed: ask for them now
+                        }
+                    }
+                    _ => self.book.failed(&asks),
+                }
+            }
+        }
+        true
+    }
+
+    /// New rules: leases of the old ones go back with the next call.
+    fn rules_arrived(&mut self, etag: Option<String>, body: &[u8], now_ms: u64) {
+        let Ok(rules) = std::str::from_utf8(body)
+            .map_err(|_| ())
+            .and_then(|t| RuleSet::from_json(t).map_err(|_| ()))
+        else {
+            return; // keep the rules we have
+        };
+        if self.rules.is_some() {
+            self.book.forget_all(now_ms);
+        }
+        self.rules = Some(rules);
+        self.etag = etag;
+    }
+}
