@@ -1,0 +1,142 @@
+//! Leased quotas across the whole chain: two proxies leasing from two service nodes over
+//! one Redis (and a Redis Cluster), 64 clients at once split 80/20 between the proxies.
+//! The limit is never exceeded, a saturated key still admits nearly all of it, the quiet
+//! proxy is not starved, and a client far below its limit costs almost no calls.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_tests::chain::{Chain, Options, FILTER};
+use sluice_tests::http::http;
+
+const LEASED: &str = r#"
+[[rule]]
+name      = "tenant"
+by        = "user"
+algorithm = "fixed_window"
+limit     = 300
+window    = "1h"
+lease     = true
+lease_ttl = "1s"
+"#;
+
+const ROOMY: &str = r#"
+[[rule]]
+name      = "tenant"
+by        = "user"
+algorithm = "token_bucket"
+limit     = 100000
+window    = "1m"
+lease     = true
+lease_ttl = "5s"
+"#;
+
+/// The chain's filter with leasing on: a fast timer, the rules polled every 200 ms.
+fn leasing_filter() -> String {
+    let mut config: serde_json::Value = serde_json::from_str(FILTER).expect("JSON");
+    config["lease"] = serde_json::json!({"tick_ms": 20, "poll_ms": 200});
+    config.to_string()
+}
+
+fn chain(rules: &str, cluster_masters: usize) -> Chain {
+    Chain::with(Options {
+        rules: rules.to_owned(),
+        filter: leasing_filter(),
+        cluster_masters,
+        ..Options::default()
+    })
+}
+
+/// `clients` threads sending `each` requests of user `u1`, 80 % to proxy 0: how many each
+/// proxy's clients got through.
+fn burst(chain: &Chain, clients: usize, each: usize) -> [u64; 2] {
+    let admitted = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let admitted = Arc::clone(&admitted);
+            let proxy = usize::from(c % 5 == 4);
+            let port = chain.proxies[proxy];
+            std::thread::spawn(move || {
+                for _ in 0..each {
+                    if http(port, "GET", "/api/hello", &[("x-user-id", "u1")]).status == 200 {
+                        admitted[proxy].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client thread");
+    }
+    [admitted[0].load(Ordering::Relaxed), admitted[1].load(Ordering::Relaxed)]
+}
+
+/// Waits until both proxies have polled the rules (every 200 ms).
+fn warm_up() {
+    std::thread::sleep(Duration::from_millis(600));
+}
+
+fn saturated_key_is_exact_and_nearly_full(cluster_masters: usize) {
+    let chain = chain(LEASED, cluster_masters);
+    warm_up();
+    // 64 clients, 1,280 requests against 300 an hour; then, once the leases have ended and
+    // given back what they did not spend, 320 more.
+    let first = burst(&chain, 64, 20);
+    std::thread::sleep(Duration::from_millis(1_500));
+    let second = burst(&chain, 64, 5);
+    let total = first[0] + first[1] + second[0] + second[1];
+    println!("admitted {first:?} then {second:?}: {total} of 300");
+    assert!(total <= 300, "{total} admitted of 300");
+    assert!(
+        total >= 285,
+        "{total} of 300: leases left too much unspent (under 95 %)"
+    );
+    assert!(first[1] + second[1] > 0, "the quiet proxy was starved");
+    assert_eq!(chain.upstream_count(), total, "the upstream saw what was admitted");
+}
+
+#[test]
+fn a_saturated_leased_key_is_never_exceeded_and_nearly_full_on_one_redis() {
+    saturated_key_is_exact_and_nearly_full(0);
+}
+
+#[test]
+fn a_saturated_leased_key_is_never_exceeded_and_nearly_full_on_a_cluster() {
+    saturated_key_is_exact_and_nearly_full(3);
+}
+
+/// Lease grants and exact checks the nodes answered (rules polls aside).
+fn service_calls(chain: &Chain) -> f64 {
+    chain.nodes_metric("sluice_leases_granted_total")
+        + chain.nodes_metric("sluice_checks_total{rule=\"tenant\",decision=\"allowed\"}")
+        + chain.nodes_metric("sluice_checks_total{rule=\"tenant\",decision=\"denied\"}")
+}
+
+/// About 100 requests a second of user `steady` for `secs`, 80/20 over the proxies; how
+/// many were sent.
+fn steady(chain: &Chain, secs: u64) -> u64 {
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(secs) {
+        let proxy = usize::from(sent % 5 == 4);
+        let r = http(chain.proxies[proxy], "GET", "/api/hello", &[("x-user-id", "steady")]);
+        assert_eq!(r.status, 200, "far below the limit");
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sent
+}
+
+#[test]
+fn a_client_far_below_its_limit_costs_almost_no_calls() {
+    let chain = chain(ROOMY, 0);
+    warm_up();
+    steady(&chain, 2); // the leases settle at the client's rate
+    let before = service_calls(&chain);
+    let sent = steady(&chain, 6);
+    let calls = service_calls(&chain) - before;
+    let per_request = calls / sent as f64;
+    println!("{calls} lease grants and checks for {sent} requests: {per_request:.3} a request");
+    assert!(per_request <= 0.02, "{per_request:.3} calls a request");
+}
