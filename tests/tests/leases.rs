@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_tests::chain::{Chain, Options, FILTER};
-use sluice_tests::http::http;
+use sluice_tests::http::{http, send};
 
 const LEASED: &str = r#"
 [[rule]]
@@ -139,4 +139,54 @@ fn a_client_far_below_its_limit_costs_almost_no_calls() {
     let per_request = calls / sent as f64;
     println!("{calls} lease grants and checks for {sent} requests: {per_request:.3} a request");
     assert!(per_request <= 0.02, "{per_request:.3} calls a request");
+}
+
+/// A rule changed through the admin API reaches both filters' rule sets within a second:
+/// once proxies decide by leases of the old rule, no answer carries the old rule's headers
+/// a second after the change.
+#[test]
+fn a_rule_change_reaches_the_filters_within_a_second() {
+    let chain = chain(LEASED, 0);
+    warm_up();
+    let old = "\"tenant\";q=300;w=3600";
+    for _ in 0..30 {
+        for proxy in chain.proxies {
+            let r = http(proxy, "GET", "/api/hello", &[("x-user-id", "u9")]);
+            assert_eq!(r.header("ratelimit-policy"), Some(old));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..2 {
+        let leased = chain.proxy_stats(i)["metrics"]["sluice_filter_requests_leased"].as_i64();
+        assert!(leased.is_some_and(|n| n > 0), "proxy {i} decided nothing by lease");
+    }
+    let (auth, token) = Chain::bearer();
+    let new_rules = LEASED.replace("name      = \"tenant\"", "name      = \"tenant-v2\"");
+    let started = Instant::now();
+    let r = send(
+        chain.node_ports[0],
+        "PUT",
+        "/v1/admin/rules",
+        &[(auth, &token)],
+        new_rules.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The last answer with the old rule's headers, per proxy, over 2 s of traffic.
+    let mut last_old = [Duration::ZERO; 2];
+    while started.elapsed() < Duration::from_secs(2) {
+        for (i, proxy) in chain.proxies.into_iter().enumerate() {
+            let r = http(proxy, "GET", "/api/hello", &[("x-user-id", "u9")]);
+            if r.header("ratelimit-policy") == Some(old) {
+                last_old[i] = started.elapsed();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("the old rule's headers last seen after {last_old:?}");
+    for (i, when) in last_old.iter().enumerate() {
+        assert!(
+            *when < Duration::from_secs(1),
+            "proxy {i} still used the old rule after {when:?}"
+        );
+    }
 }
