@@ -10,6 +10,7 @@ use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseResponse};
 use sluice_core::rules::RuleSet;
 
 use crate::config::Lease;
+use crate::metrics::Metrics;
 
 /// Bytes of a rules or lease answer read at most.
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -37,6 +38,7 @@ pub struct Out {
 /// The filter's leases and the rules they follow.
 pub struct Leasing {
     config: Lease,
+    metrics: Metrics,
     rules: Option<RuleSet>,
     etag: Option<String>,
     book: LeaseBook,
@@ -45,9 +47,10 @@ pub struct Leasing {
 }
 
 impl Leasing {
-    pub fn new(config: Lease) -> Leasing {
+    pub fn new(config: Lease, metrics: Metrics) -> Leasing {
         Leasing {
             config,
+            metrics,
             rules: None,
             etag: None,
             book: LeaseBook::new(BookConfig::default()),
@@ -97,6 +100,8 @@ impl Leasing {
         }
         if !in_flight(&self.calls, false) {
             let (grants, returns) = self.book.due(now_ms);
+            let unspent = returns.iter().map(|r| r.unspent).sum();
+            Metrics::add(self.metrics.lease_units_returned, unspent);
             if !grants.is_empty() || !returns.is_empty() {
                 let request = LeaseRequest { grants, returns };
                 if let Ok(body) = serde_json::to_vec(&request) {
@@ -142,6 +147,9 @@ impl Leasing {
             Pending::Lease { asks, sent_ms } => {
                 match serde_json::from_slice::<LeaseResponse>(body) {
                     Ok(answer) if status == 200 && answer.grants.len() == asks.len() => {
+                        let held: Vec<u64> = answer.grants.iter().map(|g| g.units).filter(|&u| u > 0).collect();
+                        Metrics::add(self.metrics.leases_granted, held.len() as u64);
+                        Metrics::add(self.metrics.lease_units_granted, held.iter().sum());
                         self.book.granted(&asks, &answer.grants, sent_ms, now_ms);
                         if self.etag.as_deref() != Some(&format!("\"{}\"", answer.rules_version)) {
                             self.polled_ms = None; // the rules changed: ask for them now

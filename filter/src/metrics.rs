@@ -15,6 +15,10 @@ pub struct Metrics {
     pub delayed: u32,
     /// Allowed by a lease held here, without a call.
     pub leased: u32,
+    /// Leases granted with units, the units they brought, and the units given back.
+    pub leases_granted: u32,
+    pub lease_units_granted: u32,
+    pub lease_units_returned: u32,
     pub check_latency_ms: u32,
 }
 
@@ -30,6 +34,9 @@ impl Metrics {
             failed_closed: counter("sluice_filter_requests_failed_closed"),
             delayed: counter("sluice_filter_requests_delayed"),
             leased: counter("sluice_filter_requests_leased"),
+            leases_granted: counter("sluice_filter_leases_granted"),
+            lease_units_granted: counter("sluice_filter_lease_units_granted"),
+            lease_units_returned: counter("sluice_filter_lease_units_returned"),
             check_latency_ms: hostcalls::define_metric(MetricType::Histogram, "sluice_filter_check_latency_ms")
                 .unwrap_or(0),
         }
@@ -37,8 +44,13 @@ impl Metrics {
 
     /// Adds one to counter `id`.
     pub fn bump(id: u32) {
-        if id != 0 {
-            let _ = hostcalls::increment_metric(id, 1);
+        Metrics::add(id, 1);
+    }
+
+    /// Adds `n` to counter `id`.
+    pub fn add(id: u32, n: u64) {
+        if id != 0 && n > 0 {
+            let _ = hostcalls::increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

@@ -38,13 +38,14 @@ impl Shared {
         let fallback = Buckets::new(fb.rate_per_s, fb.burst, max_keys).ok_or("failure.fallback: invalid rate")?;
         let settings = &config.failure.breaker;
         let breaker = Breaker::new(settings.failures, micros_from_ms(settings.cooldown_ms));
-        let leasing = config.lease.clone().map(Leasing::new);
+        let metrics = Metrics::define();
+        let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics));
         Ok(Shared {
             config,
             local,
             fallback,
             breaker,
-            metrics: Metrics::define(),
+            metrics,
             leasing,
         })
     }

@@ -90,6 +90,8 @@ fn a_held_lease_decides_requests_here_and_the_rest_are_checked(flavor: Flavor) {
         assert_eq!(header(headers, "ratelimit-policy"), Some("\"per-ip\";q=100;w=60"));
     }
     assert_eq!(host.metric("sluice_filter_requests_leased"), Some(3));
+    assert_eq!(host.metric("sluice_filter_leases_granted"), Some(1));
+    assert_eq!(host.metric("sluice_filter_lease_units_granted"), Some(3));
     // The lease is spent: checked exactly again.
     let (_, outcome) = request(&mut host, ip, "/", &[]);
     assert_eq!(outcome, Outcome::Pause);
@@ -158,6 +160,7 @@ fn unspent_units_go_back_before_the_lease_ends(flavor: Flavor) {
         }
     }
     let r = returned.expect("the unspent units went back");
+    assert_eq!(host.metric("sluice_filter_lease_units_returned"), Some(9));
     assert_eq!((r["lease"].as_u64(), r["unspent"].as_u64()), (Some(11), Some(9)));
     let at_ms = host.now_ns() / 1_000_000;
     assert!(

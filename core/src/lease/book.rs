@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::lease_size;
-use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
+use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn, MAX_LEASE_ITEMS};
 
 /// A quota the book holds leases of: a rule's name and the identity value it limits.
 pub type Quota = (String, String);
@@ -194,7 +194,8 @@ impl LeaseBook {
             let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(c.renew_ahead_ms);
             let ends_soon = h.id.is_some() && now_ms + c.renew_ahead_ms >= h.ends_ms;
             let needed = h.id.is_none() && rate > 0 || h.id.is_some() && (runs_out || ends_soon);
-            if needed && !h.asked {
+            // One call carries at most MAX_LEASE_ITEMS asks; the rest wait for the next.
+            if needed && !h.asked && asks.len() < MAX_LEASE_ITEMS {
                 h.asked = true;
                 let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
                 let want = lease_size(rate, horizon_ms * 1_000, u64::MAX);
@@ -205,7 +206,8 @@ impl LeaseBook {
                 });
             }
         }
-        (asks, std::mem::take(&mut self.returns))
+        let later = self.returns.split_off(self.returns.len().min(MAX_LEASE_ITEMS));
+        (asks, std::mem::replace(&mut self.returns, later))
     }
 
     /// The answer to the grants asked for, `asked_at_ms` being when the call went out: the
@@ -366,6 +368,19 @@ mod tests {
             renewals += book.due(1_000 + t * 10).0.len();
         }
         assert_eq!(renewals, 1, "asked once, while units were left");
+    }
+
+    #[test]
+    fn a_call_carries_no_more_asks_than_the_service_takes() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        for i in 0..100 {
+            book.spend(&[q("r", &format!("client{i}"))], 0);
+        }
+        let (first, _) = book.due(0);
+        assert_eq!(first.len(), MAX_LEASE_ITEMS, "the service refuses more in one call");
+        book.failed(&first);
+        let (second, _) = book.due(50);
+        assert_eq!(second.len(), MAX_LEASE_ITEMS);
     }
 
     #[test]
