@@ -127,7 +127,9 @@ async fn example_1_each_value_has_its_own_500_per_second() {
     let (client, _) = serve(memory(), &[EXAMPLE_1]).await;
     let users = request("mongo_cps", &[&[("database", "users")]]);
     let default = request("mongo_cps", &[&[("database", "default")]]);
-    for _attempt in 0..3 {
+    // Up to ten tries: on a loaded machine (CI beside other builds) a burst of 560 calls
+    // once took longer than a second three times running.
+    for _attempt in 0..10 {
         next_second().await;
         let started = SystemTime::now();
         let (u, d) = tokio::join!(admitted(&client, 540, &users), admitted(&client, 20, &default));

@@ -43,11 +43,16 @@ window = "1h"
 
 async fn nodes() -> (RedisServer, Vec<TestNode>) {
     let server = RedisServer::start();
-    let redis = RedisStore::connect(&server.url(), Duration::from_millis(500))
-        .await
-        .expect("redis");
+    // Patient with Redis (5 s, the node's default is 50 ms): on a loaded machine a slow
+    // reply would be a store failure, and these tests are about leases, not failures.
+    let patience = Duration::from_secs(5);
+    let redis = RedisStore::connect(&server.url(), patience).await.expect("redis");
     let memory = TestNode::start(Store::Memory(MemoryStore::new(1_000)), RULES, NodeConfig::default()).await;
-    let redis = TestNode::start(Store::Redis(Box::new(redis)), RULES, NodeConfig::default()).await;
+    let config = NodeConfig {
+        store_timeout: patience,
+        ..NodeConfig::default()
+    };
+    let redis = TestNode::start(Store::Redis(Box::new(redis)), RULES, config).await;
     (server, vec![memory, redis])
 }
 
