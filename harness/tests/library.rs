@@ -350,6 +350,35 @@ fn nginx_flavor_traps_on_grpc_calls_where_envoy_answers_unimplemented() {
 }
 
 #[test]
+fn nginx_flavor_traps_on_the_calls_ngx_wasm_module_refuses_where_envoy_answers() {
+    // (probe mode, host function, what Envoy answers): every case is checked, then the
+    // problems are reported together.
+    let cases = [
+        ("log-level", "proxy_get_log_level", "Ok(Trace)"),
+        ("done", "proxy_done", "Ok(())"),
+        ("close-stream", "proxy_close_stream", "Ok(())"),
+        ("get-status", "proxy_get_status", "Ok((0, None))"),
+        ("resolve-queue", "proxy_resolve_shared_queue", "Ok(None)"),
+    ];
+    let mut problems = Vec::new();
+    for (mode, function, answer) in cases {
+        let mut envoy = host();
+        match try_request(&mut envoy, mode, &[]) {
+            Ok((s, _)) if header(&envoy, s, "x-status").as_deref() == Some(answer) => {}
+            Ok((s, _)) => problems.push(format!("Envoy {mode}: {:?}", header(&envoy, s, "x-status"))),
+            Err(e) => problems.push(format!("Envoy {mode} trapped: {e}")),
+        }
+        let expected = format!("{function} is not supported by ngx_wasm_module");
+        match try_request(&mut nginx(""), mode, &[]) {
+            Err(e) if e.contains(&expected) => {}
+            Err(e) => problems.push(format!("Nginx {mode} trapped for another reason: {e}")),
+            Ok(_) => problems.push(format!("Nginx {mode}: {function} did not trap")),
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
 fn nginx_flavor_dispatches_to_host_port_and_traps_on_what_it_cannot_parse() {
     let mut host = nginx("");
     for upstream in ["127.0.0.1:8081", "[::1]:8081", "check.internal", "localhost:80"] {
