@@ -11,6 +11,7 @@ use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_service::grpc::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -471,6 +472,46 @@ async fn statuses_headers_and_hits_addend() {
         let left: Vec<u32> = r.statuses.iter().map(|s| s.limit_remaining).collect();
         assert_eq!(left, [96, 91], "4 from one, 9 from the other");
     }
+}
+
+/// `unit: week` (any case, as every unit): Envoy's WEEK (7) in the answer, a week-long window
+/// that starts on a Thursday at 00:00 UTC (aligned to the Unix epoch), and its headers.
+#[tokio::test]
+async fn a_weekly_limit_is_a_week_long() {
+    const WEEKLY: &str = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit:
+      unit: Week
+      requests_per_unit: 3
+";
+    const WEEK_S: u64 = 7 * 86_400;
+    let (mut client, _) = serve(memory(), &[WEEKLY]).await;
+    let r = ask(&mut client, request("d", &[&[("k", "v")]])).await;
+    let status = &r.statuses[0];
+    let limit = status.current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (3, Unit::Week as i32),
+        "WEEK is 7"
+    );
+    assert_eq!(Unit::Week as i32, 7);
+    assert_eq!(status.limit_remaining, 2);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs();
+    let to_thursday = WEEK_S - now % WEEK_S;
+    let reset = status.duration_until_reset.expect("reset");
+    let reset_s = u64::try_from(reset.seconds).expect("a positive reset");
+    assert!(
+        reset_s.abs_diff(to_thursday) <= 5,
+        "{reset:?}, next Thursday in {to_thursday} s"
+    );
+    let policy = r
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case("RateLimit-Policy"))
+        .map(|h| h.value.as_str());
+    assert!(policy.is_some_and(|v| v.contains(";q=3;w=604800")), "{policy:?}");
 }
 
 /// A client's mistakes are INVALID_ARGUMENT naming what is wrong; unknown domains and

@@ -215,6 +215,7 @@ fn status_of(limit: &DescriptorLimit, d: &Decision, over: bool) -> DescriptorSta
         Some(Unit::Minute) => ProtoUnit::Minute,
         Some(Unit::Hour) => ProtoUnit::Hour,
         Some(Unit::Day) => ProtoUnit::Day,
+        Some(Unit::Week) => ProtoUnit::Week,
         Some(Unit::Month) => ProtoUnit::Month,
         Some(Unit::Year) => ProtoUnit::Year,
         None => ProtoUnit::Unknown,
