@@ -4,6 +4,7 @@
 //! headers, bad requests, store failures, health, and exactness under 64 concurrent clients.
 
 use std::future::pending;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -642,6 +643,81 @@ fn configuration_errors_name_what_is_wrong() {
     let unit = config::parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n")
         .expect_err("refused");
     assert!(unit.contains("invalid rate limit unit"), "{unit}");
+}
+
+/// examples/envoy-rls.yaml and examples/ratelimit.yaml go together: every descriptor Envoy
+/// builds from the route's `rate_limits` (remote_address, request_headers and generic_key
+/// actions, each kind present) falls under a limit of the example file, in the filter's domain.
+#[test]
+fn the_envoy_example_asks_for_limits_the_example_file_has() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let set = config::load(&[examples.join("ratelimit.yaml").as_path()]).expect("the example file loads");
+    let text = std::fs::read_to_string(examples.join("envoy-rls.yaml")).expect("the Envoy example");
+    let envoy: serde_norway::Value = serde_norway::from_str(&text).expect("the Envoy example is YAML");
+    let domains = values_under(&envoy, "domain");
+    let [domain] = domains.as_slice() else {
+        panic!("one rate limit filter domain: {domains:?}")
+    };
+    let domain = domain.as_str().expect("a domain string");
+    let mut kinds = Vec::new();
+    for rate_limit in values_under(&envoy, "rate_limits").into_iter().flat_map(sequence) {
+        let actions = rate_limit.get("actions").map_or(&[][..], sequence);
+        let entries: Vec<(String, String)> = actions.iter().map(|a| envoy_entry(a, &mut kinds)).collect();
+        let entries: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let found = set.find(domain, &entries);
+        assert!(found.is_some(), "no limit in ratelimit.yaml for {entries:?}");
+    }
+    kinds.sort_unstable();
+    kinds.dedup();
+    assert_eq!(kinds, ["generic_key", "remote_address", "request_headers"]);
+}
+
+/// The descriptor entry an Envoy rate limit action makes, for a request with sample headers.
+fn envoy_entry(action: &serde_norway::Value, kinds: &mut Vec<String>) -> (String, String) {
+    let (kind, spec) = action
+        .as_mapping()
+        .and_then(|m| m.iter().next())
+        .unwrap_or_else(|| panic!("an action is a one-key map: {action:?}"));
+    let kind = kind.as_str().expect("an action's name");
+    kinds.push(kind.to_owned());
+    let field = |name: &str| spec.get(name).and_then(|v| v.as_str());
+    match kind {
+        "remote_address" => ("remote_address".into(), "198.51.100.1".into()),
+        "request_headers" => {
+            let header = field("header_name").expect("header_name");
+            let sample = match header {
+                "x-api-key" => "key-1",
+                ":path" => "/api/search?q=sluice",
+                _ => panic!("give the test a sample value for header {header}"),
+            };
+            (field("descriptor_key").expect("descriptor_key").into(), sample.into())
+        }
+        "generic_key" => (
+            field("descriptor_key").unwrap_or("generic_key").into(),
+            field("descriptor_value").expect("descriptor_value").into(),
+        ),
+        _ => panic!("the test knows no action {kind}"),
+    }
+}
+
+/// Every value under `key` anywhere in `v`.
+fn values_under<'v>(v: &'v serde_norway::Value, key: &str) -> Vec<&'v serde_norway::Value> {
+    let mut found = Vec::new();
+    if let Some(map) = v.as_mapping() {
+        for (k, child) in map {
+            if k.as_str() == Some(key) {
+                found.push(child);
+            }
+            found.extend(values_under(child, key));
+        }
+    } else if let Some(items) = v.as_sequence() {
+        found.extend(items.iter().flat_map(|i| values_under(i, key)));
+    }
+    found
+}
+
+fn sequence(v: &serde_norway::Value) -> &[serde_norway::Value] {
+    v.as_sequence().map_or(&[], Vec::as_slice)
 }
 
 async fn redis_store(server: &RedisServer) -> Store {
