@@ -97,7 +97,7 @@ pub struct Left {
     pub remaining: u64,
     /// The rule's limit per window.
     pub limit: u64,
-    /// Milliseconds until the quota is whole again, counted from the grant.
+    /// Milliseconds from the spend until the quota is whole again (as the grant said it).
     pub reset_after_ms: u64,
     /// The rule's window in milliseconds.
     pub window_ms: u64,
