@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{header, host, host_with, request};
-use sluice_harness::abi::LogLevel;
+use sluice_harness::abi::{LogLevel, Status};
 use sluice_harness::{CallResponse, Flavor, HarnessError, Host, HostOptions, Outcome};
 
 fn logged(host: &Host, level: LogLevel, needle: &str) -> bool {
@@ -226,6 +226,23 @@ fn an_unsupported_host_function_answers_unimplemented_and_is_logged() {
     assert_eq!(outcome, Outcome::Continue, "the module did not trap");
     assert_eq!(header(&host, s, "x-status").as_deref(), Some("12"));
     assert_eq!(host.unimplemented_calls(), ["proxy_probe_missing_function"]);
+}
+
+#[test]
+fn refused_calls_answer_their_status_in_place_of_the_host_function() {
+    let options = HostOptions {
+        refused_calls: vec![
+            ("proxy_resolve_shared_queue".into(), Status::NotFound),
+            ("proxy_grpc_cancel".into(), Status::BadArgument),
+        ],
+        ..HostOptions::default()
+    };
+    let mut host = host_with("", options);
+    let (s, _) = request(&mut host, "queue", &[]);
+    assert_eq!(header(&host, s, "x-queue").as_deref(), Some("NotFound"));
+    let (s, _) = request(&mut host, "grpc", &[]);
+    assert_eq!(header(&host, s, "x-status").as_deref(), Some("2"));
+    assert!(host.unimplemented_calls().is_empty(), "refused, not stubbed");
 }
 
 #[test]
