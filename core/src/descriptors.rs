@@ -110,6 +110,9 @@ pub enum Unit {
     Hour,
     /// One day.
     Day,
+    /// Seven days (Envoy's `WEEK`, added to its API in December 2024). Fixed windows are
+    /// aligned to the Unix epoch, so a week's starts on a Thursday at 00:00 UTC.
+    Week,
     /// 30 days, as envoyproxy/ratelimit counts it.
     Month,
     /// 365 days, as envoyproxy/ratelimit counts it.
@@ -125,11 +128,12 @@ impl TryFrom<String> for Unit {
             "minute" => Unit::Minute,
             "hour" => Unit::Hour,
             "day" => Unit::Day,
+            "week" => Unit::Week,
             "month" => Unit::Month,
             "year" => Unit::Year,
             _ => {
                 return Err(format!(
-                    "invalid rate limit unit {s:?}: use second, minute, hour, day, month or year"
+                    "invalid rate limit unit {s:?}: use second, minute, hour, day, week, month or year"
                 ))
             }
         })
@@ -145,6 +149,7 @@ impl Unit {
             Unit::Minute => 60_000_000,
             Unit::Hour => 3_600_000_000,
             Unit::Day => DAY,
+            Unit::Week => 7 * DAY,
             Unit::Month => 30 * DAY,
             Unit::Year => 365 * DAY,
         }
@@ -367,7 +372,7 @@ fn limit(spec: RateLimitSpec, shadow: bool, path: &str) -> Result<DescriptorLimi
     }
     let unit = spec
         .unit
-        .ok_or("rate_limit has no unit: give second, minute, hour, day, month or year (or unlimited: true)")?;
+        .ok_or("rate_limit has no unit: give second, minute, hour, day, week, month or year (or unlimited: true)")?;
     let algorithm = spec.algorithm.unwrap_or(Algorithm::FixedWindow);
     let built = match spec.requests_per_unit {
         0 => None, // refuses every request
@@ -469,6 +474,17 @@ mod tests {
         let id = |k: &str, v: &str| s.find("d", &[(k, v)]).map(|(_, i)| i);
         assert_eq!(id("f", "files/a.pdf"), id("f", "files/b.csv"), "one shared counter");
         assert_ne!(id("g", "g/a"), id("g", "g/b"), "one counter each");
+    }
+
+    #[test]
+    fn units_are_read_in_any_case_week_included() {
+        let unit = |s: &str| Unit::try_from(s.to_owned());
+        assert_eq!(unit("week"), Ok(Unit::Week));
+        assert_eq!(unit("WEEK"), Ok(Unit::Week));
+        assert_eq!(Unit::Week.micros(), 7 * Unit::Day.micros());
+        assert_eq!(unit("Day").map(Unit::micros), Ok(86_400_000_000));
+        let e = unit("fortnight").unwrap_err();
+        assert!(e.contains("day, week, month"), "{e}");
     }
 
     #[test]

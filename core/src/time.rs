@@ -20,7 +20,8 @@ pub const fn wait_ms(us: Micros) -> u64 {
     us.div_ceil(MICROS_PER_MS)
 }
 
-/// An instant (or an elapsed time) in whole milliseconds, rounded down.
+/// An instant, or a span that must not be overstated (an elapsed time, a window, a lease's
+/// life), in whole milliseconds, rounded down.
 pub const fn instant_ms(us: Micros) -> u64 {
     us / MICROS_PER_MS
 }

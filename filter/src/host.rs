@@ -1,64 +1,207 @@
-//! Host calls on the traffic path: a failing host call is an absent value or a no-op, never
-//! a trap (the SDK's context methods unwrap their results; header reads there also unwrap
-//! the value's UTF-8).
+//! Host calls. Whatever status a host answers, none of them traps: the filter calls the ABI's
+//! imports itself (`abi`), reads each status as a number, and a call that fails is an
+//! absent value or a no-op (logged where that matters). The proxy-wasm SDK's wrappers
+//! (`hostcalls::*`) `panic!` on any status they do not expect (its `Status` enum has no
+//! `Unimplemented` at all), its context methods unwrap them, and its header reads unwrap the
+//! value's UTF-8.
+//!
+//! One SDK wrapper stays, `dispatch_http_call` ([`call`]): only it registers the call's token
+//! with the SDK's dispatcher, whose `proxy_on_http_call_response` panics on a token it does
+//! not know. It expects `Ok`, `BadArgument` and `InternalFailure`, and those are all the real
+//! hosts answer: Envoy's `Context::httpCall` says `BadArgument` for an unknown cluster, a
+//! missing `:method`, `:path` or `:authority` or a negative timeout and `InternalFailure`
+//! when the request cannot start; ngx_wasm_module's `dispatch_http_call` says
+//! `InternalFailure` or traps; proxy-wasm-cpp-host adds `InvalidMemoryAccess` only for a
+//! pointer out of the module's memory, which the SDK never passes.
 
 use std::net::IpAddr;
-
+use std::ptr::{null, null_mut};
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::Context;
-use proxy_wasm::types::{BufferType, LogLevel, MapType};
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, StreamType};
 
 use crate::config::IpSource;
 use crate::identity::{client_ip, header_text, source_ip};
 
+/// The ABI 0.2.1 imports the filter calls itself, as the SDK declares them but with the
+/// status as a plain number, so that no status a host answers is out of range.
+mod abi {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        pub fn proxy_log(level: u32, data: *const u8, size: usize) -> u32;
+        pub fn proxy_get_header_map_value(
+            map: u32,
+            key: *const u8,
+            key_size: usize,
+            ret_data: *mut *mut u8,
+            ret_size: *mut usize,
+        ) -> u32;
+        pub fn proxy_add_header_map_value(
+            map: u32,
+            key: *const u8,
+            key_size: usize,
+            value: *const u8,
+            value_size: usize,
+        ) -> u32;
+        pub fn proxy_get_buffer_bytes(
+            buffer: u32,
+            start: usize,
+            max_size: usize,
+            ret_data: *mut *mut u8,
+            ret_size: *mut usize,
+        ) -> u32;
+        pub fn proxy_get_property(
+            path: *const u8,
+            path_size: usize,
+            ret_data: *mut *mut u8,
+            ret_size: *mut usize,
+        ) -> u32;
+        pub fn proxy_send_local_response(
+            status: u32,
+            details: *const u8,
+            details_size: usize,
+            body: *const u8,
+            body_size: usize,
+            headers: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> u32;
+        pub fn proxy_continue_stream(stream: u32) -> u32;
+        pub fn proxy_get_current_time_nanoseconds(ret_time: *mut u64) -> u32;
+        pub fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+        pub fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, ret_id: *mut u32) -> u32;
+        pub fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+        pub fn proxy_record_metric(id: u32, value: u64) -> u32;
+    }
+}
+
+/// The ABI's `Ok`.
+const OK: u32 = 0;
+
+/// Runs a host call that hands back bytes: `Some` on `Ok`, `None` on any other status.
+fn take_bytes(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Option<Vec<u8>> {
+    let (mut data, mut size) = (null_mut::<u8>(), 0usize);
+    if call(&mut data, &mut size) != OK {
+        return None;
+    }
+    if data.is_null() {
+        return Some(Vec::new());
+    }
+    // SAFETY: on `Ok` the host allocated `size` bytes at `data` with the module's
+    // `proxy_on_memory_allocate` (the SDK's: a boxed slice of exactly `size`), and they are
+    // the module's to free, as the SDK's wrappers take them.
+    Some(unsafe { Vec::from_raw_parts(data, size, size) })
+}
+
+/// Logs that the host refused `what` (status `status`), unless it answered `Ok`.
+fn check(what: &str, status: u32) {
+    if status != OK {
+        log(
+            LogLevel::Warn,
+            &format!("sluice-filter: the host refused {what} (status {status})"),
+        );
+    }
+}
+
 /// Logs `msg` at `level`.
 pub fn log(level: LogLevel, msg: &str) {
-    let _ = hostcalls::log(level, msg);
+    // SAFETY: a pointer and length of a live string.
+    unsafe { abi::proxy_log(level as u32, msg.as_ptr(), msg.len()) };
+}
+
+fn map_value(map: MapType, name: &str) -> Option<Vec<u8>> {
+    // SAFETY: `name` is live; the return pointers are `take_bytes`'s locals.
+    take_bytes(|data, size| unsafe {
+        abi::proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), data, size)
+    })
 }
 
 /// Request header `name` as text ([`header_text`]); `None` when absent.
 pub fn request_header(name: &str) -> Option<String> {
-    let raw = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok()??;
-    Some(header_text(&raw).into_owned())
+    map_value(MapType::HttpRequestHeaders, name).map(|raw| header_text(&raw).into_owned())
 }
 
 /// Adds a header to the upstream's response.
 pub fn add_response_header(name: &str, value: &str) {
-    let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);
+    let map = MapType::HttpResponseHeaders as u32;
+    // SAFETY: pointers and lengths of live strings.
+    let status =
+        unsafe { abi::proxy_add_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
+    check("a response header", status);
 }
 
 /// Header `name` of a call's response, as bytes.
 pub fn call_response_header(name: &str) -> Option<Vec<u8>> {
-    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name).ok()?
+    map_value(MapType::HttpCallResponseHeaders, name)
+}
+
+fn buffer(kind: BufferType, max: usize) -> Option<Vec<u8>> {
+    // SAFETY: the return pointers are `take_bytes`'s locals.
+    take_bytes(|data, size| unsafe { abi::proxy_get_buffer_bytes(kind as u32, 0, max, data, size) })
 }
 
 /// A call's response body, at most `max` bytes.
 pub fn call_response_body(max: usize) -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, max)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+    buffer(BufferType::HttpCallResponseBody, max).unwrap_or_default()
+}
+
+/// The plugin's configuration, if the host gives one.
+pub fn plugin_configuration() -> Option<Vec<u8>> {
+    buffer(BufferType::PluginConfiguration, usize::MAX)
 }
 
 /// The client IP: from the forwarding header with trusted hops, else the connection's.
 pub fn request_ip(source: &IpSource) -> Option<IpAddr> {
     let forwarded = request_header(&source.header);
     client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| {
-        let raw = hostcalls::get_property(vec!["source", "address"]).ok()??;
+        let path = b"source\0address";
+        // SAFETY: `path` is static; the return pointers are `take_bytes`'s locals.
+        let raw = take_bytes(|data, size| unsafe { abi::proxy_get_property(path.as_ptr(), path.len(), data, size) })?;
         source_ip(std::str::from_utf8(&raw).ok()?)
     })
 }
 
+/// `pairs` as the ABI's header map: their count, each name's and value's size, then each
+/// name and value followed by a NUL.
+fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let size = |s: &str| (s.len() as u32).to_le_bytes();
+    let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
+    for (name, value) in pairs {
+        out.extend_from_slice(&size(name));
+        out.extend_from_slice(&size(value));
+    }
+    for (name, value) in pairs {
+        for s in [name, value] {
+            out.extend_from_slice(s.as_bytes());
+            out.push(0);
+        }
+    }
+    out
+}
+
 /// Answers the stream with a local response (the host ends it).
 pub fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
-    let _ = hostcalls::send_http_response(status, headers, Some(body));
+    let map = serialize_map(&headers);
+    // SAFETY: pointers and lengths of live buffers; no details (null, 0), no gRPC status (-1).
+    let result = unsafe {
+        abi::proxy_send_local_response(
+            status,
+            null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            map.as_ptr(),
+            map.len(),
+            -1,
+        )
+    };
+    check("a local response", result);
 }
 
 /// Dispatches `method path` (with a JSON `body`, and `extra` headers) to the check
 /// service's `cluster` from context `ctx`, whose callback gets the answer; the call's token,
-/// or why it did not go out.
+/// or why it did not go out. The SDK's call: see the module's documentation.
 pub fn call<C: Context + ?Sized>(
     ctx: &C,
     (cluster, authority): (&str, &str),
@@ -78,5 +221,48 @@ pub fn call<C: Context + ?Sized>(
 
 /// Lets a paused request go on.
 pub fn resume_request() {
-    let _ = hostcalls::resume_http_request();
+    // SAFETY: no pointers.
+    check("resuming the request", unsafe {
+        abi::proxy_continue_stream(StreamType::HttpRequest as u32)
+    });
+}
+
+/// The host clock in ns since the unix epoch, if the host gives it.
+pub fn now_ns() -> Option<u64> {
+    let mut ns = 0u64;
+    // SAFETY: `ns` is a live local.
+    (unsafe { abi::proxy_get_current_time_nanoseconds(&mut ns) } == OK).then_some(ns)
+}
+
+/// Asks for the root's `on_tick` every `period` (root context only on ngx_wasm_module).
+pub fn set_tick_period(period: Duration) {
+    let ms = u32::try_from(period.as_millis()).unwrap_or(u32::MAX);
+    // SAFETY: no pointers.
+    check("the tick period", unsafe {
+        abi::proxy_set_tick_period_milliseconds(ms)
+    });
+}
+
+/// Defines a metric; its id, or 0 when the host refuses.
+pub fn define_metric(kind: MetricType, name: &str) -> u32 {
+    let mut id = 0u32;
+    // SAFETY: `name` is live; `id` is a live local.
+    let status = unsafe { abi::proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) };
+    if status == OK {
+        id
+    } else {
+        0
+    }
+}
+
+/// Adds `offset` to counter `id`; a refusal is ignored (metrics never fail a request).
+pub fn increment_metric(id: u32, offset: i64) {
+    // SAFETY: no pointers.
+    unsafe { abi::proxy_increment_metric(id, offset) };
+}
+
+/// Records `value` in histogram `id`; a refusal is ignored.
+pub fn record_metric(id: u32, value: u64) {
+    // SAFETY: no pointers.
+    unsafe { abi::proxy_record_metric(id, value) };
 }

@@ -100,7 +100,7 @@ impl Leasing {
         }
         if !in_flight(&self.calls, false) {
             let (grants, returns) = self.book.due(now_ms);
-            let unspent = returns.iter().map(|r| r.unspent).sum();
+            let unspent = returns.iter().fold(0, |n: u64, r| n.saturating_add(r.unspent));
             Metrics::add(self.metrics.lease_units_returned, unspent);
             if !grants.is_empty() || !returns.is_empty() {
                 let request = LeaseRequest { grants, returns };
@@ -149,7 +149,8 @@ impl Leasing {
                     Ok(answer) if status == 200 && answer.grants.len() == asks.len() => {
                         let held: Vec<u64> = answer.grants.iter().map(|g| g.units).filter(|&u| u > 0).collect();
                         Metrics::add(self.metrics.leases_granted, held.len() as u64);
-                        Metrics::add(self.metrics.lease_units_granted, held.iter().sum());
+                        let units = held.iter().fold(0, |n: u64, u| n.saturating_add(*u));
+                        Metrics::add(self.metrics.lease_units_granted, units);
                         self.book.granted(&asks, &answer.grants, sent_ms, now_ms);
                         if self.etag.as_deref() != Some(&format!("\"{}\"", answer.rules_version)) {
                             self.polled_ms = None; // the rules changed: ask for them now

@@ -1,8 +1,9 @@
 //! The filter's metrics, defined once per VM. A metric the host refuses has id 0 and is
 //! skipped: metrics never fail a request.
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+
+use crate::host;
 
 /// Metric ids (0: undefined).
 #[derive(Debug, Clone, Copy, Default)]
@@ -25,7 +26,7 @@ pub struct Metrics {
 impl Metrics {
     /// Defines every metric with the host.
     pub fn define() -> Metrics {
-        let counter = |name: &str| hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0);
+        let counter = |name: &str| host::define_metric(MetricType::Counter, name);
         Metrics {
             allowed: counter("sluice_filter_requests_allowed"),
             denied_local: counter("sluice_filter_requests_denied_local"),
@@ -37,8 +38,7 @@ impl Metrics {
             leases_granted: counter("sluice_filter_leases_granted"),
             lease_units_granted: counter("sluice_filter_lease_units_granted"),
             lease_units_returned: counter("sluice_filter_lease_units_returned"),
-            check_latency_ms: hostcalls::define_metric(MetricType::Histogram, "sluice_filter_check_latency_ms")
-                .unwrap_or(0),
+            check_latency_ms: host::define_metric(MetricType::Histogram, "sluice_filter_check_latency_ms"),
         }
     }
 
@@ -50,14 +50,14 @@ impl Metrics {
     /// Adds `n` to counter `id`.
     pub fn add(id: u32, n: u64) {
         if id != 0 && n > 0 {
-            let _ = hostcalls::increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
+            host::increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 
     /// Records `value` in histogram `id`.
     pub fn record(id: u32, value: u64) {
         if id != 0 {
-            let _ = hostcalls::record_metric(id, value);
+            host::record_metric(id, value);
         }
     }
 }

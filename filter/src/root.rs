@@ -44,11 +44,7 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
-        let bytes = if size == 0 {
-            None
-        } else {
-            self.get_plugin_configuration()
-        };
+        let bytes = if size == 0 { None } else { host::plugin_configuration() };
         let Some(bytes) = bytes else {
             log(
                 LogLevel::Error,
@@ -72,7 +68,7 @@ impl RootContext for Root {
         );
         if let Some(lease) = &shared.config.lease {
             // The root context is where every host allows a timer (ngx_wasm_module included).
-            self.set_tick_period(Duration::from_millis(lease.tick_ms));
+            host::set_tick_period(Duration::from_millis(lease.tick_ms));
         }
         self.shared = Some(Rc::new(RefCell::new(shared)));
         true

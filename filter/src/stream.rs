@@ -192,15 +192,7 @@ impl Stream {
             (s.config.headers, s.metrics)
         };
         if let Some((rule, left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
-            let quota = Quota {
-                policy: rule,
-                limit: left.limit,
-                remaining: left.remaining,
-                reset_after_ms: left.reset_after_ms,
-                window_ms: left.window_ms,
-                retry_after_ms: None,
-                now_ms: instant_ms(now),
-            };
+            let quota = Quota::from_lease(rule, left, instant_ms(now));
             format_headers(&quota, mode, &mut self.response_headers);
         }
         Metrics::bump(metrics.allowed);

@@ -1,5 +1,6 @@
 //! The filter in the harness under a virtual clock: every behaviour of the issue.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -478,22 +479,7 @@ fn options(flavor: Flavor) -> sluice_harness::HostOptions {
     }
 }
 
-/// Each behaviour above, on both hosts: `name::envoy` and `name::nginx`.
-macro_rules! on_both_hosts {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn envoy() {
-                super::$name(sluice_harness::Flavor::Envoy)
-            }
-            #[test]
-            fn nginx() {
-                super::$name(sluice_harness::Flavor::Nginx)
-            }
-        }
-    )*};
-}
-
+// Each behaviour above, on both hosts: `name::envoy` and `name::nginx`.
 on_both_hosts!(
     an_allowed_request_is_checked_resumed_and_gets_the_headers,
     a_global_denial_is_a_429_with_exact_headers_and_body,

@@ -3,6 +3,7 @@
 //! and held go on without a call, with headers; the rest are checked exactly; what a lease
 //! does not spend goes back before it ends.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -104,16 +105,6 @@ fn a_held_lease_decides_requests_here_and_the_rest_are_checked(flavor: Flavor) {
     assert_eq!(call_to(&host, "/v1/check").header(":method"), Some("POST"));
 }
 
-#[test]
-fn a_held_lease_decides_requests_here_and_the_rest_are_checked_on_envoy() {
-    a_held_lease_decides_requests_here_and_the_rest_are_checked(Flavor::Envoy);
-}
-
-#[test]
-fn a_held_lease_decides_requests_here_and_the_rest_are_checked_on_nginx() {
-    a_held_lease_decides_requests_here_and_the_rest_are_checked(Flavor::Nginx);
-}
-
 fn unspent_units_go_back_before_the_lease_ends(flavor: Flavor) {
     let mut host = leasing_host(flavor);
     give_rules(&mut host);
@@ -170,26 +161,59 @@ fn unspent_units_go_back_before_the_lease_ends(flavor: Flavor) {
     );
 }
 
-#[test]
-fn unspent_units_go_back_before_the_lease_ends_on_envoy() {
-    unspent_units_go_back_before_the_lease_ends(Flavor::Envoy);
-}
-
-#[test]
-fn unspent_units_go_back_before_the_lease_ends_on_nginx() {
-    unspent_units_go_back_before_the_lease_ends(Flavor::Nginx);
-}
-
-/// Bad answers from the service (malformed rules, a lease answer of the wrong shape) are
-/// ignored: the filter keeps checking exactly, never traps.
-#[test]
-fn malformed_rules_and_lease_answers_leave_exact_checks() {
-    let mut host = leasing_host(Flavor::Envoy);
+/// Bad answers from the service (malformed rules, lease answers of the wrong shape or
+/// status) are ignored: the filter keeps checking exactly, never traps.
+fn malformed_rules_and_lease_answers_leave_exact_checks(flavor: Flavor) {
+    let mut host = leasing_host(flavor);
     host.advance(Duration::from_millis(50)).expect("tick");
     let rules = call_to(&host, "/v1/rules");
     host.respond_call(rules.token, CallResponse::new(200, "{\"rule\": [{\"name\": 5}]}"))
         .expect("no trap");
-    let (_, outcome) = request(&mut host, "9.9.9.9, 203.0.113.9", "/", &[]);
+    let ip = "9.9.9.9, 203.0.113.9";
+    let (_, outcome) = request(&mut host, ip, "/", &[]);
     assert_eq!(outcome, Outcome::Pause, "no rules known: checked");
-    assert_eq!(call_to(&host, "/v1/check").header(":method"), Some("POST"));
+    let check = call_to(&host, "/v1/check");
+    host.respond_call(check.token, answer(true, 99, 60_000, 0))
+        .expect("no trap");
+    // Good rules at the next poll; then every lease answer is bad.
+    host.advance(Duration::from_millis(1_000)).expect("ticks");
+    let rules = call_to(&host, "/v1/rules");
+    host.respond_call(rules.token, CallResponse::new(200, RULES))
+        .expect("no trap");
+    let one_grant = json!({"rules_version": 1, "returned": [], "grants": [
+        {"lease": 7, "units": 3, "expires_in_ms": 10_000, "limit": 100, "remaining": 90,
+         "reset_after_ms": 50_000, "window_ms": 60_000}]});
+    let two_grants = json!({"rules_version": 1, "returned": [],
+        "grants": [one_grant["grants"][0].clone(), one_grant["grants"][0].clone()]});
+    let bad = [
+        CallResponse::new(200, "{}"),
+        CallResponse::new(200, "{\"rules_version\": 1, \"grants\": [{\"lease\": 7"),
+        CallResponse::new(200, two_grants.to_string()),
+        CallResponse::new(500, one_grant.to_string()),
+        CallResponse::new(200, ""),
+    ];
+    let mut leases = 0;
+    for reply in bad.into_iter().cycle().take(10) {
+        let (_, outcome) = request(&mut host, ip, "/", &[]);
+        assert_eq!(outcome, Outcome::Pause, "no lease held: checked");
+        let check = call_to(&host, "/v1/check");
+        host.respond_call(check.token, answer(true, 99, 60_000, 0))
+            .expect("no trap");
+        host.advance(Duration::from_millis(50)).expect("tick");
+        for call in host.pending_calls() {
+            if call.header(":path") == Some("/v1/lease") {
+                leases += 1;
+                host.respond_call(call.token, reply.clone()).expect("no trap");
+            }
+        }
+    }
+    assert!(leases >= 5, "the filter kept asking for leases: {leases} calls");
+    assert_eq!(host.metric("sluice_filter_requests_leased"), Some(0));
+    assert_eq!(host.metric("sluice_filter_leases_granted"), Some(0));
 }
+
+on_both_hosts!(
+    a_held_lease_decides_requests_here_and_the_rest_are_checked,
+    unspent_units_go_back_before_the_lease_ends,
+    malformed_rules_and_lease_answers_leave_exact_checks,
+);

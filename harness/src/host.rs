@@ -76,6 +76,7 @@ impl Host {
             .map_err(HarnessError::load)?;
         imports::register(&mut linker).map_err(HarnessError::load)?;
         imports::stub_missing(&mut linker, module).map_err(HarnessError::load)?;
+        imports::refuse(&mut linker, module, &options.refused_calls).map_err(HarnessError::load)?;
         let state = HostState {
             wasi: WasiCtxBuilder::new().inherit_stderr().build_p1(),
             clock_ns: options.start_time_ns,

@@ -55,6 +55,10 @@ pub struct HostOptions {
     pub clusters: Vec<String>,
     /// The clock's start, ns since the unix epoch.
     pub start_time_ns: u64,
+    /// Host functions that do nothing but answer a status, by name
+    /// (`proxy_send_local_response`): a host refusing calls, to test that a module copes
+    /// with statuses its SDK does not expect. Empty: every function does its work.
+    pub refused_calls: Vec<(String, abi::Status)>,
 }
 
 impl Default for HostOptions {
@@ -63,6 +67,7 @@ impl Default for HostOptions {
             flavor: Flavor::Envoy,
             clusters: Vec::new(),
             start_time_ns: 1_774_312_800_000_000_000,
+            refused_calls: Vec::new(),
         }
     }
 }

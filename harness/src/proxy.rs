@@ -183,6 +183,7 @@ fn start_vm(wasm: &[u8], config: &ProxyConfig) -> Result<mpsc::Sender<Cmd>, Harn
         flavor: config.flavor,
         clusters: config.clusters.keys().cloned().collect(),
         start_time_ns: now_ns(),
+        refused_calls: Vec::new(),
     };
     let mut host = Host::new(wasm, options)?;
     host.start(b"", &config.plugin_config)?;

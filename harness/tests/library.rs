@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{header, host, host_with, request};
-use sluice_harness::abi::LogLevel;
+use sluice_harness::abi::{LogLevel, Status};
 use sluice_harness::{CallResponse, Flavor, HarnessError, Host, HostOptions, Outcome};
 
 fn logged(host: &Host, level: LogLevel, needle: &str) -> bool {
@@ -229,6 +229,23 @@ fn an_unsupported_host_function_answers_unimplemented_and_is_logged() {
 }
 
 #[test]
+fn refused_calls_answer_their_status_in_place_of_the_host_function() {
+    let options = HostOptions {
+        refused_calls: vec![
+            ("proxy_resolve_shared_queue".into(), Status::NotFound),
+            ("proxy_grpc_cancel".into(), Status::BadArgument),
+        ],
+        ..HostOptions::default()
+    };
+    let mut host = host_with("", options);
+    let (s, _) = request(&mut host, "queue", &[]);
+    assert_eq!(header(&host, s, "x-queue").as_deref(), Some("NotFound"));
+    let (s, _) = request(&mut host, "grpc", &[]);
+    assert_eq!(header(&host, s, "x-status").as_deref(), Some("2"));
+    assert!(host.unimplemented_calls().is_empty(), "refused, not stubbed");
+}
+
+#[test]
 fn logs_carry_level_and_context() {
     let mut host = host();
     let (s, _) = request(&mut host, "log", &[]);
@@ -347,6 +364,35 @@ fn nginx_flavor_traps_on_grpc_calls_where_envoy_answers_unimplemented() {
         err.contains("proxy_grpc_cancel is not implemented by ngx_wasm_module"),
         "{err}"
     );
+}
+
+#[test]
+fn nginx_flavor_traps_on_the_calls_ngx_wasm_module_refuses_where_envoy_answers() {
+    // (probe mode, host function, what Envoy answers): every case is checked, then the
+    // problems are reported together.
+    let cases = [
+        ("log-level", "proxy_get_log_level", "Ok(Trace)"),
+        ("done", "proxy_done", "Ok(())"),
+        ("close-stream", "proxy_close_stream", "Ok(())"),
+        ("get-status", "proxy_get_status", "Ok((0, None))"),
+        ("resolve-queue", "proxy_resolve_shared_queue", "Ok(None)"),
+    ];
+    let mut problems = Vec::new();
+    for (mode, function, answer) in cases {
+        let mut envoy = host();
+        match try_request(&mut envoy, mode, &[]) {
+            Ok((s, _)) if header(&envoy, s, "x-status").as_deref() == Some(answer) => {}
+            Ok((s, _)) => problems.push(format!("Envoy {mode}: {:?}", header(&envoy, s, "x-status"))),
+            Err(e) => problems.push(format!("Envoy {mode} trapped: {e}")),
+        }
+        let expected = format!("{function} is not supported by ngx_wasm_module");
+        match try_request(&mut nginx(""), mode, &[]) {
+            Err(e) if e.contains(&expected) => {}
+            Err(e) => problems.push(format!("Nginx {mode} trapped for another reason: {e}")),
+            Ok(_) => problems.push(format!("Nginx {mode}: {function} did not trap")),
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 #[test]

@@ -12,6 +12,7 @@ use sluice_core::backoff::{Backoff as CoreBackoff, BackoffPolicy, Jitter, SplitM
 use sluice_core::headers::{self, HeaderMode, RateLimitInfo};
 use sluice_core::pacing::{BucketPacer, Cost, PacerConfig};
 use sluice_core::retry::{self, BudgetConfig, RetryBudget as CoreBudget};
+use sluice_core::time::{instant_ms, micros_from_ms, wait_ms};
 use sluice_core::{Algorithm, Limit, State};
 use wasm_bindgen::prelude::*;
 
@@ -353,7 +354,7 @@ impl Limiter {
     #[wasm_bindgen(constructor)]
     pub fn new(algorithm: &str, limit: f64, window_ms: f64, burst: f64) -> Result<Limiter, JsError> {
         let algorithm: Algorithm = algorithm.parse().map_err(|e| JsError::new(&format!("{e}")))?;
-        let window = whole(window_ms).saturating_mul(1_000);
+        let window = micros_from_ms(whole(window_ms));
         let limit = Limit::builder(algorithm, whole(limit), window)
             .burst(whole(burst))
             .build()
@@ -368,19 +369,19 @@ impl Limiter {
     pub fn decide(&mut self, now_ms: f64, cost: f64) -> Decision {
         let d = self
             .limit
-            .decide(&mut self.state, whole(now_ms).saturating_mul(1_000), whole(cost).max(1));
+            .decide(&mut self.state, micros_from_ms(whole(now_ms)), whole(cost).max(1));
         Decision {
             allowed: d.allowed,
             limit: num(d.limit),
             remaining: num(d.remaining),
-            reset_after_ms: num(d.reset_after.div_ceil(1_000)),
-            retry_after_ms: num(d.retry_after.div_ceil(1_000)),
+            reset_after_ms: num(wait_ms(d.reset_after)),
+            retry_after_ms: num(wait_ms(d.retry_after)),
         }
     }
 
     /// The window in milliseconds.
     #[wasm_bindgen(getter, js_name = windowMs)]
     pub fn window_ms(&self) -> f64 {
-        num(self.limit.window() / 1_000)
+        num(instant_ms(self.limit.window()))
     }
 }

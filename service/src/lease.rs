@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::lease::wire::{LeaseGranted, LeaseRequest, LeaseResponse};
 use sluice_core::rules::{Rule, RuleSet};
-use sluice_core::time::instant_ms;
+use sluice_core::time::{instant_ms, wait_ms};
 use thiserror::Error;
 
 use crate::node::Node;
@@ -55,10 +55,10 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
             lease: id,
             units: g.units,
             // Rounded down: the proxy ends it no later than the service does.
-            expires_in_ms: g.expires_at.saturating_sub(g.granted_at) / 1_000,
+            expires_in_ms: instant_ms(g.expires_at.saturating_sub(g.granted_at)),
             limit: g.decision.limit,
             remaining: g.decision.remaining,
-            reset_after_ms: g.decision.reset_after.div_ceil(1_000),
+            reset_after_ms: wait_ms(g.decision.reset_after),
             window_ms: rule.window_ms,
         });
     }

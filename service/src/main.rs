@@ -66,6 +66,11 @@ struct Args {
     /// Most limit keys held in memory (memory store and fail-open fallback buckets).
     #[arg(long, default_value_t = 1_000_000)]
     max_keys: usize,
+    /// How often the node reads the version of the rules published in the store (ms).
+    /// Changes are announced over Redis pub/sub and arrive at once; this poll is the safety
+    /// net for an announcement lost across a reconnect.
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..))]
+    rules_poll_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -131,6 +136,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         breaker_cooldown: Duration::from_millis(args.breaker_cooldown_ms),
         max_keys: args.max_keys,
         admin_token,
+        rules_poll: Duration::from_millis(args.rules_poll_ms),
         ..NodeConfig::default()
     };
     let kind = store.kind();

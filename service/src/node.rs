@@ -27,6 +27,9 @@ pub struct NodeConfig {
     pub admin_token: Option<String>,
     /// Violations kept.
     pub violations_capacity: usize,
+    /// How often the node reads the published rules' version: the safety net under the
+    /// store's change announcements, which arrive at once but can be lost across a reconnect.
+    pub rules_poll: Duration,
 }
 
 impl Default for NodeConfig {
@@ -38,6 +41,7 @@ impl Default for NodeConfig {
             max_keys: 1_000_000,
             admin_token: None,
             violations_capacity: 10_000,
+            rules_poll: Duration::from_millis(250),
         }
     }
 }

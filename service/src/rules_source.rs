@@ -7,7 +7,10 @@
 //! (a deliberate change). A node that starts adopts the published rules if there are any
 //! (a restart is not a change; it warns when its file differs) and publishes its file if
 //! there are none. Nodes learn of a change from the store's pub/sub channel at once, and
-//! poll the version every 250 ms as the safety net (a message is lost across a reconnect).
+//! poll the version every [`NodeConfig::rules_poll`] (250 ms unless `--rules-poll-ms` says
+//! otherwise) as the safety net (a message is lost across a reconnect).
+//!
+//! [`NodeConfig::rules_poll`]: crate::node::NodeConfig::rules_poll
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -89,11 +92,12 @@ pub async fn watch_file(node: Arc<Node>, path: PathBuf, mut seen: u64) {
 }
 
 /// Follows the published rule set: at start (adopting it, or publishing this node's rules
-/// when none is published), on every change announced by the store, and every 250 ms.
+/// when none is published), on every change announced by the store, and every
+/// `node.config.rules_poll`.
 pub async fn follow_published(node: Arc<Node>) {
     let changed = Arc::new(Notify::new());
     node.store.notify_rule_changes(changed.clone());
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut tick = tokio::time::interval(node.config.rules_poll.max(Duration::from_millis(1)));
     loop {
         tokio::select! {
             _ = changed.notified() => {}

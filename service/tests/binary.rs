@@ -74,6 +74,7 @@ fn help_explains_every_flag() {
         "--log-format",
         "--store-timeout-ms",
         "--breaker-failures",
+        "--rules-poll-ms",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }

@@ -4,6 +4,7 @@
 //! headers, bad requests, store failures, health, and exactness under 64 concurrent clients.
 
 use std::future::pending;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -11,6 +12,7 @@ use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_service::grpc::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -475,6 +477,46 @@ async fn statuses_headers_and_hits_addend() {
     }
 }
 
+/// `unit: week` (any case, as every unit): Envoy's WEEK (7) in the answer, a week-long window
+/// that starts on a Thursday at 00:00 UTC (aligned to the Unix epoch), and its headers.
+#[tokio::test]
+async fn a_weekly_limit_is_a_week_long() {
+    const WEEKLY: &str = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit:
+      unit: Week
+      requests_per_unit: 3
+";
+    const WEEK_S: u64 = 7 * 86_400;
+    let (mut client, _) = serve(memory(), &[WEEKLY]).await;
+    let r = ask(&mut client, request("d", &[&[("k", "v")]])).await;
+    let status = &r.statuses[0];
+    let limit = status.current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (3, Unit::Week as i32),
+        "WEEK is 7"
+    );
+    assert_eq!(Unit::Week as i32, 7);
+    assert_eq!(status.limit_remaining, 2);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs();
+    let to_thursday = WEEK_S - now % WEEK_S;
+    let reset = status.duration_until_reset.expect("reset");
+    let reset_s = u64::try_from(reset.seconds).expect("a positive reset");
+    assert!(
+        reset_s.abs_diff(to_thursday) <= 5,
+        "{reset:?}, next Thursday in {to_thursday} s"
+    );
+    let policy = r
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case("RateLimit-Policy"))
+        .map(|h| h.value.as_str());
+    assert!(policy.is_some_and(|v| v.contains(";q=3;w=604800")), "{policy:?}");
+}
+
 /// A client's mistakes are INVALID_ARGUMENT naming what is wrong; unknown domains and
 /// descriptors are OK, as in envoyproxy/ratelimit.
 #[tokio::test]
@@ -608,6 +650,81 @@ fn configuration_errors_name_what_is_wrong() {
     let unit = config::parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n")
         .expect_err("refused");
     assert!(unit.contains("invalid rate limit unit"), "{unit}");
+}
+
+/// examples/envoy-rls.yaml and examples/ratelimit.yaml go together: every descriptor Envoy
+/// builds from the route's `rate_limits` (remote_address, request_headers and generic_key
+/// actions, each kind present) falls under a limit of the example file, in the filter's domain.
+#[test]
+fn the_envoy_example_asks_for_limits_the_example_file_has() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let set = config::load(&[examples.join("ratelimit.yaml").as_path()]).expect("the example file loads");
+    let text = std::fs::read_to_string(examples.join("envoy-rls.yaml")).expect("the Envoy example");
+    let envoy: serde_norway::Value = serde_norway::from_str(&text).expect("the Envoy example is YAML");
+    let domains = values_under(&envoy, "domain");
+    let [domain] = domains.as_slice() else {
+        panic!("one rate limit filter domain: {domains:?}")
+    };
+    let domain = domain.as_str().expect("a domain string");
+    let mut kinds = Vec::new();
+    for rate_limit in values_under(&envoy, "rate_limits").into_iter().flat_map(sequence) {
+        let actions = rate_limit.get("actions").map_or(&[][..], sequence);
+        let entries: Vec<(String, String)> = actions.iter().map(|a| envoy_entry(a, &mut kinds)).collect();
+        let entries: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let found = set.find(domain, &entries);
+        assert!(found.is_some(), "no limit in ratelimit.yaml for {entries:?}");
+    }
+    kinds.sort_unstable();
+    kinds.dedup();
+    assert_eq!(kinds, ["generic_key", "remote_address", "request_headers"]);
+}
+
+/// The descriptor entry an Envoy rate limit action makes, for a request with sample headers.
+fn envoy_entry(action: &serde_norway::Value, kinds: &mut Vec<String>) -> (String, String) {
+    let (kind, spec) = action
+        .as_mapping()
+        .and_then(|m| m.iter().next())
+        .unwrap_or_else(|| panic!("an action is a one-key map: {action:?}"));
+    let kind = kind.as_str().expect("an action's name");
+    kinds.push(kind.to_owned());
+    let field = |name: &str| spec.get(name).and_then(|v| v.as_str());
+    match kind {
+        "remote_address" => ("remote_address".into(), "198.51.100.1".into()),
+        "request_headers" => {
+            let header = field("header_name").expect("header_name");
+            let sample = match header {
+                "x-api-key" => "key-1",
+                ":path" => "/api/search?q=sluice",
+                _ => panic!("give the test a sample value for header {header}"),
+            };
+            (field("descriptor_key").expect("descriptor_key").into(), sample.into())
+        }
+        "generic_key" => (
+            field("descriptor_key").unwrap_or("generic_key").into(),
+            field("descriptor_value").expect("descriptor_value").into(),
+        ),
+        _ => panic!("the test knows no action {kind}"),
+    }
+}
+
+/// Every value under `key` anywhere in `v`.
+fn values_under<'v>(v: &'v serde_norway::Value, key: &str) -> Vec<&'v serde_norway::Value> {
+    let mut found = Vec::new();
+    if let Some(map) = v.as_mapping() {
+        for (k, child) in map {
+            if k.as_str() == Some(key) {
+                found.push(child);
+            }
+            found.extend(values_under(child, key));
+        }
+    } else if let Some(items) = v.as_sequence() {
+        found.extend(items.iter().flat_map(|i| values_under(i, key)));
+    }
+    found
+}
+
+fn sequence(v: &serde_norway::Value) -> &[serde_norway::Value] {
+    v.as_sequence().map_or(&[], Vec::as_slice)
 }
 
 /// Redis with the same 10 s patience as [`serve`]'s node: on a loaded machine 1,280 calls

@@ -1,5 +1,6 @@
 //! Service nodes over a real Redis: fail open and closed while Redis is down, recovery when
-//! it returns, and rules shared between nodes through Redis.
+//! it returns, and rules shared between nodes through Redis (announced over pub/sub, on one
+//! server and on a cluster).
 
 mod common;
 
@@ -8,9 +9,10 @@ use std::time::{Duration, Instant};
 use common::{eventually, TestNode, TOKEN};
 use serde_json::json;
 use sluice_service::node::NodeConfig;
+use sluice_service::store::keys;
 use sluice_service::store::redis::RedisStore;
 use sluice_service::store::Store;
-use sluice_testkit::RedisServer;
+use sluice_testkit::{RedisCluster, RedisServer};
 
 const RULES: &str = r#"
 [[rule]]
@@ -132,6 +134,68 @@ async fn rules_put_on_one_node_reach_the_other_within_a_second() {
     .await;
     let v = b.violations("9.9.9.9").await;
     assert_eq!(v.len(), 1, "{v:?}");
+}
+
+/// A node over `url` whose safety-net poll of the published rules is 30 s: within a test,
+/// it learns of a change only from the store's pub/sub announcement.
+async fn node_without_poll(url: &str) -> TestNode {
+    let store = RedisStore::connect(url, Duration::from_millis(500)).await.unwrap();
+    let config = NodeConfig {
+        store_timeout: Duration::from_millis(200),
+        rules_poll: Duration::from_secs(30),
+        ..NodeConfig::default()
+    };
+    TestNode::start(Store::Redis(Box::new(store)), RULES, config).await
+}
+
+/// Subscribers to the rules channel on the Redis at `port`.
+async fn rules_subscribers(port: u16) -> u64 {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, n): (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(keys::RULES_CHANNEL)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    n
+}
+
+/// Two nodes that poll every 30 s, both subscribed through the Redis at `subscribed_port`:
+/// a rule change made through a reaches b within a second, so by the announcement alone.
+async fn a_change_reaches_the_other_node_by_its_announcement(url: &str, subscribed_port: u16) {
+    let a = node_without_poll(url).await;
+    let b = node_without_poll(url).await;
+    eventually("the nodes never subscribed to the rules channel", async || {
+        rules_subscribers(subscribed_port).await == 2
+    })
+    .await;
+    assert_eq!(policy(&b).await, "open-ip");
+    assert_eq!(a.put_rules(one_rule("announced", 1000), None).await.status(), 200);
+    let changed = Instant::now();
+    while policy(&b).await != "announced" {
+        assert!(
+            changed.elapsed() < Duration::from_secs(1),
+            "b did not hear of the change within 1 s (its poll is 30 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(a.node.rules_version(), b.node.rules_version());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_change_is_announced_over_pubsub_not_found_by_the_poll() {
+    let server = RedisServer::start();
+    a_change_reaches_the_other_node_by_its_announcement(&server.url(), server.port()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_change_is_announced_over_pubsub_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    // The nodes subscribe through the first node of the address, whichever master owns the
+    // rules' slot: the cluster bus carries the announcement to it.
+    let first = cluster.master_ports()[0];
+    a_change_reaches_the_other_node_by_its_announcement(&cluster.url(), first).await;
 }
 
 /// A rule file with one rule named `name`, limit `limit` per hour.

@@ -1,6 +1,7 @@
 //! Formatting the headers and the 429 body that the filter sends.
 
 use crate::algorithm::Decision;
+use crate::lease::book::Left;
 use crate::time::wait_ms;
 
 /// Which header families to send; the filter's `"headers"` setting.
@@ -48,6 +49,20 @@ impl<'a> Quota<'a> {
             reset_after_ms: wait_ms(decision.reset_after),
             window_ms,
             retry_after_ms: (!decision.allowed).then(|| wait_ms(decision.retry_after)),
+            now_ms,
+        }
+    }
+
+    /// The quota a spend of a lease advertises as `policy` at `now_ms`: what the proxy's
+    /// leases say the quota holds ([`Left`]); never a denial (a lease only ever admits).
+    pub fn from_lease(policy: &'a str, left: &Left, now_ms: u64) -> Quota<'a> {
+        Quota {
+            policy,
+            limit: left.limit,
+            remaining: left.remaining,
+            reset_after_ms: left.reset_after_ms,
+            window_ms: left.window_ms,
+            retry_after_ms: None,
             now_ms,
         }
     }
@@ -325,6 +340,29 @@ mod tests {
         assert_eq!((q.reset_after_ms, q.retry_after_ms), (2, Some(1)));
         d.allowed = true;
         assert_eq!(Quota::from_decision("local", &d, 1_000, 7).retry_after_ms, None);
+    }
+
+    #[test]
+    fn a_lease_advertises_what_it_holds_and_never_a_retry() {
+        let left = Left {
+            remaining: 41,
+            limit: 100,
+            reset_after_ms: 12_345,
+            window_ms: 60_000,
+        };
+        let q = Quota::from_lease("per-ip", &left, 7);
+        assert_eq!(
+            q,
+            Quota {
+                policy: "per-ip",
+                limit: 100,
+                remaining: 41,
+                reset_after_ms: 12_345,
+                window_ms: 60_000,
+                retry_after_ms: None,
+                now_ms: 7,
+            }
+        );
     }
 
     #[test]

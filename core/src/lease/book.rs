@@ -97,7 +97,7 @@ pub struct Left {
     pub remaining: u64,
     /// The rule's limit per window.
     pub limit: u64,
-    /// Milliseconds until the quota is whole again, counted from the grant.
+    /// Milliseconds from the spend until the quota is whole again (as the grant said it).
     pub reset_after_ms: u64,
     /// The rule's window in milliseconds.
     pub window_ms: u64,
@@ -198,7 +198,7 @@ impl LeaseBook {
             if needed && !h.asked && asks.len() < MAX_LEASE_ITEMS {
                 h.asked = true;
                 let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
-                let want = lease_size(rate, horizon_ms * 1_000, u64::MAX);
+                let want = lease_size(rate, horizon_ms.saturating_mul(1_000), u64::MAX);
                 asks.push(LeaseAsk {
                     rule: rule.clone(),
                     identity: identity.clone(),
@@ -285,6 +285,7 @@ fn note_return(returns: &mut Vec<LeaseReturn>, (rule, identity): &Quota, h: &Hel
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::wire::MAX_WANT;
 
     fn q(rule: &str, id: &str) -> Quota {
         (rule.into(), id.into())
@@ -368,6 +369,20 @@ mod tests {
             renewals += book.due(1_000 + t * 10).0.len();
         }
         assert_eq!(renewals, 1, "asked once, while units were left");
+    }
+
+    #[test]
+    fn a_lease_of_any_length_is_renewed_without_overflow() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        book.spend(std::slice::from_ref(&a), 0);
+        let (asks, _) = book.due(0);
+        book.granted(&asks, &[grant(1, 2, u64::MAX)], 0, 1);
+        book.spend(std::slice::from_ref(&a), 1_000);
+        book.spend(std::slice::from_ref(&a), 1_010);
+        let (asks, _) = book.due(1_010);
+        assert_eq!(asks.len(), 1, "run out: asked again");
+        assert_eq!(asks[0].want, MAX_WANT, "sized for the longest lease");
     }
 
     #[test]

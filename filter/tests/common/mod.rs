@@ -8,6 +8,23 @@ use serde_json::{json, Value};
 use sluice_harness::{CallResponse, Flavor, Host, HostOptions, Outcome, PendingCall, Plugin};
 use sluice_testkit::wasm_module_bytes;
 
+/// Each function named, run on both hosts as tests `name::envoy` and `name::nginx`.
+#[allow(unused_macros)]
+macro_rules! on_both_hosts {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn envoy() {
+                super::$name(sluice_harness::Flavor::Envoy)
+            }
+            #[test]
+            fn nginx() {
+                super::$name(sluice_harness::Flavor::Nginx)
+            }
+        }
+    )*};
+}
+
 /// The filter module's bytes, built once per test process ([`wasm_module_bytes`]).
 pub fn wasm() -> &'static [u8] {
     static WASM: OnceLock<Vec<u8>> = OnceLock::new();

@@ -273,6 +273,15 @@ impl HttpContext for Probe {
                 let status = call_grpc_cancel();
                 self.mark("x-status", &status.to_string());
             }
+            // Calls ngx_wasm_module traps on, one mode each; the result in `x-status`.
+            "log-level" => self.mark("x-status", &format!("{:?}", hostcalls::get_log_level())),
+            "done" => self.mark("x-status", &format!("{:?}", hostcalls::done())),
+            "close-stream" => self.mark("x-status", &format!("{:?}", hostcalls::reset_http_request())),
+            "get-status" => self.mark("x-status", &format!("{:?}", hostcalls::get_grpc_status())),
+            "resolve-queue" => {
+                let resolved = hostcalls::resolve_shared_queue("", "probe_queue");
+                self.mark("x-status", &format!("{resolved:?}"));
+            }
             "pause" => {
                 PAUSED.with(|p| p.borrow_mut().push(self.id));
                 return Action::Pause;

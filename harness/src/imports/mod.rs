@@ -146,8 +146,7 @@ fn current_stream(s: &mut HostState) -> Option<&mut Stream> {
     s.streams.get_mut(&id)
 }
 
-/// Registers every host function the proxy-wasm Rust SDK 0.2 may import.
-pub(crate) use stubs::stub_missing;
+pub(crate) use stubs::{refuse, stub_missing};
 
 /// Registers every host function the proxy-wasm Rust SDK 0.2 may import.
 pub(crate) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {

@@ -36,3 +36,33 @@ pub(crate) fn stub_missing(linker: &mut Linker<HostState>, module: &Module) -> w
     }
     Ok(())
 }
+
+/// Redefines every host function `module` imports that `refused` names as one that does
+/// nothing but answer its status ([`crate::HostOptions::refused_calls`]).
+pub(crate) fn refuse(
+    linker: &mut Linker<HostState>,
+    module: &Module,
+    refused: &[(String, Status)],
+) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    for import in module.imports().filter(|i| i.module() == "env") {
+        let Some(&(_, answer)) = refused.iter().find(|(name, _)| name == import.name()) else {
+            continue;
+        };
+        let Some(ty) = import.ty().func().cloned() else {
+            continue;
+        };
+        let result_types: Vec<ValType> = ty.results().collect();
+        linker.func_new("env", import.name(), ty, move |_c, _args, results| {
+            for (r, t) in results.iter_mut().zip(&result_types) {
+                *r = match t {
+                    ValType::I64 => Val::I64(answer as i64),
+                    _ => Val::I32(answer as i32),
+                };
+            }
+            Ok(())
+        })?;
+    }
+    linker.allow_shadowing(false);
+    Ok(())
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sluice_core::descriptors::{DescriptorLimit, DescriptorSet, Unit};
 use sluice_core::headers::{format_headers, HeaderMode, Quota};
 use sluice_core::rules::FailureMode;
-use sluice_core::time::instant_ms;
+use sluice_core::time::{instant_ms, wait_ms};
 use sluice_core::Decision;
 use tonic::{Request, Response, Status};
 
@@ -215,11 +215,12 @@ fn status_of(limit: &DescriptorLimit, d: &Decision, over: bool) -> DescriptorSta
         Some(Unit::Minute) => ProtoUnit::Minute,
         Some(Unit::Hour) => ProtoUnit::Hour,
         Some(Unit::Day) => ProtoUnit::Day,
+        Some(Unit::Week) => ProtoUnit::Week,
         Some(Unit::Month) => ProtoUnit::Month,
         Some(Unit::Year) => ProtoUnit::Year,
         None => ProtoUnit::Unknown,
     };
-    let reset = d.reset_after;
+    let reset = std::time::Duration::from_micros(d.reset_after);
     DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok } as i32,
         current_limit: Some(RateLimit {
@@ -229,8 +230,8 @@ fn status_of(limit: &DescriptorLimit, d: &Decision, over: bool) -> DescriptorSta
         }),
         limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(prost_types::Duration {
-            seconds: i64::try_from(reset / 1_000_000).unwrap_or(i64::MAX),
-            nanos: i32::try_from(reset % 1_000_000 * 1_000).unwrap_or(0),
+            seconds: i64::try_from(reset.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(reset.subsec_nanos()).unwrap_or(0),
         }),
     }
 }
@@ -238,14 +239,14 @@ fn status_of(limit: &DescriptorLimit, d: &Decision, over: bool) -> DescriptorSta
 /// Sluice's rate-limit headers for `limit`'s decision (`RateLimit`, `RateLimit-Policy`,
 /// `X-RateLimit-*`, and `Retry-After` on a denial), for Envoy to add to the response.
 fn headers(limit: &DescriptorLimit, d: &Decision, now_ms: u64) -> Vec<HeaderValue> {
-    let window_ms = limit.limit.map_or(0, |l| l.window() / 1_000);
+    let window_ms = limit.limit.map_or(0, |l| instant_ms(l.window()));
     let quota = Quota {
         policy: &limit.name,
         limit: d.limit,
         remaining: d.remaining,
-        reset_after_ms: d.reset_after.div_ceil(1_000),
+        reset_after_ms: wait_ms(d.reset_after),
         window_ms,
-        retry_after_ms: (!d.allowed).then(|| d.retry_after.div_ceil(1_000)),
+        retry_after_ms: (!d.allowed).then(|| wait_ms(d.retry_after)),
         now_ms,
     };
     let mut out = Vec::new();

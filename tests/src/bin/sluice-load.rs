@@ -1,33 +1,54 @@
-//! `sluice-load`: drives HTTP load at a check service or a proxy and prints throughput and
-//! latency percentiles; with `--redis-port`, also the `redis-benchmark` ceiling for
-//! `EVALSHA` of Sluice's own script at the same concurrency.
+//! `sluice-load`: drives load at a check service (HTTP `/v1/check`, or Envoy's rate limit
+//! service API over gRPC) or a proxy and prints throughput and latency percentiles; with
+//! `--redis-port`, also the `redis-benchmark` ceiling for `EVALSHA` of Sluice's own script
+//! at the same concurrency.
 
+use std::error::Error as _;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use sluice_core::rules;
+use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice_service::grpc::envoy::service::ratelimit::v3::RateLimitRequest;
 use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
 
 /// Load generator for Sluice: closed-loop (as fast as answers come) or at a fixed rate.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Base URL of the target, e.g. http://127.0.0.1:8081 (service) or :8080 (proxy).
+    /// Base URL of the target, e.g. http://127.0.0.1:8081 (service) or :8080 (proxy), or the
+    /// service's --grpc-listen address in `grpc` mode (http://127.0.0.1:8089).
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     target: String,
-    /// What to send: `check` POSTs /v1/check bodies; `get` GETs --path through a proxy.
+    /// What to send: `check` POSTs /v1/check bodies; `get` GETs --path through a proxy;
+    /// `grpc` calls Envoy's ShouldRateLimit for --domain with one descriptor,
+    /// --descriptor-key = the client's IP (status: OK counts as 2xx, OVER_LIMIT as 429, a
+    /// gRPC error from the service as 4xx or 5xx by its code).
     #[arg(long, value_enum, default_value_t = Mode::Check)]
     mode: Mode,
     /// Path for `get` mode.
     #[arg(long, default_value = "/api/hello")]
     path: String,
-    /// Concurrent keep-alive connections.
+    /// Domain for `grpc` mode.
+    #[arg(long, default_value = "edge")]
+    domain: String,
+    /// Descriptor key whose value is the client's IP, for `grpc` mode.
+    #[arg(long, default_value = "remote_address")]
+    descriptor_key: String,
+    /// Concurrent keep-alive connections (in `grpc` mode, tonic channels: one HTTP/2
+    /// connection each, one call at a time on it).
     #[arg(long, default_value_t = 64)]
     connections: usize,
     /// How long to run, e.g. 10s or 500ms.
@@ -61,8 +82,24 @@ struct Args {
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 enum Mode {
+    /// POST /v1/check.
     Check,
+    /// GET through a proxy.
     Get,
+    /// Envoy's rate limit service API.
+    Grpc,
+}
+
+/// What every connection sends, whoever the client.
+struct Workload {
+    mode: Mode,
+    /// The target's URL.
+    target: String,
+    /// The target's host:port.
+    authority: String,
+    path: String,
+    domain: String,
+    descriptor_key: String,
 }
 
 /// A duration as the rule file writes one (`500ms`, `10s`, `1m`; see [`rules::parse_duration`]).
@@ -98,6 +135,14 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + args.duration;
     let per_conn_interval =
         (args.rate > 0).then(|| Duration::from_secs_f64(args.connections as f64 / args.rate as f64));
+    let workload = Arc::new(Workload {
+        mode: args.mode,
+        target: args.target.clone(),
+        authority,
+        path: args.path.clone(),
+        domain: args.domain.clone(),
+        descriptor_key: args.descriptor_key.clone(),
+    });
     let mut tasks = Vec::new();
     for c in 0..args.connections {
         let keys = Keys {
@@ -107,9 +152,9 @@ async fn main() -> anyhow::Result<()> {
             index: c as u64,
         };
         let quota = share(args.requests, c as u64, args.connections as u64);
-        let (authority, path, mode) = (authority.clone(), args.path.clone(), args.mode);
+        let workload = workload.clone();
         tasks.push(tokio::spawn(async move {
-            run_connection(authority, path, mode, keys, deadline, per_conn_interval, quota).await
+            run_connection(&workload, keys, deadline, per_conn_interval, quota).await
         }));
     }
     let started = Instant::now();
@@ -228,20 +273,13 @@ impl Keys {
 }
 
 async fn run_connection(
-    authority: String,
-    path: String,
-    mode: Mode,
+    workload: &Workload,
     keys: Keys,
     deadline: Instant,
     interval: Option<Duration>,
     quota: u64,
 ) -> anyhow::Result<Outcome> {
-    let stream = TcpStream::connect(&authority)
-        .await
-        .with_context(|| format!("cannot connect to {authority}"))?;
-    stream.set_nodelay(true)?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
+    let mut conn = Conn::open(workload).await?;
     let mut out = Outcome {
         latencies_us: Vec::with_capacity(100_000),
         by_status: [0; 6],
@@ -271,48 +309,147 @@ async fn run_connection(
         }
         let key = i % keys.count;
         i = i.wrapping_add(keys.step);
-        let req = match mode {
-            Mode::Check => Request::builder()
-                .method(Method::POST)
-                .uri("/v1/check")
-                .header("host", &authority)
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(format!(
-                    r#"{{"identities":{{"ip":"10.{}.{}.{}"}},"method":"GET","path":"/api/load"}}"#,
-                    key >> 16 & 255,
-                    key >> 8 & 255,
-                    key & 255
-                ))))?,
-            Mode::Get => Request::builder()
-                .uri(path.as_str())
-                .header("host", &authority)
-                .header(
-                    "x-forwarded-for",
-                    format!("10.{}.{}.{}", key >> 16 & 255, key >> 8 & 255, key & 255),
-                )
-                .body(Full::new(Bytes::new()))?,
-        };
-        if sender.ready().await.is_err() {
-            out.errors += 1;
-            break;
-        }
-        match sender.send_request(req).await {
-            Ok(resp) => {
-                let status = resp.status().as_u16();
-                let _ = resp.into_body().collect().await;
+        let ip = format!("10.{}.{}.{}", key >> 16 & 255, key >> 8 & 255, key & 255);
+        match conn.send(workload, &ip).await? {
+            Sent::Answer(slot) => {
                 out.latencies_us
                     .push(started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-                let slot = if status == 429 {
-                    0
-                } else {
-                    usize::from(status / 100).min(5)
-                };
                 out.by_status[slot] += 1;
             }
-            Err(_) => out.errors += 1,
+            Sent::Failed => out.errors += 1,
+            Sent::Closed => {
+                out.errors += 1;
+                break;
+            }
         }
     }
     Ok(out)
+}
+
+/// One connection of the load: an HTTP/1.1 keep-alive connection, or a tonic channel (its
+/// own HTTP/2 connection).
+enum Conn {
+    Http(SendRequest<Full<Bytes>>),
+    Grpc(RateLimitServiceClient<Channel>),
+}
+
+/// What one request got.
+enum Sent {
+    /// An answer, by its slot in [`Outcome::by_status`] (0 for 429).
+    Answer(usize),
+    /// No answer: the request failed on the way.
+    Failed,
+    /// No answer, and the connection can send no more.
+    Closed,
+}
+
+impl Conn {
+    async fn open(workload: &Workload) -> anyhow::Result<Conn> {
+        if workload.mode == Mode::Grpc {
+            let channel = Endpoint::from_shared(workload.target.clone())
+                .context("--target is not a URL")?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .with_context(|| format!("cannot connect to {}", workload.target))?;
+            return Ok(Conn::Grpc(RateLimitServiceClient::new(channel)));
+        }
+        let authority = &workload.authority;
+        let stream = TcpStream::connect(authority)
+            .await
+            .with_context(|| format!("cannot connect to {authority}"))?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        Ok(Conn::Http(sender))
+    }
+
+    /// Sends one request for the client at `ip` and waits for its answer.
+    async fn send(&mut self, workload: &Workload, ip: &str) -> anyhow::Result<Sent> {
+        match self {
+            Conn::Http(sender) => {
+                let req = http_request(workload, ip)?;
+                if sender.ready().await.is_err() {
+                    return Ok(Sent::Closed);
+                }
+                Ok(match sender.send_request(req).await {
+                    Ok(resp) => {
+                        let status = resp.status().as_u16();
+                        let _ = resp.into_body().collect().await;
+                        Sent::Answer(if status == 429 {
+                            0
+                        } else {
+                            usize::from(status / 100).min(5)
+                        })
+                    }
+                    Err(_) => Sent::Failed,
+                })
+            }
+            Conn::Grpc(client) => Ok(should_rate_limit(client, workload, ip).await),
+        }
+    }
+}
+
+/// `POST /v1/check` for the client at `ip`, or `GET --path` from it through a proxy.
+fn http_request(workload: &Workload, ip: &str) -> anyhow::Result<Request<Full<Bytes>>> {
+    let builder = Request::builder().header("host", &workload.authority);
+    Ok(if workload.mode == Mode::Check {
+        builder
+            .method(Method::POST)
+            .uri("/v1/check")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"identities":{{"ip":"{ip}"}},"method":"GET","path":"/api/load"}}"#
+            ))))?
+    } else {
+        builder
+            .uri(workload.path.as_str())
+            .header("x-forwarded-for", ip)
+            .body(Full::new(Bytes::new()))?
+    })
+}
+
+/// One `ShouldRateLimit` call: the workload's domain, one descriptor with the client's IP.
+async fn should_rate_limit(client: &mut RateLimitServiceClient<Channel>, workload: &Workload, ip: &str) -> Sent {
+    let request = RateLimitRequest {
+        domain: workload.domain.clone(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: workload.descriptor_key.clone(),
+                value: ip.to_owned(),
+            }],
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    };
+    match client.should_rate_limit(request).await {
+        Ok(answer) => Sent::Answer(match Code::try_from(answer.into_inner().overall_code) {
+            Ok(Code::Ok) => 2,
+            Ok(Code::OverLimit) => 0,
+            _ => 5,
+        }),
+        // A status the client made from a transport error carries that error; one the
+        // service sent does not.
+        Err(status) if status.source().is_some() => Sent::Failed,
+        Err(status) => Sent::Answer(grpc_error_slot(status.code())),
+    }
+}
+
+/// The HTTP class of a gRPC error the service sent: 4xx for the caller's faults (as gRPC's
+/// HTTP mapping has them), 5xx for the rest.
+fn grpc_error_slot(code: tonic::Code) -> usize {
+    use tonic::Code as C;
+    match code {
+        C::InvalidArgument
+        | C::NotFound
+        | C::AlreadyExists
+        | C::PermissionDenied
+        | C::FailedPrecondition
+        | C::OutOfRange
+        | C::Unimplemented
+        | C::Unauthenticated => 4,
+        _ => 5,
+    }
 }
 
 /// Loads Sluice's check script into the local Redis and runs redis-benchmark on it, one
