@@ -524,7 +524,14 @@ fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
     assert!(ok, "the example configuration is refused: {stderr}");
     for (config, named) in [
         (r#"{"check": {"cluster": "c", "timeout_ms": 0}}"#, "check.timeout_ms"),
-        (r#"{"check": {"cluster": "c"}, "failure": {"mode": "maybe"}}"#, "maybe"),
+        (
+            r#"{"check": {"cluster": "c"}, "failure": {"mode": "maybe"}}"#,
+            "at \"mode\": unknown variant `maybe`",
+        ),
+        (
+            r#"{"check": {"cluster": "c"}, "local": {"by": "ip", "rate_per_s": -5}}"#,
+            "at \"rate_per_s\": invalid value",
+        ),
         ("not json", "configuration refused"),
     ] {
         let (ok, stderr) = check(config);
