@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Sluice's filter in a real Nginx with ngx_wasm_module: the by-hand checks, scripted.
+
+Not part of CI (the Nginx build needs sources CI cannot reach): build Nginx by
+docs/real-nginx.md into $RH (default /tmp/rh), build the project's debug binaries
+(`cargo build --workspace --bins`) and the filter (`cargo build -p sluice-filter --target
+wasm32-wasip1 --profile wasm`), then run `python3 scripts/real-nginx-check.py`. It starts
+the demo upstream, two check services (examples/rules.toml; a leased rule), a fake service
+that answers `{}`, and Nginx with three servers (checked, leased, fake), sends hostile and
+ordinary traffic, and prints one PASS/FAIL line per check and a count. Ports 28080-28091
+and 29000 on 127.0.0.1; source addresses 127.0.x.y stand for clients.
+"""
+import json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+RH = os.environ.get("RH", "/tmp/rh"); RUN = f"{RH}/run"
+P = os.path.dirname(os.path.dirname(os.path.abspath(__file__))); T = f"{P}/target"
+NGINX = f"{RH}/nginx-install/sbin/nginx"
+procs = []
+def start(args, **kw):
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(f"{RUN}/logs/{os.path.basename(args[0])}-{len(procs)}.log", "w"), **kw)
+    procs.append(p); return p
+def wait_port(port):
+    for _ in range(200):
+        try: socket.create_connection(("127.0.0.1", port), 0.2).close(); return
+        except OSError: time.sleep(0.1)
+    sys.exit(f"port {port} did not open")
+
+def raw(port, head, src="127.0.0.1", body=b"", keep=None):
+    s = socket.socket(); s.bind((src, 0)); s.settimeout(10); s.connect(("127.0.0.1", port))
+    s.sendall(head + body); data = b""
+    while True:
+        try: c = s.recv(65536)
+        except socket.timeout: break
+        if not c: break
+        data += c
+        if b"\r\n\r\n" in data:
+            h, _, rest = data.partition(b"\r\n\r\n")
+            m = re.search(rb"content-length: *(\d+)", h, re.I)
+            if m and len(rest) >= int(m.group(1)): break
+    s.close()
+    m = re.match(rb"HTTP/1\.[01] (\d+)", data)
+    return (int(m.group(1)) if m else None), data
+
+def get(port, path="/api/hello", src="127.0.0.1", headers=b"", method=b"GET"):
+    return raw(port, method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers + b"\r\n", src)
+
+NGINX_CONF = """worker_processes 1;
+error_log logs/error.log info;
+pid logs/nginx.pid;
+events { worker_connections 1024; }
+wasm { module sluice __WASM__; backtraces on; }
+http {
+    access_log logs/access.log;
+    proxy_wasm_request_headers_in_access on;
+    upstream api { server 127.0.0.1:29000; }
+    server {
+        listen 127.0.0.1:28080;
+        keepalive_requests 100;
+        location / {
+            proxy_wasm sluice '__CONFIG__';
+            proxy_pass http://api;
+        }
+    }
+    server {
+        listen 127.0.0.1:28090;
+        keepalive_requests 100;
+        location / {
+            proxy_wasm sluice '__LEASECONFIG__';
+            proxy_pass http://api;
+        }
+    }
+}
+"""
+
+results = []
+def check(name, ok, detail=""):
+    results.append((name, ok)); print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+
+class Empty(BaseHTTPRequestHandler):  # a "check service" that answers 200 {}
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "2"); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a): pass
+
+def main():
+    os.makedirs(f"{RUN}/logs", exist_ok=True); os.makedirs(f"{RUN}/conf", exist_ok=True)
+    for f in os.listdir(f"{RUN}/logs"): os.remove(f"{RUN}/logs/{f}")
+    subprocess.run(["cp", f"{T}/wasm32-wasip1/wasm/sluice_filter.wasm", f"{RUN}/sluice_filter.wasm"], check=True)
+    leased = '''
+[[rule]]
+name = "leased-per-ip"
+by = "ip"
+path = "/leased*"
+algorithm = "token_bucket"
+limit = 200
+window = "1s"
+lease = true
+lease_ttl = "5s"
+'''
+    open(f"{RUN}/conf/rules-leased.toml", "w").write(leased)
+    start([f"{T}/debug/sluice-demo-upstream", "--listen", "127.0.0.1:29000"])
+    start([f"{T}/debug/sluice-service", "--rules", f"{P}/examples/rules.toml", "--listen", "127.0.0.1:28081"])
+    start([f"{T}/debug/sluice-service", "--rules", f"{RUN}/conf/rules-leased.toml", "--listen", "127.0.0.1:28082"])
+    threading.Thread(target=HTTPServer(("127.0.0.1", 28083), Empty).serve_forever, daemon=True).start()
+    for p in (29000, 28081, 28082): wait_port(p)
+    base = json.load(open(f"{P}/examples/filter.json"))
+    base["check"]["cluster"] = "127.0.0.1:28081"
+    base["check"]["timeout_ms"] = 500  # debug service binaries
+    lease = json.loads(json.dumps(base)); lease["check"]["cluster"] = "127.0.0.1:28082"
+    lease["lease"] = {"poll_ms": 200, "tick_ms": 20}
+    empty = json.loads(json.dumps(base)); empty["check"]["cluster"] = "127.0.0.1:28083"
+    empty["failure"]["mode"] = "closed"
+    for name, cfg in (("base", base), ("lease", lease), ("empty", empty)):
+        open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
+        r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
+                            "--config", f"{RUN}/conf/{name}.json", "--host-flavor", "nginx"], capture_output=True, text=True)
+        check(f"check-config accepts the {name} configuration", r.returncode == 0, (r.stdout + r.stderr).strip()[-200:])
+    bad = dict(base); bad["local"] = {"by": "ip", "rate_per_s": -5}
+    open(f"{RUN}/conf/bad.json", "w").write(json.dumps(bad))
+    r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
+                        "--config", f"{RUN}/conf/bad.json", "--host-flavor", "nginx"], capture_output=True, text=True)
+    check("check-config refuses a bad configuration, naming the field", r.returncode == 1 and "rate_per_s" in (r.stdout + r.stderr), (r.stdout + r.stderr).strip()[-200:])
+    conf = NGINX_CONF.replace("__WASM__", f"{RUN}/sluice_filter.wasm")
+    conf = conf.replace("__CONFIG__", json.dumps(base)).replace("__LEASECONFIG__", json.dumps(lease))
+    conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28091;\n        location / {\n            proxy_wasm sluice '" + json.dumps(empty) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
+    open(f"{RUN}/conf/nginx.conf", "w").write(conf)
+    subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf"], check=True)
+    wait_port(28080); time.sleep(0.5)
+    master = int(open(f"{RUN}/logs/nginx.pid").read())
+    workers0 = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+    try:
+        run_checks()
+    finally:
+        workers1 = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+        log = open(f"{RUN}/logs/error.log", errors="replace").read()
+        bad_lines = [l for l in log.splitlines() if re.search(r"panicked|trap|exited on signal|\[emerg\]|\[alert\]|\[crit\]", l)]
+        check("no trap, panic or worker crash in error.log", not bad_lines, "; ".join(bad_lines[:5])[:600])
+        check("the same worker process throughout", workers0 == workers1, f"{workers0} -> {workers1}")
+        subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf", "-s", "stop"])
+        for p in procs: p.terminate()
+        print(f"\n{sum(ok for _, ok in results)} passed, {sum(not ok for _, ok in results)} failed")
+
+def metric(port, name):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name))
+
+def run_checks():
+    # 1. the basic limit: per-ip 5 per 10 s
+    codes = [get(28080, src="127.0.0.10")[0] for _ in range(8)]
+    check("per-ip limit: 5 admitted then 429", codes == [200]*5 + [429]*3, str(codes))
+    st, data = get(28080, src="127.0.0.10")
+    heads = data.split(b"\r\n\r\n")[0].decode(errors="replace").lower()
+    want = ["retry-after:", "x-ratelimit-limit:", "x-ratelimit-remaining:", "ratelimit-policy:", "\nratelimit:"]
+    check("a 429 carries Retry-After, X-RateLimit-*, RateLimit, RateLimit-Policy", st == 429 and all(w in heads for w in want), heads.replace("\r\n", " | ")[:400])
+    # 2. header bytes that are not UTF-8
+    hostile = [b"X-User-Id: \xff\xfe\r\n", b"X-Api-Key: caf\xe9\r\n", b"X-Forwarded-For: 10.0.0.\xff, 1.2.3.4\r\n",
+               b"X-User-Tier: \x80\x81\r\n", b"X-User-Id: " + bytes(range(0x80, 0x100)) + b"\r\n"]
+    codes = [get(28080, src=f"127.0.1.{i}", headers=h)[0] for i, h in enumerate(hostile, 1)]
+    check("non-UTF-8 header values: answered, never 500", all(c in (200, 429) for c in codes), str(codes))
+    codes = [get(28080, src="127.0.2.1", headers=b"X-Api-Key: caf\xe9\r\n")[0] for _ in range(8)]
+    check("a non-UTF-8 identity is still limited as itself", codes.count(429) >= 3 and 500 not in codes, str(codes))
+    # 3. shaping: uploads-shaped, 10/s burst 2, held up to 2 s
+    out = []
+    def up(i):
+        t = time.time(); st, _ = raw(28080, b"POST /api/upload HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-User-Id: shaper\r\nContent-Length: 0\r\n\r\n", src=f"127.0.3.{i}")
+        out.append((st, time.time() - t))
+    ths = [threading.Thread(target=up, args=(i,)) for i in range(1, 7)]
+    t0 = time.time(); [t.start() for t in ths]; [t.join() for t in ths]
+    sts = sorted(s for s, _ in out); spread = max(d for _, d in out) - min(d for _, d in out)
+    check("shaping: 6 uploads at once all pass, spaced out (no trap)", sts == [200]*6 and spread >= 0.25, f"{sts}, spread {spread*1000:.0f} ms")
+    # 4. keep-alive: 1000 requests on one connection
+    s = socket.socket(); s.bind(("127.0.4.1", 0)); s.connect(("127.0.0.1", 28080)); s.settimeout(10)
+    f = s.makefile("rb"); n = 0; statuses = {}; reconnects = 0
+    i = 0
+    while i < 1000:
+        try:
+            s.sendall(b"GET /api/hello HTTP/1.1\r\nHost: x\r\n\r\n")
+            line = f.readline()
+            if not line: raise OSError("closed")
+            code = int(line.split()[1]); clen = 0
+            while True:
+                h = f.readline()
+                if h in (b"\r\n", b""): break
+                if h.lower().startswith(b"content-length:"): clen = int(h.split(b":")[1])
+            f.read(clen); statuses[code] = statuses.get(code, 0) + 1; n += 1; i += 1
+        except (OSError, ValueError, IndexError):  # the server closed after keepalive_requests: resend on a new one
+            if reconnects > 50: break
+            reconnects += 1; s.close(); s = socket.socket(); s.bind(("127.0.4.1", 0)); s.connect(("127.0.0.1", 28080)); s.settimeout(10); f = s.makefile("rb")
+    s.close()
+    check("1,000 requests on keep-alive connections: all answered, no 5xx", n == 1000 and not any(c >= 500 for c in statuses), f"{statuses}, {reconnects} reconnects (keepalive_requests 100)")
+    # 5. the breaker cannot be steered by a client
+    before = metric(28081, "sluice_checks_total")
+    for i in range(20):
+        get(28080, src="127.0.5.1", method=b"X" * 40)
+        get(28080, src="127.0.5.1", path="/" + "a" * 9000)
+    st, _ = get(28080, src="127.0.5.9")
+    after = metric(28081, "sluice_checks_total")
+    check("40 hostile methods and paths: the next request is still checked by the service", st == 200 and after > before, f"status {st}, service rule evaluations {before:.0f} -> {after:.0f}")
+    # 6. an answer of {} is no allow (failure closed)
+    codes = [get(28091, src="127.0.6.1")[0] for _ in range(3)]
+    check("an answer of {} is a failure, never an allow (fails closed)", all(c in (429, 503) for c in codes), str(codes))
+    # 7. leasing: rules polled, leases from the root's timer
+    time.sleep(1.0)
+    calls0 = metric(28082, "sluice_checks_total"); leases0 = metric(28082, "sluice_leases_granted_total")
+    codes = {}
+    t0 = time.time()
+    for i in range(300):  # 100 a second, half the leased limit of 200 a second
+        c = get(28090, path="/leased/x", src="127.0.7.1")[0]; codes[c] = codes.get(c, 0) + 1
+        time.sleep(max(0, t0 + (i + 1) / 100 - time.time()))
+    dt = time.time() - t0
+    calls1 = metric(28082, "sluice_checks_total"); leases1 = metric(28082, "sluice_leases_granted_total")
+    check("leasing in Nginx: requests decided on leases, few checks", codes.get(200, 0) == 300 and leases1 > leases0 and (calls1 - calls0) < 30,
+          f"{codes} in {dt:.1f}s; rule evaluations +{calls1-calls0:.0f}, leases granted +{leases1-leases0:.0f}")
+    codes = [get(28090, path="/leased/x", src="127.0.7.2", headers=h)[0] for h in hostile]
+    check("leasing + non-UTF-8 headers: answered, never 500", all(c in (200, 429) for c in codes), str(codes))
+
+main()
