@@ -69,7 +69,10 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<RateLimiter>>().await;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    // TCP_NODELAY, as tonic sets when it binds itself (a listener handed in gets none): an
+    // answer goes out as several HTTP/2 frames in separate writes, and with Nagle's algorithm
+    // the later ones waited for the client's delayed ACK — 40 ms a call, measured.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(RateLimitServiceServer::new(RateLimiter::new(node, descriptors)))
