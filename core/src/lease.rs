@@ -11,11 +11,11 @@
 //!   ([`lease_end`]), so every unit is spent in the window that counted it.
 //! * `sliding_window_counter`: as exact as the algorithm (the lease ends with its window, so
 //!   units are spent in the window whose counter holds them).
-//! * `token_bucket`, `gcra`: over any interval `T`, at most what the bucket admits over
-//!   `T + ttl` (`burst + limit × (T + ttl) / window`): a unit granted at `t` may be spent up
-//!   to `ttl` later, while the bucket refills from `t`. Over-admission is bounded by
-//!   `limit × ttl / window` units and vanishes as `ttl` shrinks; at most `limit` per window
-//!   when counted at grant.
+//! * `token_bucket`, `gcra`, `leaky_bucket` (policing): over any interval `T`, at most what
+//!   the bucket admits over `T + ttl` (`burst + limit × (T + ttl) / window`): a unit granted
+//!   at `t` may be spent up to `ttl` later, while the bucket refills from `t`. Over-admission
+//!   is bounded by `limit × ttl / window` units and vanishes as `ttl` shrinks; at most
+//!   `limit` per window when counted at grant.
 //! * `sliding_window_log` and shaping (`leaky_bucket` with `max_delay`) cannot be leased: a
 //!   log counts each unit at its own time, which a lease moves, and a shaped request's delay
 //!   is decided when it arrives. [`leasable`] says so and why.
