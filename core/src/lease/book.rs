@@ -5,7 +5,8 @@
 //! Pure state, time passed in (the proxy's clock, milliseconds). The filter drives it: for
 //! a request, [`LeaseBook::spend`]; on its timer, [`LeaseBook::due`] gives the grants to ask
 //! for and the units to give back in one `POST /v1/lease`, whose answer goes to
-//! [`LeaseBook::granted`].
+//! [`LeaseBook::granted`]. What happened to the leases meanwhile, for metrics, is in
+//! [`LeaseBook::take_tally`].
 
 use std::collections::HashMap;
 
@@ -60,8 +61,12 @@ struct Held {
     reset_at_ms: u64,
     /// How long its last lease lasted (ms).
     last_ttl_ms: u64,
+    /// Units the lease came with (0: none left to grant, or no lease).
+    granted_units: u64,
     /// A grant was asked for and not answered yet.
     asked: bool,
+    /// That grant was asked while a lease with units was live: it renews it.
+    renewing: bool,
     /// Units spent in the current second, and the rate of the last whole one.
     spent_this_s: u64,
     second: u64,
@@ -112,6 +117,23 @@ pub enum Spend {
     Missing,
 }
 
+/// What befell the book's leases since [`LeaseBook::take_tally`] was last called, for
+/// metrics. A lease granted with units ends one of three ways: spent out, given back (in
+/// [`LeaseBook::due`]'s returns; whether they reached the service is the caller's to
+/// know), or expired — its end came with units neither spent nor given back, which come
+/// back to the quota only as it refills or its window turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Leases granted with units while the quota held a live lease that had come with
+    /// units (the grant was asked for before that lease ended or was given back).
+    pub renewed: u64,
+    /// Leases found ended with units left, and those units.
+    pub expired: u64,
+    pub units_expired: u64,
+    /// Units spent: one per quota of each request decided by leases.
+    pub units_spent: u64,
+}
+
 /// A proxy's leases.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseBook {
@@ -119,6 +141,7 @@ pub struct LeaseBook {
     held: HashMap<Quota, Held>,
     /// Units to give back with the next call.
     returns: Vec<LeaseReturn>,
+    tally: Tally,
 }
 
 impl LeaseBook {
@@ -128,6 +151,12 @@ impl LeaseBook {
             config,
             ..LeaseBook::default()
         }
+    }
+
+    /// What befell the leases since the last call (see [`Tally`]), and starts counting
+    /// afresh.
+    pub fn take_tally(&mut self) -> Tally {
+        std::mem::take(&mut self.tally)
     }
 
     /// Quotas held.
@@ -167,6 +196,7 @@ impl LeaseBook {
                 h.units -= 1;
                 h.remaining = h.remaining.saturating_sub(1);
                 h.count(now_ms);
+                self.tally.units_spent += 1;
                 left.push(Left {
                     remaining: h.remaining,
                     limit: h.limit,
@@ -185,9 +215,16 @@ impl LeaseBook {
         let c = self.config;
         let mut asks = Vec::new();
         for ((rule, identity), h) in &mut self.held {
+            let held = h.live(now_ms) && h.granted_units > 0;
             let ending = h.live(now_ms) && now_ms + c.return_margin_ms >= h.ends_ms;
             if ending || (h.id.is_some() && !h.live(now_ms)) {
-                note_return(&mut self.returns, &(rule.clone(), identity.clone()), h, now_ms);
+                end_lease(
+                    &mut self.returns,
+                    &mut self.tally,
+                    &(rule.clone(), identity.clone()),
+                    h,
+                    now_ms,
+                );
                 (h.id, h.units) = (None, 0);
             }
             let rate = h.rate_per_s.max(h.spent_this_s);
@@ -197,6 +234,7 @@ impl LeaseBook {
             // One call carries at most MAX_LEASE_ITEMS asks; the rest wait for the next.
             if needed && !h.asked && asks.len() < MAX_LEASE_ITEMS {
                 h.asked = true;
+                h.renewing = held;
                 let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
                 let want = lease_size(rate, horizon_ms.saturating_mul(1_000), u64::MAX);
                 asks.push(LeaseAsk {
@@ -227,10 +265,13 @@ impl LeaseBook {
                 });
                 continue;
             };
-            note_return(&mut self.returns, &quota, h, now_ms);
+            end_lease(&mut self.returns, &mut self.tally, &quota, h, now_ms);
+            if g.units > 0 && std::mem::take(&mut h.renewing) {
+                self.tally.renewed += 1;
+            }
             h.asked = false;
             h.id = Some(g.lease);
-            h.units = g.units;
+            (h.units, h.granted_units) = (g.units, g.units);
             h.remaining = g.remaining.saturating_add(g.units);
             (h.limit, h.window_ms) = (g.limit, g.window_ms);
             h.reset_at_ms = now_ms.saturating_add(g.reset_after_ms);
@@ -252,7 +293,7 @@ impl LeaseBook {
     /// with the next call.
     pub fn forget_all(&mut self, now_ms: u64) {
         for (quota, h) in self.held.drain() {
-            note_return(&mut self.returns, &quota, &h, now_ms);
+            end_lease(&mut self.returns, &mut self.tally, &quota, &h, now_ms);
         }
     }
 
@@ -265,20 +306,27 @@ impl LeaseBook {
             return;
         };
         if let Some(h) = self.held.remove(&oldest) {
-            note_return(&mut self.returns, &oldest, &h, now_ms);
+            end_lease(&mut self.returns, &mut self.tally, &oldest, &h, now_ms);
         }
     }
 }
 
-/// Notes what `h`'s lease did not spend, if it is still live, to go back with the next call.
-fn note_return(returns: &mut Vec<LeaseReturn>, (rule, identity): &Quota, h: &Held, now_ms: u64) {
-    if let (Some(id), true) = (h.id, h.live(now_ms) && h.units > 0) {
+/// Ends `h`'s lease: what it did not spend goes back with the next call if it is still
+/// live, and is tallied as expired if it is not.
+fn end_lease(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, (rule, identity): &Quota, h: &Held, now_ms: u64) {
+    let Some(id) = h.id.filter(|_| h.units > 0) else {
+        return;
+    };
+    if h.live(now_ms) {
         returns.push(LeaseReturn {
             rule: rule.clone(),
             identity: identity.clone(),
             lease: id,
             unspent: h.units,
         });
+    } else {
+        tally.expired += 1;
+        tally.units_expired += h.units;
     }
 }
 
@@ -420,5 +468,77 @@ mod tests {
         let (_, returns) = book.due(6);
         assert_eq!(returns.len(), 1, "a's lease went back");
         assert_eq!((returns[0].identity.as_str(), returns[0].unspent), ("a", 5));
+    }
+
+    #[test]
+    fn the_tally_counts_renewals_spends_and_expiries() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        book.spend(std::slice::from_ref(&a), 0);
+        let (asks, _) = book.due(0);
+        book.granted(&asks, &[grant(1, 10, 1_000)], 0, 5);
+        assert_eq!(book.take_tally(), Tally::default(), "a first lease renews nothing");
+        for t in 0..4 {
+            assert!(matches!(book.spend(std::slice::from_ref(&a), 10 + t), Spend::Spent(_)));
+        }
+        // Asked 250 ms before its end while it still runs: a renewal.
+        let (asks, returns) = book.due(760);
+        assert_eq!((asks.len(), returns.len()), (1, 0));
+        book.granted(&asks, &[grant(2, 10, 1_000)], 760, 770);
+        let (_, returns) = book.due(780);
+        assert_eq!(returns[0].unspent, 6, "the replaced lease's units go back");
+        let tally = book.take_tally();
+        assert_eq!(
+            tally,
+            Tally {
+                renewed: 1,
+                units_spent: 4,
+                ..Tally::default()
+            }
+        );
+        assert_eq!(book.take_tally(), Tally::default(), "taken: counted afresh");
+        // The timer stalls past lease 2's end (1,760): its 10 units expire, once.
+        book.spend(std::slice::from_ref(&a), 1_000);
+        let (asks, returns) = book.due(2_000);
+        assert!(returns.is_empty(), "nothing goes back after the end");
+        book.due(2_010);
+        let tally = book.take_tally();
+        assert_eq!((tally.expired, tally.units_expired, tally.units_spent), (1, 9, 1));
+        // Asked after it ended: a new lease, not a renewal.
+        book.granted(&asks, &[grant(3, 5, 1_000)], 2_000, 2_010);
+        assert_eq!(book.take_tally().renewed, 0);
+    }
+
+    #[test]
+    fn the_tally_finds_expiries_wherever_a_lease_is_dropped() {
+        // Replaced by a grant that came after its end, forgotten with the rules, evicted.
+        let mut book = LeaseBook::new(BookConfig {
+            max_quotas: 2,
+            ..BookConfig::default()
+        });
+        let (a, b, c) = (q("r", "a"), q("r", "b"), q("r", "c"));
+        book.spend(std::slice::from_ref(&a), 0);
+        book.spend(std::slice::from_ref(&b), 0);
+        let (asks, _) = book.due(0);
+        let grants = vec![grant(1, 4, 1_000); asks.len()];
+        book.granted(&asks, &grants, 0, 1);
+        // a's renewal is asked at 760 and answered after a's end.
+        book.spend(std::slice::from_ref(&a), 700);
+        let (asks, _) = book.due(760);
+        assert_eq!(asks.len(), 2, "both end soon");
+        let grants = vec![grant(2, 0, 1_000); asks.len()];
+        book.granted(&asks, &grants, 760, 1_200);
+        let tally = book.take_tally();
+        assert_eq!((tally.expired, tally.units_expired, tally.renewed), (2, 7, 0));
+        // Leases with no units neither expire nor go back.
+        book.forget_all(5_000);
+        book.spend(std::slice::from_ref(&c), 5_000);
+        assert_eq!(book.take_tally().expired, 0);
+        let (asks, _) = book.due(5_000);
+        book.granted(&asks, &[grant(3, 3, 1_000)], 5_000, 5_001);
+        book.spend(std::slice::from_ref(&a), 6_500);
+        book.spend(std::slice::from_ref(&b), 6_501); // evicts c, ended with 3 units
+        let tally = book.take_tally();
+        assert_eq!((tally.expired, tally.units_expired), (1, 3));
     }
 }
