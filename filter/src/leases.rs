@@ -20,8 +20,13 @@ pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 pub enum Pending {
     /// `GET` of the rules.
     Rules,
-    /// `POST` of a lease call: the grants asked for, and when it went out (ms).
-    Lease { asks: Vec<LeaseAsk>, sent_ms: u64 },
+    /// `POST` of a lease call: the grants asked for, when it went out (ms), and the leases
+    /// it gives back with their units.
+    Lease {
+        asks: Vec<LeaseAsk>,
+        sent_ms: u64,
+        returns: (u64, u64),
+    },
 }
 
 /// A call the root should send.
@@ -75,10 +80,35 @@ impl Leasing {
             rule.lease_ttl?;
             quotas.push((rule.name.clone(), identity.to_owned()));
         }
-        match self.book.spend(&quotas, now_ms) {
+        let spent = self.book.spend(&quotas, now_ms);
+        self.report();
+        match spent {
             Spend::Spent(left) => Some(quotas.into_iter().map(|(rule, _)| rule).zip(left).collect()),
             Spend::Missing => None,
         }
+    }
+
+    /// Counts what befell the book's leases (see `sluice_core::lease::book::Tally`).
+    fn report(&mut self) {
+        let t = self.book.take_tally();
+        let m = &self.metrics;
+        Metrics::add(m.leases_renewed, t.renewed);
+        Metrics::add(m.leases_expired, t.expired);
+        Metrics::add(m.lease_units_expired, t.units_expired);
+        Metrics::add(m.lease_units_spent, t.units_spent);
+    }
+
+    /// Counts the leases a lease call gave back: returned when the service answered it,
+    /// expired when not (their units come back as the quota refills, as an expired lease's).
+    fn gave_back(&self, (leases, units): (u64, u64), answered: bool) {
+        let m = &self.metrics;
+        let (leases_id, units_id) = if answered {
+            (m.leases_returned, m.lease_units_returned)
+        } else {
+            (m.leases_expired, m.lease_units_expired)
+        };
+        Metrics::add(leases_id, leases);
+        Metrics::add(units_id, units);
     }
 
     /// The calls to send now: the rules when their poll is due, and a lease call when
@@ -100,12 +130,13 @@ impl Leasing {
         }
         if !in_flight(&self.calls, false) {
             let (grants, returns) = self.book.due(now_ms);
+            self.report();
             let unspent = returns.iter().fold(0, |n: u64, r| n.saturating_add(r.unspent));
-            Metrics::add(self.metrics.lease_units_returned, unspent);
+            let given = (returns.len() as u64, unspent);
             if !grants.is_empty() || !returns.is_empty() {
                 let request = LeaseRequest { grants, returns };
-                if let Ok(body) = serde_json::to_vec(&request) {
-                    out.push(Out {
+                match serde_json::to_vec(&request) {
+                    Ok(body) => out.push(Out {
                         method: "POST",
                         path: self.config.lease_path.clone(),
                         body: Some(body),
@@ -113,8 +144,10 @@ impl Leasing {
                         pending: Pending::Lease {
                             asks: request.grants,
                             sent_ms: now_ms,
+                            returns: given,
                         },
-                    });
+                    }),
+                    Err(_) => self.gave_back(given, false),
                 }
             }
         }
@@ -128,8 +161,9 @@ impl Leasing {
 
     /// A call could not go out.
     pub fn not_sent(&mut self, pending: &Pending) {
-        if let Pending::Lease { asks, .. } = pending {
+        if let Pending::Lease { asks, returns, .. } = pending {
             self.book.failed(asks);
+            self.gave_back(*returns, false);
         }
     }
 
@@ -144,14 +178,17 @@ impl Leasing {
                     self.rules_arrived(etag, body, now_ms);
                 }
             }
-            Pending::Lease { asks, sent_ms } => {
-                match serde_json::from_slice::<LeaseResponse>(body) {
+            Pending::Lease { asks, sent_ms, returns } => {
+                let answer = serde_json::from_slice::<LeaseResponse>(body);
+                self.gave_back(returns, status == 200 && answer.is_ok());
+                match answer {
                     Ok(answer) if status == 200 && answer.grants.len() == asks.len() => {
                         let held: Vec<u64> = answer.grants.iter().map(|g| g.units).filter(|&u| u > 0).collect();
                         Metrics::add(self.metrics.leases_granted, held.len() as u64);
                         let units = held.iter().fold(0, |n: u64, u| n.saturating_add(*u));
                         Metrics::add(self.metrics.lease_units_granted, units);
                         self.book.granted(&asks, &answer.grants, sent_ms, now_ms);
+                        self.report();
                         if self.etag.as_deref() != Some(&format!("\"{}\"", answer.rules_version)) {
                             self.polled_ms = None; // the rules changed: ask for them now
                         }
@@ -173,6 +210,7 @@ impl Leasing {
         };
         if self.rules.is_some() {
             self.book.forget_all(now_ms);
+            self.report();
         }
         self.rules = Some(rules);
         self.etag = etag;

@@ -16,10 +16,23 @@ pub struct Metrics {
     pub delayed: u32,
     /// Allowed by a lease held here, without a call.
     pub leased: u32,
-    /// Leases granted with units, the units they brought, and the units given back.
+    /// Sent to the exact check (a call went out).
+    pub checked: u32,
+    /// Leases granted with units, and the units they brought; of them, those granted while
+    /// the quota's previous lease still ran (renewals).
     pub leases_granted: u32,
     pub lease_units_granted: u32,
+    pub leases_renewed: u32,
+    /// Units spent by requests decided here: one per quota of each.
+    pub lease_units_spent: u32,
+    /// Leases given back before their end, and their unspent units, counted when the
+    /// service answered the call that carried them.
+    pub leases_returned: u32,
     pub lease_units_returned: u32,
+    /// Leases that ended with units neither spent nor given back (their end came, or the
+    /// call giving them back failed), and those units.
+    pub leases_expired: u32,
+    pub lease_units_expired: u32,
     pub check_latency_ms: u32,
 }
 
@@ -35,9 +48,15 @@ impl Metrics {
             failed_closed: counter("sluice_filter_requests_failed_closed"),
             delayed: counter("sluice_filter_requests_delayed"),
             leased: counter("sluice_filter_requests_leased"),
+            checked: counter("sluice_filter_requests_checked"),
             leases_granted: counter("sluice_filter_leases_granted"),
             lease_units_granted: counter("sluice_filter_lease_units_granted"),
+            leases_renewed: counter("sluice_filter_leases_renewed"),
+            lease_units_spent: counter("sluice_filter_lease_units_spent"),
+            leases_returned: counter("sluice_filter_leases_returned"),
             lease_units_returned: counter("sluice_filter_lease_units_returned"),
+            leases_expired: counter("sluice_filter_leases_expired"),
+            lease_units_expired: counter("sluice_filter_lease_units_expired"),
             check_latency_ms: host::define_metric(MetricType::Histogram, "sluice_filter_check_latency_ms"),
         }
     }

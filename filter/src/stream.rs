@@ -289,6 +289,7 @@ impl HttpContext for Stream {
         match self.call("POST", &path, Some(&body), u64::from(timeout)) {
             Ok(_) => {
                 self.called_at = now;
+                Metrics::bump(metrics.checked);
                 Action::Pause
             }
             Err(why) => {

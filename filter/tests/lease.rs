@@ -91,8 +91,11 @@ fn a_held_lease_decides_requests_here_and_the_rest_are_checked(flavor: Flavor) {
         assert_eq!(header(headers, "ratelimit-policy"), Some("\"per-ip\";q=100;w=60"));
     }
     assert_eq!(host.metric("sluice_filter_requests_leased"), Some(3));
+    assert_eq!(host.metric("sluice_filter_lease_units_spent"), Some(3));
+    assert_eq!(host.metric("sluice_filter_requests_checked"), Some(1), "the first one");
     assert_eq!(host.metric("sluice_filter_leases_granted"), Some(1));
     assert_eq!(host.metric("sluice_filter_lease_units_granted"), Some(3));
+    assert_eq!(host.metric("sluice_filter_leases_renewed"), Some(0), "a first lease");
     // The lease is spent: checked exactly again.
     let (_, outcome) = request(&mut host, ip, "/", &[]);
     assert_eq!(outcome, Outcome::Pause);
@@ -103,6 +106,8 @@ fn a_held_lease_decides_requests_here_and_the_rest_are_checked(flavor: Flavor) {
     let (_, outcome) = request(&mut host, ip, "/api/search", &[("x-user-id", "42")]);
     assert_eq!(outcome, Outcome::Pause);
     assert_eq!(call_to(&host, "/v1/check").header(":method"), Some("POST"));
+    assert_eq!(host.metric("sluice_filter_requests_checked"), Some(3));
+    assert_eq!(host.metric("sluice_filter_lease_units_spent"), Some(3));
 }
 
 fn unspent_units_go_back_before_the_lease_ends(flavor: Flavor) {
@@ -152,6 +157,8 @@ fn unspent_units_go_back_before_the_lease_ends(flavor: Flavor) {
     }
     let r = returned.expect("the unspent units went back");
     assert_eq!(host.metric("sluice_filter_lease_units_returned"), Some(9));
+    assert_eq!(host.metric("sluice_filter_leases_returned"), Some(1));
+    assert_eq!(host.metric("sluice_filter_leases_expired"), Some(0));
     assert_eq!((r["lease"].as_u64(), r["unspent"].as_u64()), (Some(11), Some(9)));
     let at_ms = host.now_ns() / 1_000_000;
     assert!(
@@ -212,8 +219,131 @@ fn malformed_rules_and_lease_answers_leave_exact_checks(flavor: Flavor) {
     assert_eq!(host.metric("sluice_filter_leases_granted"), Some(0));
 }
 
+/// A lease answer granting `units` to each ask of the lease call `call` (`lease` the first
+/// id), lasting `expires_in_ms`.
+fn grant_each(call: &PendingCall, lease: u64, units: u64, expires_in_ms: u64) -> CallResponse {
+    let body: Value = serde_json::from_slice(&call.body).expect("JSON");
+    let asks = body["grants"].as_array().map_or(0, Vec::len);
+    let returns = body["returns"].as_array().map_or(0, Vec::len);
+    let grants: Vec<Value> = (0..asks as u64)
+        .map(|i| {
+            json!({"lease": lease + i, "units": units, "expires_in_ms": expires_in_ms, "limit": 100,
+                   "remaining": 50, "reset_after_ms": 50_000, "window_ms": 60_000})
+        })
+        .collect();
+    let answer = json!({"rules_version": 1, "grants": grants, "returned": vec![0; returns]});
+    CallResponse::new(200, answer.to_string())
+}
+
+/// Ticks until a lease call goes out; it and its body.
+fn next_lease_call(host: &mut Host) -> (PendingCall, Value) {
+    for _ in 0..100 {
+        host.advance(Duration::from_millis(50)).expect("tick");
+        if let Some(call) = host
+            .pending_calls()
+            .into_iter()
+            .find(|c| c.header(":path") == Some("/v1/lease"))
+        {
+            let body = serde_json::from_slice(&call.body).expect("JSON");
+            return (call, body);
+        }
+    }
+    panic!("no lease call in 5 s");
+}
+
+/// Gets a first lease of 10 units for client `ip`, lasting `expires_in_ms`, and spends one.
+fn first_lease(host: &mut Host, ip: &str, expires_in_ms: u64) {
+    give_rules(host);
+    request(host, ip, "/", &[]);
+    let check = call_to(host, "/v1/check");
+    host.respond_call(check.token, answer(true, 99, 60_000, 0))
+        .expect("no trap");
+    let (lease, _) = next_lease_call(host);
+    host.respond_call(lease.token, grant_each(&lease, 1, 10, expires_in_ms))
+        .expect("no trap");
+    let (_, outcome) = request(host, ip, "/", &[]);
+    assert_eq!(outcome, Outcome::Continue, "decided by the lease");
+}
+
+/// A lease granted before the last one ended is a renewal, and the last one's unspent
+/// units go back; units that go back in a call that fails are counted as expired, not as
+/// returned (the service never took them back).
+fn renewals_and_returns_are_counted_and_a_failed_return_expires(flavor: Flavor) {
+    let mut host = leasing_host(flavor);
+    first_lease(&mut host, "9.9.9.9, 203.0.113.20", 1_000);
+    // Asked ahead of the end while the lease runs: renewed with 10 more.
+    let (renewal, body) = next_lease_call(&mut host);
+    assert_eq!(body["grants"].as_array().map(Vec::len), Some(1), "{body}");
+    host.respond_call(renewal.token, grant_each(&renewal, 2, 10, 1_000))
+        .expect("no trap");
+    assert_eq!(host.metric("sluice_filter_leases_renewed"), Some(1));
+    assert_eq!(host.metric("sluice_filter_leases_granted"), Some(2));
+    // The replaced lease's 9 go back with the next call, answered.
+    let (back, body) = next_lease_call(&mut host);
+    assert_eq!(body["returns"][0]["unspent"], 9, "{body}");
+    host.respond_call(back.token, grant_each(&back, 3, 0, 1_000))
+        .expect("no trap");
+    assert_eq!(host.metric("sluice_filter_leases_returned"), Some(1));
+    assert_eq!(host.metric("sluice_filter_lease_units_returned"), Some(9));
+    // Lease 2's 10 go back near its end, in a call that fails.
+    let mut failed = false;
+    for _ in 0..10 {
+        let (call, body) = next_lease_call(&mut host);
+        if body["returns"].as_array().is_some_and(|r| !r.is_empty()) {
+            assert_eq!(body["returns"][0]["unspent"], 10, "{body}");
+            host.fail_call(call.token).expect("no trap");
+            failed = true;
+            break;
+        }
+        host.respond_call(call.token, grant_each(&call, 9, 0, 1_000))
+            .expect("no trap");
+    }
+    assert!(failed, "lease 2's units never went back");
+    assert_eq!(host.metric("sluice_filter_leases_returned"), Some(1), "not taken back");
+    assert_eq!(host.metric("sluice_filter_leases_expired"), Some(1));
+    assert_eq!(host.metric("sluice_filter_lease_units_expired"), Some(10));
+    assert_eq!(
+        host.metric("sluice_filter_leases_renewed"),
+        Some(1),
+        "0-unit grants renew nothing"
+    );
+    assert_eq!(host.metric("sluice_filter_lease_units_spent"), Some(1));
+}
+
+/// With a timer slower than the margin the book gives units back by, a lease's end can come
+/// between two ticks: its unspent units are counted as expired, once, and not given back.
+fn a_lease_ending_between_ticks_expires(flavor: Flavor) {
+    let mut config = config_in(flavor);
+    config["lease"] = json!({"tick_ms": 500, "poll_ms": 1000});
+    let mut host = host_with(&config, flavor);
+    host.advance(Duration::from_millis(450)).expect("ticks"); // the first tick at 500
+    first_lease(&mut host, "9.9.9.9, 203.0.113.21", 900);
+    let mut returns = 0;
+    for _ in 0..40 {
+        host.advance(Duration::from_millis(50)).expect("ticks");
+        for call in host.pending_calls() {
+            if call.header(":path") == Some("/v1/lease") {
+                let body: Value = serde_json::from_slice(&call.body).expect("JSON");
+                returns += body["returns"].as_array().map_or(0, Vec::len);
+                host.respond_call(call.token, grant_each(&call, 5, 0, 900))
+                    .expect("no trap");
+            } else if call.header(":path") == Some("/v1/rules") {
+                host.respond_call(call.token, CallResponse::new(304, ""))
+                    .expect("no trap");
+            }
+        }
+    }
+    assert_eq!(returns, 0, "nothing goes back after the end");
+    assert_eq!(host.metric("sluice_filter_leases_expired"), Some(1));
+    assert_eq!(host.metric("sluice_filter_lease_units_expired"), Some(9));
+    assert_eq!(host.metric("sluice_filter_leases_returned"), Some(0));
+    assert_eq!(host.metric("sluice_filter_lease_units_spent"), Some(1));
+}
+
 on_both_hosts!(
     a_held_lease_decides_requests_here_and_the_rest_are_checked,
     unspent_units_go_back_before_the_lease_ends,
     malformed_rules_and_lease_answers_leave_exact_checks,
+    renewals_and_returns_are_counted_and_a_failed_return_expires,
+    a_lease_ending_between_ticks_expires,
 );
