@@ -62,6 +62,7 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
             window_ms: rule.window_ms,
         });
     }
+    node.metrics.lease_call();
     Ok(LeaseResponse {
         rules_version,
         grants,

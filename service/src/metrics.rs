@@ -32,8 +32,10 @@ pub struct Metrics {
     latency_sum_ns: AtomicU64,
     store_errors: AtomicU64,
     degraded: AtomicU64,
+    lease_calls: AtomicU64,
     leases_granted: AtomicU64,
     lease_units_granted: AtomicU64,
+    leases_returned: AtomicU64,
     lease_units_returned: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_error: AtomicU64,
@@ -73,14 +75,26 @@ impl Metrics {
         self.degraded.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a lease call answered (`POST /v1/lease`, 200): decisions by leases, beside
+    /// the exact checks `sluice_checks_total` counts.
+    pub fn lease_call(&self) {
+        self.lease_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a lease granted with `units` (0: asked, none left).
+    ///
+    /// Renewals are not told apart: an ask names a quota, not the lease it follows, and a
+    /// proxy gives a lease's units back in whichever call comes next, or not at all once
+    /// spent, so the service cannot tell a renewal from a first lease (the filter counts
+    /// them, `sluice_filter_leases_renewed`).
     pub fn lease_granted(&self, units: u64) {
         self.leases_granted.fetch_add(1, Ordering::Relaxed);
         self.lease_units_granted.fetch_add(units, Ordering::Relaxed);
     }
 
-    /// Counts `units` given back by a lease.
+    /// Counts a lease's return and the `units` it gave back (0: ended, or none held).
     pub fn lease_returned(&self, units: u64) {
+        self.leases_returned.fetch_add(1, Ordering::Relaxed);
         self.lease_units_returned.fetch_add(units, Ordering::Relaxed);
     }
 
@@ -134,6 +148,11 @@ impl Metrics {
                 &self.degraded,
             ),
             (
+                "sluice_lease_calls_total",
+                "Lease calls answered (POST /v1/lease, 200).",
+                &self.lease_calls,
+            ),
+            (
                 "sluice_leases_granted_total",
                 "Leases asked for and answered (some with 0 units).",
                 &self.leases_granted,
@@ -142,6 +161,11 @@ impl Metrics {
                 "sluice_lease_units_granted_total",
                 "Units of quota granted in leases.",
                 &self.lease_units_granted,
+            ),
+            (
+                "sluice_leases_returned_total",
+                "Lease returns handled (some taking back 0 units: the lease had ended).",
+                &self.leases_returned,
             ),
             (
                 "sluice_lease_units_returned_total",
