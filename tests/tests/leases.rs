@@ -202,6 +202,51 @@ fn a_client_far_below_its_limit_costs_almost_no_calls() {
     let per_request = calls / sent as f64;
     println!("{calls} lease grants and checks for {sent} requests: {per_request:.3} a request");
     assert!(per_request <= 0.02, "{per_request:.3} calls a request");
+    // The filters' lease metrics: each leased request spent one unit (one rule); the units
+    // granted cover what was spent, given back and lost; over 8 s of 5 s leases proxy 0
+    // renewed its lease before it ended. The nodes handled every return a filter counts
+    // (filters read first: a node counts a call before the filter sees its answer).
+    let mut returns = 0;
+    for i in 0..2 {
+        let m = |name: &str| filter_metric(&chain, i, name);
+        let (leased, spent) = (m("sluice_filter_requests_leased"), m("sluice_filter_lease_units_spent"));
+        let (granted, returned, expired) = (
+            m("sluice_filter_lease_units_granted"),
+            m("sluice_filter_lease_units_returned"),
+            m("sluice_filter_lease_units_expired"),
+        );
+        println!(
+            "proxy {i}: {leased} leased, {} checked, {} leases ({} renewed), {granted} units granted, {spent} spent, {returned} returned, {expired} expired",
+            m("sluice_filter_requests_checked"),
+            m("sluice_filter_leases_granted"),
+            m("sluice_filter_leases_renewed"),
+        );
+        assert!(leased > 0, "proxy {i} decided nothing by lease");
+        assert_eq!(spent, leased, "proxy {i}: one unit a leased request");
+        assert!(
+            granted >= spent + returned + expired,
+            "proxy {i}: more units out than granted"
+        );
+        returns += m("sluice_filter_leases_returned");
+    }
+    assert!(
+        filter_metric(&chain, 0, "sluice_filter_leases_renewed") > 0,
+        "proxy 0 renewed nothing"
+    );
+    let node_returns = chain.nodes_metric("sluice_leases_returned_total");
+    assert!(
+        node_returns >= returns as f64,
+        "the nodes handled {node_returns} returns, the filters counted {returns}"
+    );
+    assert!(chain.nodes_metric("sluice_lease_calls_total") > 0.0);
+}
+
+/// Filter metric `name` of proxy `i`; panics, naming it, when the filter has no such metric.
+fn filter_metric(chain: &Chain, i: usize, name: &str) -> i64 {
+    let stats = chain.proxy_stats(i);
+    stats["metrics"][name]
+        .as_i64()
+        .unwrap_or_else(|| panic!("proxy {i} has no metric {name}: {stats}"))
 }
 
 /// A rule changed through the admin API reaches both filters' rule sets within a second:
@@ -289,4 +334,218 @@ fn a_killed_proxy_strands_at_most_what_its_leases_held() {
         f64::from(lost) <= held,
         "{lost} lost, more than the {held} proxy 0 held"
     );
+}
+
+/// A leased rule of 5 s leases far from its limit.
+const FIVE_SECOND_LEASES: &str = r#"
+[[rule]]
+name      = "tenant"
+by        = "user"
+algorithm = "token_bucket"
+limit     = 100000
+window    = "1m"
+lease     = true
+lease_ttl = "5s"
+"#;
+
+/// What a client of proxy 0 saw after the service nodes died: statuses in order, whether
+/// each request left more than the lease's ttl after the kill, and whether after a call of
+/// the proxy's had failed (it knew the service was gone).
+struct AfterDeath {
+    answers: Vec<(u16, bool, bool)>,
+    /// The proxy's filter metrics before the kill and at the end.
+    before: serde_json::Value,
+    after: serde_json::Value,
+}
+
+/// One proxy leasing at a steady rate (a request every 20 ms) from the nodes; just after it
+/// renews its lease, the nodes are killed, and the client slows to a request every 100 ms,
+/// so that the lease held, sized for the faster rate, ends with units left. It goes on
+/// until 1 s past the lease's end (the ttl after the kill) and at least 10 answers after it.
+fn service_dies_under_a_lease(failure_mode: &str) -> AfterDeath {
+    let mut filter: serde_json::Value = serde_json::from_str(&leasing_filter()).expect("JSON");
+    filter["failure"]["mode"] = failure_mode.into();
+    let mut chain = Chain::with(Options {
+        rules: FIVE_SECOND_LEASES.to_owned(),
+        filter: filter.to_string(),
+        ..Options::default()
+    });
+    warm_up();
+    let user = [("x-user-id", "leaseholder")];
+    let waited = Instant::now();
+    let renewed = || filter_metric(&chain, 0, "sluice_filter_leases_renewed");
+    let mut last = (0, 0);
+    loop {
+        assert!(waited.elapsed() < Duration::from_secs(90), "no steady leasing in 90 s");
+        assert_eq!(http(chain.proxies[0], "GET", "/api/hello", &user).status, 200);
+        let now = (filter_metric(&chain, 0, "sluice_filter_requests_leased"), renewed());
+        if now.0 >= 100 && last.1 >= 1 && now.1 > last.1 {
+            break; // a lease was just renewed: it has most of its 5 s ahead
+        }
+        last = now;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = chain.proxy_stats(0)["metrics"].clone();
+    for node in &mut chain.nodes {
+        node.kill();
+    }
+    let killed = Instant::now();
+    let calls_failed = || chain.proxy_stats(0)["calls_failed"].as_u64().expect("calls_failed");
+    let failed_at_kill = calls_failed();
+    let ttl = Duration::from_secs(5);
+    let mut answers = Vec::new();
+    loop {
+        let late = killed.elapsed() > ttl;
+        let failed = calls_failed() > failed_at_kill;
+        answers.push((http(chain.proxies[0], "GET", "/api/hello", &user).status, late, failed));
+        let after_end = answers.iter().filter(|(_, late, _)| *late).count();
+        if killed.elapsed() > ttl + Duration::from_secs(1) && after_end >= 10 {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(60), "too slow: {answers:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = chain.proxy_stats(0)["metrics"].clone();
+    AfterDeath { answers, before, after }
+}
+
+impl AfterDeath {
+    /// How much filter metric `name` grew after the kill.
+    fn grew(&self, name: &str) -> i64 {
+        let at = |m: &serde_json::Value| m[name].as_i64().unwrap_or_else(|| panic!("no metric {name}: {m}"));
+        at(&self.after) - at(&self.before)
+    }
+
+    fn count(&self, f: impl Fn(u16, bool) -> bool) -> usize {
+        self.answers.iter().filter(|(s, late, _)| f(*s, *late)).count()
+    }
+
+    /// Requests admitted after the proxy had seen a call to the service fail.
+    fn admitted_knowing(&self) -> usize {
+        self.answers
+            .iter()
+            .filter(|(s, _, failed)| *s == 200 && *failed)
+            .count()
+    }
+}
+
+/// Issue 16: a proxy holding a lease when the service dies spends it until it expires,
+/// then applies the failure policy — here closed: every request after the lease is a 503.
+/// The lease's answers come first, some after the proxy saw its calls fail, none later
+/// than its ttl after the kill (the lease was granted before it), each without a check
+/// call; then only 503s.
+#[test]
+fn a_lease_outlives_the_service_until_it_expires_then_the_filter_fails_closed() {
+    let d = service_dies_under_a_lease("closed");
+    let admitted = d.count(|s, _| s == 200);
+    let refused = d.count(|s, _| s == 503);
+    println!(
+        "after the kill: {admitted} admitted by the lease, then {refused} refused; leased +{}, checked +{}, failed closed +{}, leases expired +{} ({} units)",
+        d.grew("sluice_filter_requests_leased"),
+        d.grew("sluice_filter_requests_checked"),
+        d.grew("sluice_filter_requests_failed_closed"),
+        d.grew("sluice_filter_leases_expired"),
+        d.grew("sluice_filter_lease_units_expired"),
+    );
+    assert_eq!(admitted + refused, d.answers.len(), "only 200 and 503: {:?}", d.answers);
+    assert!(
+        admitted > 0,
+        "the lease held admitted nothing after the kill: {:?}",
+        d.answers
+    );
+    assert!(
+        d.admitted_knowing() > 0,
+        "the lease was dropped when calls failed: {:?}",
+        d.answers
+    );
+    let first_refused = d.answers.iter().position(|(s, _, _)| *s == 503).expect("a 503");
+    assert!(
+        d.answers[first_refused..].iter().all(|(s, _, _)| *s == 503),
+        "admitted again after the lease was done: {:?}",
+        d.answers
+    );
+    assert_eq!(d.count(|s, late| s == 200 && late), 0, "admitted past the lease's end");
+    assert_eq!(
+        d.grew("sluice_filter_requests_leased"),
+        admitted as i64,
+        "admitted by the lease"
+    );
+    assert_eq!(
+        d.grew("sluice_filter_requests_allowed"),
+        admitted as i64,
+        "no other way"
+    );
+    assert_eq!(d.grew("sluice_filter_requests_failed_closed"), refused as i64);
+    assert!(
+        d.grew("sluice_filter_requests_checked") <= refused as i64,
+        "a check only for the refused"
+    );
+    d.lease_expired();
+}
+
+impl AfterDeath {
+    /// The lease held at the kill expired with units left (none could go back), and every
+    /// unit the proxy was granted is accounted for: spent, given back before the kill, or
+    /// expired.
+    fn lease_expired(&self) {
+        assert_eq!(self.grew("sluice_filter_leases_granted"), 0, "no service, no lease");
+        // The lease held expired; the one it had just replaced went back if the call
+        // carrying its units was answered before the kill, or expired if not.
+        let (expired, returned) = (
+            self.grew("sluice_filter_leases_expired"),
+            self.grew("sluice_filter_leases_returned"),
+        );
+        assert!(
+            expired >= 1 && expired + returned <= 2,
+            "{expired} leases expired, {returned} given back"
+        );
+        assert!(self.grew("sluice_filter_lease_units_expired") > 0);
+        let at_end = |name: &str| self.after[name].as_i64().unwrap_or_else(|| panic!("no metric {name}"));
+        assert_eq!(
+            at_end("sluice_filter_lease_units_granted"),
+            at_end("sluice_filter_lease_units_spent")
+                + at_end("sluice_filter_lease_units_returned")
+                + at_end("sluice_filter_lease_units_expired"),
+            "units granted, spent, returned and expired: {}",
+            self.after
+        );
+    }
+}
+
+/// The same with the failure policy open: after the lease, the fallback bucket admits.
+#[test]
+fn a_lease_outlives_the_service_until_it_expires_then_the_filter_fails_open() {
+    let d = service_dies_under_a_lease("open");
+    let fallback = d.grew("sluice_filter_requests_failed_open");
+    println!(
+        "after the kill: {} answers, leased +{}, failed open +{fallback}",
+        d.answers.len(),
+        d.grew("sluice_filter_requests_leased"),
+    );
+    assert!(
+        d.grew("sluice_filter_requests_leased") > 0,
+        "the lease admitted nothing after the kill"
+    );
+    assert!(
+        d.admitted_knowing() > 0,
+        "the lease was dropped when calls failed: {:?}",
+        d.answers
+    );
+    let late = d.count(|_, late| late);
+    assert_eq!(
+        d.count(|s, late| s == 200 && late),
+        late,
+        "the fallback admits ({:?})",
+        d.answers
+    );
+    assert!(
+        fallback >= late as i64,
+        "{fallback} by the fallback, {late} past the lease's end"
+    );
+    assert_eq!(
+        d.grew("sluice_filter_requests_leased") + fallback,
+        d.answers.len() as i64,
+        "each answer by the lease or by the fallback"
+    );
+    d.lease_expired();
 }
