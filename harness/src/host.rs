@@ -1,5 +1,6 @@
 //! The host: one VM running one plugin, driven step by step.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use wasmtime::{Config, Engine, Func, Instance, Linker, Module, Store, Val};
@@ -60,6 +61,9 @@ impl Plugin {
 pub struct Host {
     store: Store<HostState>,
     instance: Instance,
+    /// Exports looked up so far, with how many results each returns: a lookup by name
+    /// costs more than a short callback.
+    exports: HashMap<&'static str, Option<(Func, usize)>>,
 }
 
 impl Host {
@@ -102,18 +106,31 @@ impl Host {
         };
         let mut store = Store::new(engine, state);
         let instance = linker.instantiate(&mut store, module).map_err(HarnessError::load)?;
-        Ok(Host { store, instance })
+        Ok(Host {
+            store,
+            instance,
+            exports: HashMap::new(),
+        })
     }
 
-    fn func(&mut self, name: &str) -> Option<Func> {
-        self.instance.get_func(&mut self.store, name)
+    /// Export `name` and its number of results, if the module has it.
+    fn func(&mut self, name: &'static str) -> Option<(Func, usize)> {
+        if let Some(f) = self.exports.get(name) {
+            return *f;
+        }
+        let f = self.instance.get_func(&mut self.store, name);
+        let f = f.map(|f| (f, f.ty(&self.store).results().len()));
+        self.exports.insert(name, f);
+        f
     }
 
     /// Calls export `name` with i32 arguments; `Ok(None)` if the module does not export it.
-    fn call(&mut self, name: &str, args: &[i32]) -> Result<Option<i32>, HarnessError> {
-        let Some(f) = self.func(name) else { return Ok(None) };
+    fn call(&mut self, name: &'static str, args: &[i32]) -> Result<Option<i32>, HarnessError> {
+        let Some((f, results)) = self.func(name) else {
+            return Ok(None);
+        };
         let args: Vec<Val> = args.iter().map(|&a| Val::I32(a)).collect();
-        let mut out = vec![Val::I32(0); f.ty(&self.store).results().len()];
+        let mut out = vec![Val::I32(0); results];
         f.call(&mut self.store, &args, &mut out).map_err(|e| {
             let why = self.store.data_mut().nginx_trap.take();
             HarnessError::Trap {
@@ -188,7 +205,7 @@ impl Host {
         i32::from(end_of_stream && self.store.data().options.flavor == Flavor::Envoy)
     }
 
-    fn step(&mut self, stream: u32, hook: &str, args: &[i32], pausable: bool) -> Result<Outcome, HarnessError> {
+    fn step(&mut self, stream: u32, hook: &'static str, args: &[i32], pausable: bool) -> Result<Outcome, HarnessError> {
         let before = self.stream(stream).and_then(|s| s.local_response.clone());
         let action = self
             .with_context(stream, |h| h.call(hook, args))?
@@ -339,6 +356,14 @@ impl Host {
     /// HTTP calls dispatched and not yet answered, oldest first.
     pub fn pending_calls(&self) -> Vec<PendingCall> {
         self.store.data().calls.values().cloned().collect()
+    }
+
+    /// The calls dispatched after the one with token `token` (tokens only grow), not yet
+    /// answered, oldest first: what a host that has started every call up to `token` has
+    /// left to start.
+    pub fn calls_after(&self, token: u32) -> Vec<PendingCall> {
+        let calls = &self.store.data().calls;
+        calls.range(token.saturating_add(1)..).map(|(_, c)| c.clone()).collect()
     }
 
     /// Answers call `token` (Envoy: `proxy_on_http_call_response` on the dispatching context).

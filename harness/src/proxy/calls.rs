@@ -1,0 +1,110 @@
+//! Calls a module dispatches, made over real HTTP: kept-alive HTTP/1.1 connections per
+//! endpoint, as Envoy's cluster connection pools.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::{CallResponse, PendingCall};
+
+/// A call to make: the module's request and, for Envoy, its cluster's endpoints in the
+/// order to try them (`None`: an ngx_wasm_module `host:port`, resolved for the call).
+pub struct Call {
+    pub call: PendingCall,
+    pub endpoints: Option<Vec<SocketAddr>>,
+}
+
+/// The client for dispatched calls.
+pub type CallClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn call_client() -> CallClient {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// Makes `call` within its timeout; `None` when it failed or timed out.
+pub async fn make(client: &CallClient, call: Call) -> Option<CallResponse> {
+    let Call { call, endpoints } = call;
+    let timeout = Duration::from_millis(u64::from(call.timeout_ms));
+    let call_out = async {
+        let endpoints = match endpoints {
+            Some(endpoints) => endpoints,
+            None => resolve(&call.upstream).await,
+        };
+        perform(client, &endpoints, &call.headers, call.body).await
+    };
+    tokio::time::timeout(timeout, call_out).await.ok().flatten()
+}
+
+/// One call to the first endpoint that accepts a connection (pooled connections are
+/// reused); `None` on any other failure.
+async fn perform(
+    client: &CallClient,
+    endpoints: &[SocketAddr],
+    headers: &[(String, String)],
+    body: Vec<u8>,
+) -> Option<CallResponse> {
+    let body = Bytes::from(body);
+    let path = headers
+        .iter()
+        .find(|(k, _)| k == ":path")
+        .map_or("/", |(_, v)| v.as_str());
+    for addr in endpoints {
+        let mut builder = Request::builder().uri(format!("http://{addr}{path}"));
+        for (k, v) in headers {
+            builder = match k.as_str() {
+                ":method" => builder.method(v.as_str()),
+                ":path" => builder,
+                ":authority" => builder.header("host", v.as_str()),
+                _ => builder.header(k.as_str(), v.as_str()),
+            };
+        }
+        let request = builder.body(Full::new(body.clone())).ok()?;
+        let resp = match client.request(request).await {
+            Ok(resp) => resp,
+            Err(e) if e.is_connect() => {
+                tracing::debug!(%addr, "endpoint refused the call's connection: {e}");
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(%addr, "call failed: {e}");
+                return None;
+            }
+        };
+        let mut out = vec![(":status".to_owned(), resp.status().as_u16().to_string())];
+        for (k, v) in resp.headers() {
+            out.push((k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()));
+        }
+        let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
+        return Some(CallResponse { headers: out, body });
+    }
+    None
+}
+
+/// An ngx_wasm_module upstream, `host[:port]` (port 80 when none is given), resolved as
+/// Nginx does for each call; a name that does not resolve fails the call.
+async fn resolve(upstream: &str) -> Vec<SocketAddr> {
+    let has_port = match upstream.strip_prefix('[') {
+        Some(rest) => rest.contains("]:"),
+        None => upstream.contains(':'),
+    };
+    let target = if has_port {
+        upstream.to_owned()
+    } else {
+        format!("{upstream}:80")
+    };
+    let resolved = tokio::net::lookup_host(target.as_str()).await;
+    match resolved {
+        Ok(addrs) => addrs.collect(),
+        Err(e) => {
+            tracing::debug!(%upstream, "cannot resolve the call's upstream: {e}");
+            Vec::new()
+        }
+    }
+}
