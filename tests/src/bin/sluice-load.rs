@@ -370,7 +370,15 @@ impl Conn {
             Conn::Http(sender) => {
                 let req = http_request(workload, ip)?;
                 if sender.ready().await.is_err() {
-                    return Ok(Sent::Closed);
+                    // The server closed the connection after its last answer (Nginx's
+                    // `keepalive_requests`, `Connection: close`): open another, as wrk does.
+                    let Ok(Conn::Http(fresh)) = Conn::open(workload).await else {
+                        return Ok(Sent::Closed);
+                    };
+                    *sender = fresh;
+                    if sender.ready().await.is_err() {
+                        return Ok(Sent::Closed);
+                    }
                 }
                 Ok(match sender.send_request(req).await {
                     Ok(resp) => {
