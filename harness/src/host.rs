@@ -103,9 +103,17 @@ impl Host {
             unimplemented: Vec::new(),
             root_properties: Default::default(),
             nginx_trap: None,
+            memory: None,
+            allocate: None,
         };
         let mut store = Store::new(engine, state);
         let instance = linker.instantiate(&mut store, module).map_err(HarnessError::load)?;
+        let memory = instance.get_memory(&mut store, "memory");
+        let allocate = ["proxy_on_memory_allocate", "malloc"]
+            .into_iter()
+            .find_map(|name| instance.get_typed_func::<i32, i32>(&mut store, name).ok());
+        let data = store.data_mut();
+        (data.memory, data.allocate) = (memory, allocate);
         Ok(Host {
             store,
             instance,

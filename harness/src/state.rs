@@ -142,4 +142,8 @@ pub(crate) struct HostState {
     pub root_properties: HashMap<String, Vec<u8>>,
     /// A trap the Nginx flavor raised on purpose, for the error message.
     pub nginx_trap: Option<String>,
+    /// The module's memory and allocator, looked up once after instantiation (host
+    /// functions use them on every call).
+    pub memory: Option<wasmtime::Memory>,
+    pub allocate: Option<wasmtime::TypedFunc<i32, i32>>,
 }

@@ -20,7 +20,7 @@ mod timers;
 
 use std::collections::VecDeque;
 
-use wasmtime::{Caller, Extern, Linker, Memory, Module, Val, ValType};
+use wasmtime::{Caller, Linker, Memory, Module, Val, ValType};
 
 use crate::abi::{BufferType, LogLevel, MapType, MetricType, Status};
 use crate::map;
@@ -37,7 +37,7 @@ fn status(s: Status) -> HostResult {
 }
 
 fn memory(c: &mut Ctx<'_>) -> Option<Memory> {
-    c.get_export("memory").and_then(Extern::into_memory)
+    c.data().memory
 }
 
 fn read(c: &mut Ctx<'_>, ptr: i32, len: i32) -> Option<Vec<u8>> {
@@ -84,16 +84,10 @@ fn give(c: &mut Ctx<'_>, data: &[u8], ret_data: i32, ret_size: i32) -> HostResul
     let addr = if data.is_empty() {
         0
     } else {
-        let alloc = c
-            .get_export("proxy_on_memory_allocate")
-            .or_else(|| c.get_export("malloc"))
-            .and_then(Extern::into_func);
-        let Some(alloc) = alloc else {
+        let Some(alloc) = c.data().allocate.clone() else {
             return status(Status::InternalFailure);
         };
-        let mut out = [Val::I32(0)];
-        alloc.call(&mut *c, &[Val::I32(data.len() as i32)], &mut out)?;
-        let addr = out[0].i32().unwrap_or(0);
+        let addr = alloc.call(&mut *c, data.len() as i32)?;
         if addr == 0 || write(c, addr, data).is_none() {
             return status(Status::InternalFailure);
         }
