@@ -80,6 +80,20 @@ impl Held {
         self.id.is_some() && now_ms < self.ends_ms
     }
 
+    /// The spending rate at `now_ms` (units a second): the last whole second's count, or
+    /// this one's when it is already higher; 0 once a whole second passed without a spend,
+    /// so a quota nobody uses stops asking for leases.
+    fn rate_at(&self, now_ms: u64) -> u64 {
+        let second = now_ms / 1_000;
+        if second == self.second {
+            self.rate_per_s.max(self.spent_this_s)
+        } else if second == self.second + 1 {
+            self.spent_this_s
+        } else {
+            0
+        }
+    }
+
     fn count(&mut self, now_ms: u64) {
         let second = now_ms / 1_000;
         if second != self.second {
@@ -227,10 +241,11 @@ impl LeaseBook {
                 );
                 (h.id, h.units) = (None, 0);
             }
-            let rate = h.rate_per_s.max(h.spent_this_s);
+            // Only a quota in use asks: an idle one lets its lease end and give its units back.
+            let rate = h.rate_at(now_ms);
             let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(c.renew_ahead_ms);
             let ends_soon = h.id.is_some() && now_ms + c.renew_ahead_ms >= h.ends_ms;
-            let needed = h.id.is_none() && rate > 0 || h.id.is_some() && (runs_out || ends_soon);
+            let needed = rate > 0 && (h.id.is_none() || runs_out || ends_soon);
             // One call carries at most MAX_LEASE_ITEMS asks; the rest wait for the next.
             if needed && !h.asked && asks.len() < MAX_LEASE_ITEMS {
                 h.asked = true;
@@ -417,6 +432,35 @@ mod tests {
             renewals += book.due(1_000 + t * 10).0.len();
         }
         assert_eq!(renewals, 1, "asked once, while units were left");
+    }
+
+    #[test]
+    fn a_quota_nobody_uses_stops_leasing_and_gives_its_units_back() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        book.spend(std::slice::from_ref(&a), 0);
+        let (asks, _) = book.due(0);
+        book.granted(&asks, &[grant(1, 100, 2_000)], 0, 1);
+        for t in 0..10u64 {
+            book.spend(std::slice::from_ref(&a), 100 + t * 10);
+        }
+        // The traffic stops. Within the next whole second the last second's rate may still
+        // renew it once; after that nothing is asked, and every unit comes back.
+        let (mut asked, mut asked_late, mut given_back) = (0, 0, 0);
+        for t in (200..10_000u64).step_by(50) {
+            let (asks, returns) = book.due(t);
+            asked += asks.len() as u64;
+            asked_late += if t >= 2_000 { asks.len() } else { 0 };
+            given_back += returns.iter().map(|r| r.unspent).sum::<u64>();
+            if !asks.is_empty() {
+                book.granted(&asks, &[grant(2 + t, 100, 2_000)], t, t);
+            }
+        }
+        assert_eq!(asked_late, 0, "no lease asked for a quota idle a whole second");
+        assert_eq!(given_back, 90 + 100 * asked, "every unit given back");
+        // Demand again: asked for at once.
+        assert_eq!(book.spend(std::slice::from_ref(&a), 10_000), Spend::Missing);
+        assert_eq!(book.due(10_000).0.len(), 1);
     }
 
     #[test]
