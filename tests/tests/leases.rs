@@ -169,6 +169,26 @@ fn a_saturated_leased_leaky_bucket_keeps_its_bound_on_one_redis() {
     saturated_key_is_exact_and_nearly_full("leaky_bucket", 0);
 }
 
+#[test]
+fn a_saturated_leased_sliding_window_counter_keeps_its_bound_on_a_cluster() {
+    saturated_key_is_exact_and_nearly_full("sliding_window_counter", 3);
+}
+
+#[test]
+fn a_saturated_leased_token_bucket_keeps_its_bound_on_a_cluster() {
+    saturated_key_is_exact_and_nearly_full("token_bucket", 3);
+}
+
+#[test]
+fn a_saturated_leased_gcra_keeps_its_bound_on_a_cluster() {
+    saturated_key_is_exact_and_nearly_full("gcra", 3);
+}
+
+#[test]
+fn a_saturated_leased_leaky_bucket_keeps_its_bound_on_a_cluster() {
+    saturated_key_is_exact_and_nearly_full("leaky_bucket", 3);
+}
+
 /// Lease grants and exact checks the nodes answered (rules polls aside).
 fn service_calls(chain: &Chain) -> f64 {
     chain.nodes_metric("sluice_leases_granted_total")
