@@ -340,7 +340,29 @@ fn a_lease_ending_between_ticks_expires(flavor: Flavor) {
     assert_eq!(host.metric("sluice_filter_lease_units_spent"), Some(1));
 }
 
+/// With the defaults (`"lease": {}`), the rules are asked for again every 500 ms: a rule
+/// changed at the service reaches the filter within a second, call included.
+fn by_default_the_rules_are_polled_twice_a_second(flavor: Flavor) {
+    let mut config = config_in(flavor);
+    config["lease"] = json!({});
+    let mut host = host_with(&config, flavor);
+    give_rules(&mut host);
+    let mut polls = Vec::new();
+    for tick in 1..=40u64 {
+        host.advance(Duration::from_millis(50)).expect("tick");
+        for call in host.pending_calls() {
+            if call.header(":path") == Some("/v1/rules") {
+                polls.push(tick * 50);
+                host.respond_call(call.token, CallResponse::new(304, ""))
+                    .expect("no trap");
+            }
+        }
+    }
+    assert_eq!(polls, [500, 1_000, 1_500, 2_000], "polled every 500 ms");
+}
+
 on_both_hosts!(
+    by_default_the_rules_are_polled_twice_a_second,
     a_held_lease_decides_requests_here_and_the_rest_are_checked,
     unspent_units_go_back_before_the_lease_ends,
     malformed_rules_and_lease_answers_leave_exact_checks,
