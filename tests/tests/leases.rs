@@ -21,6 +21,7 @@ lease     = true
 lease_ttl = "1s"
 "#;
 
+/// A leased rule of 5 s leases far from its limit.
 const ROOMY: &str = r#"
 [[rule]]
 name      = "tenant"
@@ -356,18 +357,6 @@ fn a_killed_proxy_strands_at_most_what_its_leases_held() {
     );
 }
 
-/// A leased rule of 5 s leases far from its limit.
-const FIVE_SECOND_LEASES: &str = r#"
-[[rule]]
-name      = "tenant"
-by        = "user"
-algorithm = "token_bucket"
-limit     = 100000
-window    = "1m"
-lease     = true
-lease_ttl = "5s"
-"#;
-
 /// What a client of proxy 0 saw after the service nodes died: statuses in order, whether
 /// each request left more than the lease's ttl after the kill, and whether after a call of
 /// the proxy's had failed (it knew the service was gone).
@@ -386,7 +375,7 @@ fn service_dies_under_a_lease(failure_mode: &str) -> AfterDeath {
     let mut filter: serde_json::Value = serde_json::from_str(&leasing_filter()).expect("JSON");
     filter["failure"]["mode"] = failure_mode.into();
     let mut chain = Chain::with(Options {
-        rules: FIVE_SECOND_LEASES.to_owned(),
+        rules: ROOMY.to_owned(),
         filter: filter.to_string(),
         ..Options::default()
     });
