@@ -1,6 +1,6 @@
 //! The rule file: parsing, defaults, every validation message, syntax errors, round trips.
 
-use sluice_core::rules::{FailureMode, Identity, RuleSet, RulesError};
+use sluice_core::rules::{FailureMode, Identity, RuleSet, RulesError, Unreachable};
 use sluice_core::Algorithm;
 
 fn example_text() -> String {
@@ -272,4 +272,82 @@ fn leased_rules_say_when_an_algorithm_cannot_be_leased() {
     );
     assert!(err(&with("lease_ttl = \"2s\"")).contains("add lease = true"));
     assert!(err(&with("lease = true\nlease_ttl = \"2m\"")).contains("field lease_ttl: must be 1ms to 60000 ms"));
+}
+
+#[test]
+fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
+    let plain = RuleSet::from_toml(&with("global = true")).unwrap();
+    let g = plain.rules()[0].global.clone().expect("global");
+    assert_eq!((g.ttl, g.unreachable), (1_000_000, Unreachable::Spend), "defaults");
+    assert_eq!(
+        RuleSet::from_toml(BASE).unwrap().rules()[0].global,
+        None,
+        "regional by default"
+    );
+    let shared = RuleSet::from_toml(&with(
+        "global = true\nglobal_ttl = \"5s\"\non_global_unreachable = \"share\"\nglobal_share = 30\nburst = 20",
+    ))
+    .unwrap();
+    let again = RuleSet::from_toml(&shared.to_toml()).unwrap();
+    for set in [&shared, &again] {
+        let g = set.rules()[0].global.clone().expect("global");
+        assert_eq!(g.ttl, 5_000_000);
+        let Unreachable::Share(share) = g.unreachable else {
+            panic!("share, not {:?}", g.unreachable)
+        };
+        assert_eq!(
+            (share.limit(), share.capacity(), share.window()),
+            (3, 6, 1_000_000),
+            "30 % of 10 and of 20"
+        );
+    }
+    let closed = RuleSet::from_toml(&with("global = true\non_global_unreachable = \"closed\"")).unwrap();
+    assert_eq!(
+        closed.rules()[0].global.as_ref().map(|g| &g.unreachable),
+        Some(&Unreachable::Closed)
+    );
+    let refused = [
+        (
+            "global_ttl = \"2s\"",
+            "field global_ttl: applies to global rules: add global = true",
+        ),
+        (
+            "global = true\nlease = true",
+            "field lease: a global rule is leased by regions",
+        ),
+        (
+            "global = true\nshadow = true",
+            "field shadow: a global rule cannot be a shadow rule",
+        ),
+        (
+            "global = true\nglobal_ttl = \"2m\"",
+            "field global_ttl: must be 1ms to 60000 ms",
+        ),
+        (
+            "global = true\non_global_unreachable = \"share\"",
+            "field global_share: on_global_unreachable = \"share\" needs",
+        ),
+        (
+            "global = true\non_global_unreachable = \"share\"\nglobal_share = 0",
+            "field global_share: must be 1 to 100",
+        ),
+        (
+            "global = true\nglobal_share = 5",
+            "field global_share: applies with on_global_unreachable = \"share\"",
+        ),
+        (
+            "global = true\non_global_unreachable = \"wait\"",
+            "field on_global_unreachable: \"wait\" is not",
+        ),
+    ];
+    for (line, message) in refused {
+        assert!(err(&with(line)).contains(message), "{line}: {}", err(&with(line)));
+    }
+    let log = BASE.replace("algorithm = \"gcra\"", "algorithm = \"sliding_window_log\"") + "global = true\n";
+    assert!(
+        err(&log).contains("field global: sliding_window_log cannot be leased"),
+        "{}",
+        err(&log)
+    );
+    assert!(err(&log).contains("global = true"), "{}", err(&log));
 }

@@ -84,6 +84,20 @@ pub struct RuleSpec {
     /// How long a lease lasts; default `1s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<String>,
+    /// One limit across every region: each region leases its share of the quota from the
+    /// global store in the background (see `docs/design.md`, Regions); default off.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub global: bool,
+    /// How long a region's lease of a global quota lasts; default `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_ttl: Option<String>,
+    /// What a region does when the global store cannot be reached: `spend` (default),
+    /// `share` or `closed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_global_unreachable: Option<String>,
+    /// With `share`: the percent of the limit a cut-off region may admit alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_share: Option<u64>,
 }
 
 /// One `[[override]]` as written.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use super::duration::parse_duration;
 use super::file::RuleSpec;
 use super::glob::Glob;
+use super::global::{global, Global};
 use super::RulesError;
 use crate::algorithm::{Algorithm, Limit, LimitError, UnknownAlgorithm};
 use crate::time::{micros_from_ms, Micros};
@@ -109,6 +110,8 @@ pub struct Rule {
     pub shadow: bool,
     /// How long a lease of this rule's quota lasts, when proxies may lease it.
     pub lease_ttl: Option<Micros>,
+    /// How regions share the limit, when it is one limit across every region.
+    pub global: Option<Global>,
 }
 
 impl Rule {
@@ -239,6 +242,7 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         .build()
         .map_err(|e| fail(limit_error_field(&e), e.to_string()))?;
     let lease_ttl = lease_ttl(spec, &limit).map_err(|(field, message)| fail(field, message))?;
+    let global = global(spec, &limit).map_err(|(field, message)| fail(field, message))?;
     Ok(Rule {
         name: spec.name.clone(),
         by,
@@ -250,10 +254,11 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         failure,
         shadow: spec.shadow,
         lease_ttl,
+        global,
     })
 }
 
-/// The longest lease a rule may give.
+/// The longest lease a rule may give, to a proxy or to a region.
 const MAX_LEASE_TTL_MS: u64 = 60_000;
 
 /// A leased rule's lease length, or why it cannot be leased.
@@ -268,15 +273,17 @@ fn lease_ttl(spec: &RuleSpec, limit: &Limit) -> Result<Option<Micros>, (&'static
         };
     }
     crate::lease::leasable(limit).map_err(|e| ("lease", e.to_string()))?;
-    let ttl_ms = match &spec.lease_ttl {
-        Some(text) => parse_duration(text).map_err(|m| ("lease_ttl", m))?,
+    lease_length(spec.lease_ttl.as_deref(), "lease_ttl").map(Some)
+}
+
+/// The lease length written in `field` (`text`; 1 s when absent), at most a minute.
+pub(crate) fn lease_length(text: Option<&str>, field: &'static str) -> Result<Micros, (&'static str, String)> {
+    let ttl_ms = match text {
+        Some(text) => parse_duration(text).map_err(|m| (field, m))?,
         None => 1_000,
     };
     if ttl_ms == 0 || ttl_ms > MAX_LEASE_TTL_MS {
-        return Err((
-            "lease_ttl",
-            format!("must be 1ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms} ms"),
-        ));
+        return Err((field, format!("must be 1ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms} ms")));
     }
-    Ok(Some(micros_from_ms(ttl_ms)))
+    Ok(micros_from_ms(ttl_ms))
 }
