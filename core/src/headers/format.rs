@@ -349,6 +349,7 @@ mod tests {
             limit: 100,
             reset_after_ms: 12_345,
             window_ms: 60_000,
+            lease: 9,
         };
         let q = Quota::from_lease("per-ip", &left, 7);
         assert_eq!(

@@ -94,7 +94,7 @@ impl Held {
         }
     }
 
-    fn count(&mut self, now_ms: u64) {
+    fn count(&mut self, now_ms: u64, units: u64) {
         let second = now_ms / 1_000;
         if second != self.second {
             self.rate_per_s = if second == self.second + 1 {
@@ -104,7 +104,7 @@ impl Held {
             };
             (self.second, self.spent_this_s) = (second, 0);
         }
-        self.spent_this_s += 1;
+        self.spent_this_s += units;
     }
 }
 
@@ -120,6 +120,8 @@ pub struct Left {
     pub reset_after_ms: u64,
     /// The rule's window in milliseconds.
     pub window_ms: u64,
+    /// The lease the units came from.
+    pub lease: u64,
 }
 
 /// What [`LeaseBook::spend`] decided.
@@ -187,6 +189,11 @@ impl LeaseBook {
     /// has a live lease with a unit left. A quota not held yet is noted, so that the next
     /// [`LeaseBook::due`] asks for it.
     pub fn spend(&mut self, quotas: &[Quota], now_ms: u64) -> Spend {
+        self.spend_units(quotas, 1, now_ms)
+    }
+
+    /// Spends `units` of each of `quotas`, all or none, as [`LeaseBook::spend`] does one.
+    pub fn spend_units(&mut self, quotas: &[Quota], units: u64, now_ms: u64) -> Spend {
         let mut ready = true;
         for q in quotas {
             if !self.held.contains_key(q) {
@@ -194,12 +201,12 @@ impl LeaseBook {
             }
             let h = self.held.entry(q.clone()).or_default();
             h.used_ms = now_ms;
-            ready &= h.live(now_ms) && h.units > 0;
+            ready &= h.live(now_ms) && h.units >= units;
         }
         if !ready {
             for q in quotas {
                 if let Some(h) = self.held.get_mut(q) {
-                    h.count(now_ms); // the demand counts, so the lease asked for fits it
+                    h.count(now_ms, units); // the demand counts, so the lease asked for fits it
                 }
             }
             return Spend::Missing;
@@ -207,19 +214,43 @@ impl LeaseBook {
         let mut left = Vec::with_capacity(quotas.len());
         for q in quotas {
             if let Some(h) = self.held.get_mut(q) {
-                h.units -= 1;
-                h.remaining = h.remaining.saturating_sub(1);
-                h.count(now_ms);
-                self.tally.units_spent += 1;
+                h.units -= units;
+                h.remaining = h.remaining.saturating_sub(units);
+                h.count(now_ms, units);
+                self.tally.units_spent += units;
                 left.push(Left {
                     remaining: h.remaining,
                     limit: h.limit,
                     reset_after_ms: h.reset_at_ms.saturating_sub(now_ms),
                     window_ms: h.window_ms,
+                    lease: h.id.unwrap_or_default(),
                 });
             }
         }
         Spend::Spent(left)
+    }
+
+    /// Whether `quota` has a live lease with `units` left at `now_ms`.
+    pub fn holds(&self, quota: &Quota, units: u64, now_ms: u64) -> bool {
+        self.held.get(quota).is_some_and(|h| h.live(now_ms) && h.units >= units)
+    }
+
+    /// Puts back `units` of each of `quotas` that a [`LeaseBook::spend_units`] took (`spent`
+    /// is what it answered, in the same order) when the request was refused after all: into
+    /// the lease they came from if it still runs, never into another one (that lease's
+    /// units were granted apart, so the quota would hold more than it was given).
+    pub fn unspend(&mut self, quotas: &[Quota], spent: &[Left], units: u64, now_ms: u64) {
+        for (q, left) in quotas.iter().zip(spent) {
+            if let Some(h) = self
+                .held
+                .get_mut(q)
+                .filter(|h| h.id == Some(left.lease) && h.live(now_ms))
+            {
+                h.units += units;
+                h.remaining = h.remaining.saturating_add(units);
+                self.tally.units_spent -= units.min(self.tally.units_spent);
+            }
+        }
     }
 
     /// What to send now: the grants to ask for (quotas about to run out or end, sized for
@@ -584,5 +615,38 @@ mod tests {
         book.spend(std::slice::from_ref(&b), 6_501); // evicts c, ended with 3 units
         let tally = book.take_tally();
         assert_eq!((tally.expired, tally.units_expired), (1, 3));
+    }
+
+    #[test]
+    fn units_spent_several_at_a_time_go_back_only_to_the_lease_they_came_from() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("per-tenant", "t");
+        let quotas = std::slice::from_ref(&a);
+        assert_eq!(book.spend_units(quotas, 3, 0), Spend::Missing);
+        let (asks, _) = book.due(0);
+        book.granted(&asks, &[grant(1, 5, 5_000)], 0, 1);
+        assert!(book.holds(&a, 5, 1) && !book.holds(&a, 6, 1));
+        let Spend::Spent(spent) = book.spend_units(quotas, 3, 2) else {
+            panic!("5 units hold a cost of 3")
+        };
+        assert_eq!((spent[0].remaining, spent[0].lease), (52, 1));
+        assert_eq!(book.spend_units(quotas, 3, 3), Spend::Missing, "2 units left");
+        // Refused after all: the 3 units are back in lease 1.
+        book.unspend(quotas, &spent, 3, 4);
+        assert!(book.holds(&a, 5, 4));
+        assert_eq!(book.take_tally().units_spent, 0);
+        // Once lease 1 is replaced, its units are not put into lease 2.
+        let Spend::Spent(spent) = book.spend_units(quotas, 3, 5) else {
+            panic!("5 units again")
+        };
+        book.spend_units(quotas, 2, 4_800); // at its rate it runs out: a renewal is due
+        let (asks, returns) = book.due(4_800);
+        assert!(returns.is_empty() && asks.len() == 1);
+        book.granted(&asks, &[grant(2, 4, 5_000)], 4_800, 4_801);
+        book.unspend(quotas, &spent, 3, 4_802);
+        assert!(
+            book.holds(&a, 4, 4_802) && !book.holds(&a, 5, 4_802),
+            "lease 2 holds its own 4"
+        );
     }
 }
