@@ -89,11 +89,21 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
             cost: req.cost,
         })
         .collect();
-    let (decisions, degraded) = decide(node, &targets, now_us).await;
+    let (decisions, degraded) = match &node.region {
+        Some(region) if matched.iter().any(|(rule, _)| rule.global.is_some()) => {
+            crate::region::decide::decide(node, region, &matched, &targets, now_us).await
+        }
+        _ => {
+            let (decisions, degraded) = decide(node, &targets, now_us).await;
+            (decisions.into_iter().map(Some).collect(), degraded)
+        }
+    };
 
     let mut outcomes: Vec<Outcome<'_>> = Vec::with_capacity(matched.len());
     let mut denied_by: Option<(&Rule, &str)> = None;
     for (&(rule, identity), decision) in matched.iter().zip(decisions) {
+        // Not counted: a global rule refused the request before this rule was decided.
+        let Some(decision) = decision else { continue };
         let verdict = match (decision.allowed, rule.shadow) {
             (true, _) => Verdict::Allowed,
             (false, true) => Verdict::ShadowDenied,

@@ -164,11 +164,11 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        node.metrics.render(),
-    )
-        .into_response()
+    let mut text = node.metrics.render();
+    if let Some(region) = &node.region {
+        region.render(&mut text);
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// Checks the bearer token in constant time.

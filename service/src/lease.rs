@@ -5,14 +5,18 @@
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
 
 use sluice_core::lease::wire::{LeaseGranted, LeaseRequest, LeaseResponse};
 use sluice_core::rules::{Rule, RuleSet};
 use sluice_core::time::{instant_ms, wait_ms};
+use sluice_core::Micros;
 use thiserror::Error;
 
 use crate::node::Node;
-use crate::store::{keys, StoreError};
+use crate::store::{keys, Store, StoreError};
 
 /// Why leases could not be given.
 #[derive(Debug, Error)]
@@ -29,38 +33,13 @@ pub enum LeaseError {
 pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, LeaseError> {
     let (rules, rules_version) = node.rules_in_force();
     let now_ms = instant_ms(node.clock.now_us());
-    let mut returned = Vec::with_capacity(req.returns.len());
-    for r in &req.returns {
-        let back = match leased(&rules, &r.rule) {
-            Ok(rule) => {
-                let limit = rules.limit_for(rule, &r.identity, now_ms);
-                let key = keys::limit(&rule.name, &r.identity);
-                timed(node, node.store.give_back(&key, &limit, r.lease, r.unspent)).await?
-            }
-            Err(_) => 0, // the rule went away: its units come back as it refills
-        };
-        node.metrics.lease_returned(back);
-        returned.push(back);
+    let timeout = node.config.store_timeout;
+    let (grants, returned) = exchange(&node.store, &rules, now_ms, req, timeout, |r| r.lease_ttl).await?;
+    for back in &returned {
+        node.metrics.lease_returned(*back);
     }
-    let mut grants = Vec::with_capacity(req.grants.len());
-    for ask in &req.grants {
-        let rule = leased(&rules, &ask.rule)?;
-        let ttl = rule.lease_ttl.ok_or_else(|| LeaseError::NotLeased(ask.rule.clone()))?;
-        let limit = rules.limit_for(rule, &ask.identity, now_ms);
-        let key = keys::limit(&rule.name, &ask.identity);
-        let id = next_id();
-        let g = timed(node, node.store.grant(&key, &limit, ask.want, ttl, id)).await?;
+    for g in &grants {
         node.metrics.lease_granted(g.units);
-        grants.push(LeaseGranted {
-            lease: id,
-            units: g.units,
-            // Rounded down: the proxy ends it no later than the service does.
-            expires_in_ms: instant_ms(g.expires_at.saturating_sub(g.granted_at)),
-            limit: g.decision.limit,
-            remaining: g.decision.remaining,
-            reset_after_ms: wait_ms(g.decision.reset_after),
-            window_ms: rule.window_ms,
-        });
     }
     node.metrics.lease_call();
     Ok(LeaseResponse {
@@ -70,22 +49,58 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
     })
 }
 
-/// The rule `name`, if it is leased.
-fn leased<'r>(rules: &'r RuleSet, name: &str) -> Result<&'r Rule, LeaseError> {
-    rules
-        .rule(name)
-        .filter(|r| r.lease_ttl.is_some())
-        .ok_or_else(|| LeaseError::NotLeased(name.to_owned()))
+/// One lease exchange with `store`: the returns first, then the grants, each item its own
+/// store call, all issued at once (over a WAN they cost one round trip together). A rule's
+/// lease length is `ttl_of(rule)`; a rule without one is not leased here. The grants, and
+/// the units each return took back.
+pub async fn exchange(
+    store: &Store,
+    rules: &RuleSet,
+    now_ms: u64,
+    req: &LeaseRequest,
+    timeout: Duration,
+    ttl_of: impl Fn(&Rule) -> Option<Micros>,
+) -> Result<(Vec<LeaseGranted>, Vec<u64>), LeaseError> {
+    let returns = req.returns.iter().map(|r| async {
+        let Some((rule, _)) = leased(rules, &r.rule, &ttl_of) else {
+            return Ok(0); // the rule went away: its units come back as it refills
+        };
+        let limit = rules.limit_for(rule, &r.identity, now_ms);
+        let key = keys::limit(&rule.name, &r.identity);
+        timed(timeout, store.give_back(&key, &limit, r.lease, r.unspent)).await
+    });
+    let returned = join_all(returns).await.into_iter().collect::<Result<Vec<u64>, _>>()?;
+    let grants = req.grants.iter().map(|ask| async {
+        let (rule, ttl) = leased(rules, &ask.rule, &ttl_of).ok_or_else(|| LeaseError::NotLeased(ask.rule.clone()))?;
+        let limit = rules.limit_for(rule, &ask.identity, now_ms);
+        let key = keys::limit(&rule.name, &ask.identity);
+        let id = next_id();
+        let g = timed(timeout, store.grant(&key, &limit, ask.want, ttl, id)).await?;
+        Ok::<_, LeaseError>(LeaseGranted {
+            lease: id,
+            units: g.units,
+            // Rounded down: the lease holder ends it no later than the store does.
+            expires_in_ms: instant_ms(g.expires_at.saturating_sub(g.granted_at)),
+            limit: g.decision.limit,
+            remaining: g.decision.remaining,
+            reset_after_ms: wait_ms(g.decision.reset_after),
+            window_ms: rule.window_ms,
+        })
+    });
+    let grants = join_all(grants).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok((grants, returned))
 }
 
-/// A store call with the node's timeout.
-async fn timed<T>(node: &Node, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-    match tokio::time::timeout(node.config.store_timeout, call).await {
+/// The rule `name` and its lease length, if it is leased here.
+fn leased<'r>(rules: &'r RuleSet, name: &str, ttl_of: impl Fn(&Rule) -> Option<Micros>) -> Option<(&'r Rule, Micros)> {
+    rules.rule(name).and_then(|r| Some((r, ttl_of(r)?)))
+}
+
+/// A store call with a timeout.
+async fn timed<T>(timeout: Duration, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, call).await {
         Ok(r) => r,
-        Err(_) => Err(StoreError::Unavailable(format!(
-            "no answer within {:?}",
-            node.config.store_timeout
-        ))),
+        Err(_) => Err(StoreError::Unavailable(format!("no answer within {timeout:?}"))),
     }
 }
 

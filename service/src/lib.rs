@@ -5,7 +5,9 @@
 //! [`store`] holds the counters, the published rules and the violations log (memory, Redis,
 //! Redis Cluster: all Redis knowledge lives there), [`rules_source`] keeps every node on the
 //! published rules, [`housekeeping`] sweeps expired state and overrides, and [`breaker`] and
-//! [`store::memory`] fallback buckets keep answering when the store does not.
+//! [`store::memory`] fallback buckets keep answering when the store does not. A node in one
+//! of several regions decides global rules from quota it leases from a global store in the
+//! background ([`region`]).
 
 pub mod breaker;
 pub mod check;
@@ -16,6 +18,7 @@ pub mod http;
 pub mod lease;
 pub mod metrics;
 pub mod node;
+pub mod region;
 pub mod rules_source;
 pub mod store;
 pub mod violations;

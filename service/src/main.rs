@@ -11,10 +11,11 @@ use clap::{Parser, ValueEnum};
 use sluice_core::rules::RuleSet;
 use sluice_service::breaker::BreakerState;
 use sluice_service::node::{Node, NodeConfig};
+use sluice_service::region::{Region, RegionConfig};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::RedisStore;
 use sluice_service::store::Store;
-use sluice_service::{grpc, housekeeping, http, rules_source};
+use sluice_service::{grpc, housekeeping, http, region, rules_source};
 
 /// Every check allocates a few small, short-lived buffers (the parsed request, the rule
 /// keys, the JSON answer); mimalloc serves them with less CPU than the system allocator.
@@ -71,6 +72,23 @@ struct Args {
     /// net for an announcement lost across a reconnect.
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..))]
     rules_poll_ms: u64,
+    /// The store that holds the quotas of rules marked `global = true`, shared by every
+    /// region (`redis://HOST:PORT` or `redis+cluster://...`, usually across a WAN). This
+    /// node then leases its share of each global quota in the background and decides global
+    /// rules from it without waiting on the WAN; `--store` is its region's store. Without it,
+    /// global rules are decided in `--store` like any other rule.
+    #[arg(long, value_name = "URL")]
+    global_store: Option<String>,
+    /// This node's region, named in logs and metrics (with --global-store).
+    #[arg(long, default_value = "local", requires = "global_store")]
+    region: String,
+    /// Longest wait for a call to the global store (ms); a failed call counts the global
+    /// store as unreachable until it answers again.
+    #[arg(long, default_value_t = 1000, requires = "global_store", value_parser = clap::value_parser!(u64).range(1..))]
+    global_timeout_ms: u64,
+    /// How often the node asks the global store for the leases it needs (ms).
+    #[arg(long, default_value_t = 50, requires = "global_store", value_parser = clap::value_parser!(u64).range(1..))]
+    global_tick_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -140,13 +158,35 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         ..NodeConfig::default()
     };
     let kind = store.kind();
-    let node = Node::new(store, rules, config);
+    let region = match &args.global_store {
+        Some(url) => {
+            let timeout = Duration::from_millis(args.global_timeout_ms);
+            let global = RedisStore::start(url, timeout).with_context(|| format!("--global-store {url}"))?;
+            let config = RegionConfig {
+                name: args.region.clone(),
+                tick: Duration::from_millis(args.global_tick_ms),
+                timeout,
+            };
+            tracing::info!(region = %config.name, global_store = %url, "global rules are leased from the global store");
+            Some(Region::new(Store::Redis(Box::new(global)), config))
+        }
+        None => {
+            if rules.rules().iter().any(|r| r.global.is_some()) {
+                tracing::warn!(
+                    "rules marked global are decided in --store alone: add --global-store to share them across regions"
+                );
+            }
+            None
+        }
+    };
+    let node = Node::in_region(store, rules, config, region);
     if let Some(path) = args.rules.clone() {
         tokio::spawn(rules_source::watch_file(node.clone(), path, fingerprint));
     }
     tokio::spawn(rules_source::follow_published(node.clone()));
     tokio::spawn(housekeeping::sweep(node.clone()));
     tokio::spawn(probe_store(node.clone()));
+    tokio::spawn(region::refill::run(node.clone()));
 
     // Before the ports open: a SIGTERM sent as soon as they accept connections must be caught.
     let shutdown = shutdown()?;

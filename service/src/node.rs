@@ -8,6 +8,7 @@ use sluice_core::rules::RuleSet;
 use crate::breaker::Breaker;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
+use crate::region::Region;
 use crate::store::memory::MemoryStore;
 use crate::store::Store;
 use crate::violations::Violations;
@@ -62,6 +63,8 @@ pub struct Node {
     pub clock: Clock,
     /// Settings.
     pub config: NodeConfig,
+    /// The node's region, when it shares global rules with other regions.
+    pub region: Option<Region>,
     /// The rules in force and their published version (0 before any was published or
     /// adopted), under one lock: a change is a compare-and-set on the version it read, so the
     /// two must be read together.
@@ -71,6 +74,13 @@ pub struct Node {
 impl Node {
     /// A node over `store` with `rules`. Must run inside a tokio runtime.
     pub fn new(store: Store, rules: RuleSet, config: NodeConfig) -> Arc<Node> {
+        Node::in_region(store, rules, config, None)
+    }
+
+    /// A node over `store` with `rules` that leases the global rules' quotas in `region`
+    /// (see [`crate::region`]; start [`crate::region::refill::run`] beside it). Must run
+    /// inside a tokio runtime.
+    pub fn in_region(store: Store, rules: RuleSet, config: NodeConfig, region: Option<Region>) -> Arc<Node> {
         let store = Arc::new(store);
         Arc::new(Node {
             violations: Violations::start(store.clone(), config.violations_capacity),
@@ -81,6 +91,7 @@ impl Node {
             rules: RwLock::new((Arc::new(rules), 0)),
             store,
             config,
+            region,
         })
     }
 

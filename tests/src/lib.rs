@@ -3,3 +3,4 @@
 
 pub mod chain;
 pub mod http;
+pub mod regions;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sluice_core::rules::RuleSet;
 use sluice_service::node::{Node, NodeConfig};
+use sluice_service::region::{self, Region};
 use sluice_service::store::Store;
 use sluice_service::{housekeeping, http, rules_source};
 
@@ -25,12 +26,18 @@ pub const TOKEN: &str = "s3cret-token";
 impl TestNode {
     /// Starts a node over `store` with the TOML `rules`.
     pub async fn start(store: Store, rules: &str, config: NodeConfig) -> TestNode {
+        TestNode::start_in_region(store, rules, config, None).await
+    }
+
+    /// Starts a node over `store` with the TOML `rules`, leasing global rules in `region`.
+    pub async fn start_in_region(store: Store, rules: &str, config: NodeConfig, region: Option<Region>) -> TestNode {
         let rules = RuleSet::from_toml(rules).expect("test rules are valid");
         let config = NodeConfig {
             admin_token: Some(TOKEN.into()),
             ..config
         };
-        let node = Node::new(store, rules, config);
+        let node = Node::in_region(store, rules, config, region);
+        tokio::spawn(region::refill::run(node.clone()));
         // Settled with the store before the test talks to it, as a running node is: its
         // rules are the published ones (or published by it). Without this a test racing
         // the node's first poll reads version 0 and its If-Match is stale.

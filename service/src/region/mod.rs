@@ -1,0 +1,181 @@
+//! Regions: one limit across several regions, with no request waiting on the WAN.
+//!
+//! A node in a region keeps regional rules in its region's store, as any node does. For a
+//! rule marked `global`, the node leases units of the quota from the global store in the
+//! background, the way a proxy leases from its region ([`refill`]), and decides requests
+//! from what it holds ([`decide`]), in memory, with `sluice_core`'s lease book — the
+//! filter's book. Units are debited from the global quota when they are leased, so the sum
+//! over regions never exceeds the limit (see `docs/design.md`, Regions). When the global
+//! store cannot be reached, each rule's `on_global_unreachable` policy applies.
+
+pub mod decide;
+pub mod refill;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use sluice_core::lease::book::{BookConfig, LeaseBook};
+
+use crate::store::Store;
+
+/// Settings of a node's region.
+#[derive(Debug, Clone)]
+pub struct RegionConfig {
+    /// The region's name, for logs and metrics.
+    pub name: String,
+    /// How often the node looks at its book for leases to ask for or give back.
+    pub tick: Duration,
+    /// Longest wait for a call to the global store.
+    pub timeout: Duration,
+}
+
+impl Default for RegionConfig {
+    fn default() -> Self {
+        RegionConfig {
+            name: "local".into(),
+            tick: Duration::from_millis(50),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A node's view of the global store: its leases of global quotas, and whether the store
+/// answers.
+pub struct Region {
+    /// Settings.
+    pub config: RegionConfig,
+    /// The global store, over the WAN.
+    global: Store,
+    /// The leases this node holds of global quotas.
+    book: Mutex<LeaseBook>,
+    /// Whether the last call to the global store was answered.
+    link_up: AtomicBool,
+    /// A ping of the global store is in flight (while the link is down).
+    probing: AtomicBool,
+    counters: Counters,
+}
+
+/// What the region's metrics count.
+#[derive(Default)]
+struct Counters {
+    calls_ok: AtomicU64,
+    calls_failed: AtomicU64,
+    units_granted: AtomicU64,
+    units_returned: AtomicU64,
+    from_pool: AtomicU64,
+    refused_empty: AtomicU64,
+    refused_cut_off: AtomicU64,
+    decided_alone: AtomicU64,
+}
+
+/// How a check's global rules were decided, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// From the units the node holds.
+    Pool,
+    /// Refused: the node held no units for a quota (the link up, or the policy `spend`).
+    Empty,
+    /// Refused: the global store is cut off and the rule's policy is `closed`.
+    CutOff,
+    /// Decided alone in the region's store with the rule's share (policy `share`).
+    Alone,
+}
+
+impl Region {
+    /// A region leasing from `global`. The link counts as up until a call fails.
+    pub fn new(global: Store, config: RegionConfig) -> Region {
+        let book = BookConfig {
+            // A renewal must land before the lease runs out: a WAN round trip, a tick, and
+            // room for a slow call. (Returns go 100 ms before a lease ends, which covers a
+            // one-way trip of up to 100 ms less a tick: the global store's end is later than
+            // the node's by that trip.)
+            renew_ahead_ms: 500,
+            ..BookConfig::default()
+        };
+        Region {
+            config,
+            global,
+            book: Mutex::new(LeaseBook::new(book)),
+            link_up: AtomicBool::new(true),
+            probing: AtomicBool::new(false),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Whether the last call to the global store was answered.
+    pub fn link_up(&self) -> bool {
+        self.link_up.load(Ordering::SeqCst)
+    }
+
+    fn book(&self) -> MutexGuard<'_, LeaseBook> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_link(&self, up: bool) {
+        if self.link_up.swap(up, Ordering::SeqCst) != up {
+            if up {
+                tracing::info!(region = %self.config.name, "the global store answers again; sharing resumes");
+            } else {
+                tracing::warn!(region = %self.config.name, "the global store cannot be reached; global rules follow on_global_unreachable");
+            }
+        }
+    }
+
+    /// Counts a check's global rules decided from `source`.
+    pub fn count(&self, source: Source) {
+        let c = &self.counters;
+        match source {
+            Source::Pool => &c.from_pool,
+            Source::Empty => &c.refused_empty,
+            Source::CutOff => &c.refused_cut_off,
+            Source::Alone => &c.decided_alone,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The region's metrics, Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        let c = &self.counters;
+        let region = self.config.name.replace('\\', "\\\\").replace('"', "\\\"");
+        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP sluice_global_link_up Whether the last call to the global store was answered.\n\
+             # TYPE sluice_global_link_up gauge\nsluice_global_link_up{{region=\"{region}\"}} {}",
+            u8::from(self.link_up())
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sluice_global_lease_calls_total Lease calls to the global store by result.\n\
+             # TYPE sluice_global_lease_calls_total counter\n\
+             sluice_global_lease_calls_total{{region=\"{region}\",result=\"ok\"}} {}\n\
+             sluice_global_lease_calls_total{{region=\"{region}\",result=\"failed\"}} {}",
+            get(&c.calls_ok),
+            get(&c.calls_failed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sluice_global_lease_units_total Units of global quotas leased by this node, and given back.\n\
+             # TYPE sluice_global_lease_units_total counter\n\
+             sluice_global_lease_units_total{{region=\"{region}\",kind=\"granted\"}} {}\n\
+             sluice_global_lease_units_total{{region=\"{region}\",kind=\"returned\"}} {}",
+            get(&c.units_granted),
+            get(&c.units_returned)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sluice_global_checks_total Checks with global rules, by how those were decided.\n\
+             # TYPE sluice_global_checks_total counter\n\
+             sluice_global_checks_total{{region=\"{region}\",source=\"pool\"}} {}\n\
+             sluice_global_checks_total{{region=\"{region}\",source=\"empty\"}} {}\n\
+             sluice_global_checks_total{{region=\"{region}\",source=\"cut_off\"}} {}\n\
+             sluice_global_checks_total{{region=\"{region}\",source=\"alone\"}} {}",
+            get(&c.from_pool),
+            get(&c.refused_empty),
+            get(&c.refused_cut_off),
+            get(&c.decided_alone)
+        );
+    }
+}

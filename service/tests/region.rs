@@ -1,0 +1,85 @@
+//! A node in a region, in process, over a real global Redis: global rules are decided from
+//! the quota the node leases, all-or-nothing with the regional rules of the same request.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, TestNode};
+use serde_json::json;
+use sluice_service::node::NodeConfig;
+use sluice_service::region::{Region, RegionConfig};
+use sluice_service::store::memory::MemoryStore;
+use sluice_service::store::redis::RedisStore;
+use sluice_service::store::Store;
+use sluice_testkit::RedisServer;
+
+const RULES: &str = r#"
+[[rule]]
+name      = "tenant"
+by        = "user"
+algorithm = "fixed_window"
+limit     = 10
+window    = "1h"
+global    = true
+
+[[rule]]
+name      = "tight"
+by        = "user"
+path      = "/tight"
+algorithm = "fixed_window"
+limit     = 3
+window    = "1h"
+"#;
+
+async fn region_node(global: &RedisServer) -> TestNode {
+    let patience = Duration::from_secs(5);
+    let global = RedisStore::connect(&global.url(), patience)
+        .await
+        .expect("global redis");
+    let region = Region::new(Store::Redis(Box::new(global)), RegionConfig::default());
+    TestNode::start_in_region(
+        Store::Memory(MemoryStore::new(1_000)),
+        RULES,
+        NodeConfig::default(),
+        Some(region),
+    )
+    .await
+}
+
+/// Ten a hour across regions; three of them on `/tight`. The seven requests `/tight`
+/// refuses take nothing from the global quota, whose units went back into the node's lease,
+/// so `/other` gets exactly the seven left — and not one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_regional_rule_refuses_takes_nothing_from_the_global_quota() {
+    let global = RedisServer::start();
+    let node = region_node(&global).await;
+    let user = json!({"user": "u"});
+    let mut tight = 0;
+    eventually("/tight admits its 3 once the pool fills", async || {
+        tight += usize::from(node.check(user.clone(), "/tight").await["allowed"] == true);
+        tight == 3
+    })
+    .await;
+    for _ in 0..7 {
+        // Refused by /tight once the global rule admitted it (a check while the pool is
+        // empty is refused by the global rule and counts for neither).
+        eventually("the global rule admits a /tight request", async || {
+            let answer = node.check(user.clone(), "/tight").await;
+            assert_eq!(answer["allowed"], false, "/tight is spent: {answer}");
+            let rules = answer["rules"].as_array().expect("rules");
+            rules.iter().any(|r| r["name"] == "tenant" && r["allowed"] == true)
+        })
+        .await;
+    }
+    let mut other = 0;
+    eventually("/other gets the 7 units left", async || {
+        other += usize::from(node.check(user.clone(), "/other").await["allowed"] == true);
+        other >= 7
+    })
+    .await;
+    let later = node.admitted(user.clone(), "/other", 50).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let later = later + node.admitted(user.clone(), "/other", 50).await;
+    assert_eq!(other + later, 7, "the global quota holds 10, 3 spent on /tight");
+}

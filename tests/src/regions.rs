@@ -1,0 +1,157 @@
+//! Regions on loopback: each its own `redis-server` and `sluice-service` node, one global
+//! `redis-server`, and a [`WanLink`] between each region's node and the global store — the
+//! fixture of `tests/tests/regions.rs`. And a keep-alive check client, so a measured
+//! latency is the check's, not a TCP handshake's.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sluice_testkit::{free_port, wait_for_port, Child, RedisServer, ScratchDir, WanLink};
+
+use crate::chain::binary;
+
+/// One region: its store and its node.
+pub struct Region {
+    /// The node's HTTP port.
+    pub port: u16,
+    /// The node.
+    pub node: Child,
+    /// The link to the global store.
+    pub link: WanLink,
+    /// The region's own store.
+    pub redis: RedisServer,
+}
+
+/// Regions sharing a global store.
+pub struct Regions {
+    /// The regions, in the order of the latencies given.
+    pub regions: Vec<Region>,
+    /// The global store.
+    pub global: RedisServer,
+    _dir: ScratchDir,
+}
+
+impl Regions {
+    /// A region per entry of `one_way` (the WAN latency each way between that region and
+    /// the global store), every node running `rules`.
+    pub fn start(rules: &str, one_way: &[Duration]) -> Regions {
+        let dir = ScratchDir::new("regions");
+        std::fs::write(dir.join("rules.toml"), rules).expect("rules file");
+        let global = RedisServer::start();
+        let global_addr = ([127, 0, 0, 1], global.port()).into();
+        let regions: Vec<Region> = one_way
+            .iter()
+            .enumerate()
+            .map(|(i, latency)| {
+                let redis = RedisServer::start();
+                let link = WanLink::start(global_addr, *latency).expect("WAN link");
+                let port = free_port();
+                let node = Child::spawn(
+                    "sluice-service (region)",
+                    Command::new(binary("sluice-service"))
+                        .arg("--listen")
+                        .arg(format!("127.0.0.1:{port}"))
+                        .arg("--rules")
+                        .arg(dir.join("rules.toml"))
+                        .args(["--store", &redis.url()])
+                        .args(["--store-timeout-ms", "500"])
+                        .args(["--global-store", &format!("redis://127.0.0.1:{}", link.port())])
+                        .args(["--region", &format!("r{i}")]),
+                );
+                Region {
+                    port,
+                    node,
+                    link,
+                    redis,
+                }
+            })
+            .collect();
+        for r in &regions {
+            wait_for_port(r.port, Duration::from_secs(30));
+        }
+        Regions {
+            regions,
+            global,
+            _dir: dir,
+        }
+    }
+
+    /// The value of the series `series` (name and labels as written) on region `i`'s node.
+    pub fn metric(&self, i: usize, series: &str) -> f64 {
+        let text = crate::http::http(self.regions[i].port, "GET", "/metrics", &[]).body;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} on region {i}'s node"))
+    }
+}
+
+/// Seconds since the Unix epoch: the clock the stores count windows by.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A check client on one keep-alive connection.
+pub struct Checker {
+    port: u16,
+    stream: BufReader<TcpStream>,
+}
+
+impl Checker {
+    /// Connects to the node on `port`.
+    pub fn connect(port: u16) -> Checker {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the node");
+        stream.set_nodelay(true).expect("nodelay");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        Checker {
+            port,
+            stream: BufReader::new(stream),
+        }
+    }
+
+    /// Checks a request of `user` on `path`: whether it was allowed.
+    pub fn check(&mut self, path: &str, user: &str) -> bool {
+        let body = format!(r#"{{"identities":{{"user":"{user}"}},"method":"GET","path":"{path}","cost":1}}"#);
+        let request = format!(
+            "POST /v1/check HTTP/1.1\r\nhost: sluice.test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = self
+            .exchange(request.as_bytes())
+            .unwrap_or_else(|e| panic!("check on port {}: {e}", self.port));
+        let json: serde_json::Value =
+            serde_json::from_slice(&answer).unwrap_or_else(|e| panic!("check answer is not JSON: {e}"));
+        json["allowed"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("check answer without `allowed`: {json}"))
+    }
+
+    fn exchange(&mut self, request: &[u8]) -> std::io::Result<Vec<u8>> {
+        self.stream.get_mut().write_all(request)?;
+        let mut status = String::new();
+        self.stream.read_line(&mut status)?;
+        if !status.starts_with("HTTP/1.1 200") {
+            return Err(std::io::Error::other(format!("status {}", status.trim())));
+        }
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            self.stream.read_line(&mut line)?;
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().map_err(std::io::Error::other)?;
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        self.stream.read_exact(&mut body)?;
+        Ok(body)
+    }
+}
