@@ -224,8 +224,8 @@ fn a_region_far_from_the_global_store_answers_as_fast_as_one_beside_it() {
     );
 }
 
-/// Shift tests: 300 requests a second against a bucket of 400 a second, so the global quota
-/// is never spent and every refusal is one the bound costs.
+/// The shift test's rule: 360 requests a second against a bucket of 400 a second, so the
+/// global quota is never spent and every refusal is one the bound costs.
 const SHARED: &str = r#"
 [[rule]]
 name      = "tenant"
@@ -236,7 +236,7 @@ window    = "1s"
 global    = true
 "#;
 
-/// Two regions split 300 requests a second 80/20, then 20/80. The region whose traffic rose
+/// Two regions split 360 requests a second 80/20, then 20/80. The region whose traffic rose
 /// is served as fully as the other was within a few seconds, and the requests refused while
 /// the quota had units (all refusals here) stay few.
 #[test]
@@ -252,8 +252,8 @@ fn the_quota_follows_traffic_shifting_between_regions() {
     ];
     let second_start = start + phase;
     let second = [
-        drive(a, "/api", "t", 60.0, second_start, phase),
-        drive(b, "/api", "t", 240.0, second_start, phase),
+        drive(a, "/api", "t", 72.0, second_start, phase),
+        drive(b, "/api", "t", 288.0, second_start, phase),
     ];
     let [a1, b1]: [Vec<Sent>; 2] = joined(first.into()).try_into().expect("two");
     let [a2, b2]: [Vec<Sent>; 2] = joined(second.into()).try_into().expect("two");
