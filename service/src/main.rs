@@ -162,6 +162,11 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         Some(url) => {
             let timeout = Duration::from_millis(args.global_timeout_ms);
             let global = RedisStore::start(url, timeout).with_context(|| format!("--global-store {url}"))?;
+            // Connected before the node serves when the global store answers, so the first
+            // leases go out at once and the link is not reported down for a connect.
+            if !answers_within(&global, timeout).await {
+                tracing::warn!(global_store = %url, "the global store does not answer yet; global rules follow on_global_unreachable until it does");
+            }
             let config = RegionConfig {
                 name: args.region.clone(),
                 tick: Duration::from_millis(args.global_tick_ms),
@@ -238,6 +243,16 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}; is another process using it?"))
+}
+
+/// Whether `store` answers a ping within `timeout` (it connects in the background).
+async fn answers_within(store: &RedisStore, timeout: Duration) -> bool {
+    let ping = async {
+        while store.ping().await.is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(timeout, ping).await.is_ok()
 }
 
 /// While the breaker is open, pings the store every 100 ms and closes the breaker as soon as
