@@ -297,6 +297,22 @@ fn the_quota_follows_traffic_shifting_between_regions() {
         (cost as f64) < 0.05 * total as f64,
         "{cost} of {total} refused while the quota had units"
     );
+    // The WAN carries a few lease calls a second, not the checks.
+    let calls: f64 = (0..2)
+        .map(|i| {
+            regions.metric(
+                i,
+                &format!("sluice_global_lease_calls_total{{region=\"r{i}\",result=\"ok\"}}"),
+            )
+        })
+        .sum();
+    let checks = all.len() as f64;
+    eprintln!(
+        "lease calls over the WAN: {calls} for {checks} checks ({:.4} a check, {:.1} a second per region)",
+        calls / checks,
+        calls / 2.0 / (end - t0)
+    );
+    assert!(calls / checks < 0.05, "{calls} WAN calls for {checks} checks");
 }
 
 /// Three global rules, one per policy, 1,000 a second with 2 s leases; the share is 5 %.
