@@ -100,6 +100,17 @@ pub fn upstream_command(port: u16) -> Command {
     c
 }
 
+/// `sluice-service` on `port` with the rules file `rules`, over the store at `store_url`.
+pub fn node_command(port: u16, rules: &Path, store_url: &str, store_timeout_ms: u64) -> Command {
+    let mut c = Command::new(binary("sluice-service"));
+    c.args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--rules")
+        .arg(rules)
+        .args(["--store", store_url])
+        .args(["--store-timeout-ms", &store_timeout_ms.to_string()]);
+    c
+}
+
 /// `sluice-harness proxy` on `port` running the filter with the configuration in `config`,
 /// in front of the upstream on `upstream`, its check cluster `sluice_check` = `checks`.
 /// (No `--cluster` when `checks` is empty: the filter calls a `host:port`, as on Nginx.)
@@ -221,15 +232,9 @@ impl Chain {
             .map(|port| {
                 Child::spawn(
                     "sluice-service",
-                    Command::new(binary("sluice-service"))
-                        .arg("--listen")
-                        .arg(format!("127.0.0.1:{port}"))
-                        .arg("--rules")
-                        .arg(dir.join("rules.toml"))
+                    node_command(*port, &dir.join("rules.toml"), &store_url, options.store_timeout_ms)
                         .arg("--admin-token-file")
-                        .arg(dir.join("admin-token"))
-                        .args(["--store", &store_url])
-                        .args(["--store-timeout-ms", &options.store_timeout_ms.to_string()]),
+                        .arg(dir.join("admin-token")),
                 )
             })
             .collect();

@@ -5,12 +5,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_testkit::{free_port, wait_for_port, Child, RedisServer, ScratchDir, WanLink};
 
-use crate::chain::binary;
+use crate::chain::node_command;
 
 /// One region: its store and its node.
 pub struct Region {
@@ -50,13 +49,7 @@ impl Regions {
                 let port = free_port();
                 let node = Child::spawn(
                     "sluice-service (region)",
-                    Command::new(binary("sluice-service"))
-                        .arg("--listen")
-                        .arg(format!("127.0.0.1:{port}"))
-                        .arg("--rules")
-                        .arg(dir.join("rules.toml"))
-                        .args(["--store", &redis.url()])
-                        .args(["--store-timeout-ms", "500"])
+                    node_command(port, &dir.join("rules.toml"), &redis.url(), 500)
                         .args(["--global-store", &format!("redis://127.0.0.1:{}", link.port())])
                         .args(["--region", &format!("r{i}")]),
                 );
