@@ -1,5 +1,6 @@
-//! A node in a region, in process, over a real global Redis: global rules are decided from
-//! the quota the node leases, all-or-nothing with the regional rules of the same request.
+//! A node in a region, in process, over a real global Redis (or Redis Cluster): global rules
+//! are decided from the quota the node leases, all-or-nothing with the regional rules of the
+//! same request.
 
 mod common;
 
@@ -12,7 +13,7 @@ use sluice_service::region::{Region, RegionConfig};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::RedisStore;
 use sluice_service::store::Store;
-use sluice_testkit::RedisServer;
+use sluice_testkit::{RedisCluster, RedisServer};
 
 const RULES: &str = r#"
 [[rule]]
@@ -32,9 +33,9 @@ limit     = 3
 window    = "1h"
 "#;
 
-async fn region_node(global: &RedisServer) -> TestNode {
+async fn region_node(global_url: &str) -> TestNode {
     let patience = Duration::from_secs(5);
-    let global = RedisStore::connect(&global.url(), patience)
+    let global = RedisStore::connect(global_url, patience)
         .await
         .expect("global redis");
     let region = Region::new(Store::Redis(Box::new(global)), RegionConfig::default());
@@ -53,7 +54,18 @@ async fn region_node(global: &RedisServer) -> TestNode {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_a_regional_rule_refuses_takes_nothing_from_the_global_quota() {
     let global = RedisServer::start();
-    let node = region_node(&global).await;
+    regional_refusals_take_nothing(&global.url()).await;
+}
+
+/// The same with a Redis Cluster as the global store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_can_be_the_global_store() {
+    let global = RedisCluster::start(3, 0);
+    regional_refusals_take_nothing(&global.url()).await;
+}
+
+async fn regional_refusals_take_nothing(global_url: &str) {
+    let node = region_node(global_url).await;
     let user = json!({"user": "u"});
     let mut tight = 0;
     eventually("/tight admits its 3 once the pool fills", async || {
