@@ -89,6 +89,12 @@ struct Args {
     /// How often the node asks the global store for the leases it needs (ms).
     #[arg(long, default_value_t = 50, requires = "global_store", value_parser = clap::value_parser!(u64).range(1..))]
     global_tick_ms: u64,
+    /// A global quota used within this long (ms) keeps a lease of at least one unit between
+    /// requests, so a client that comes back now and then is not refused for want of one
+    /// (0: a quota idle a whole second lets its lease go). Each quota kept costs a lease
+    /// renewal over the WAN per lease length.
+    #[arg(long, default_value_t = 10_000, requires = "global_store")]
+    global_keep_warm_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -171,6 +177,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
                 name: args.region.clone(),
                 tick: Duration::from_millis(args.global_tick_ms),
                 timeout,
+                keep_warm: Duration::from_millis(args.global_keep_warm_ms),
             };
             tracing::info!(region = %config.name, global_store = %url, "global rules are leased from the global store");
             Some(Region::new(Store::Redis(Box::new(global)), config))

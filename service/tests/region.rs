@@ -35,9 +35,7 @@ window    = "1h"
 
 async fn region_node(global_url: &str) -> TestNode {
     let patience = Duration::from_secs(5);
-    let global = RedisStore::connect(global_url, patience)
-        .await
-        .expect("global redis");
+    let global = RedisStore::connect(global_url, patience).await.expect("global redis");
     let region = Region::new(Store::Redis(Box::new(global)), RegionConfig::default());
     TestNode::start_in_region(
         Store::Memory(MemoryStore::new(1_000)),
@@ -94,4 +92,23 @@ async fn regional_refusals_take_nothing(global_url: &str) {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let later = later + node.admitted(user.clone(), "/other", 50).await;
     assert_eq!(other + later, 7, "the global quota holds 10, 3 spent on /tight");
+}
+
+/// A client that comes back every 3.5 s — longer than a lease lasts, and than a quota idle a
+/// whole second goes on asking — is admitted every time once its quota is known: the node
+/// keeps a unit of it leased between visits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_comes_back_now_and_then_finds_a_unit_in_hand() {
+    let global = RedisServer::start();
+    let node = region_node(&global.url()).await;
+    let user = json!({"user": "now-and-then"});
+    eventually("the first lease lands", async || {
+        node.check(user.clone(), "/other").await["allowed"] == true
+    })
+    .await;
+    for visit in 1..=2 {
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        let answer = node.check(user.clone(), "/other").await;
+        assert_eq!(answer["allowed"], true, "visit {visit}: {answer}");
+    }
 }

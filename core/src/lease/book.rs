@@ -31,6 +31,11 @@ pub struct BookConfig {
     /// quota's last lease when that is longer (a lease lasts what the rule's `lease_ttl`
     /// gives: sizing it for its whole life spares calls).
     pub horizon_ms: u64,
+    /// A quota used within this long keeps a lease (of at least one unit) even when it was
+    /// idle the last whole second, so a client that comes back now and then finds a unit in
+    /// hand (ms; 0, the default: a quota idle a whole second lets its lease go). For a holder
+    /// with no exact path to fall back on (a region's node); it costs a renewal a lease.
+    pub keep_warm_ms: u64,
 }
 
 impl Default for BookConfig {
@@ -40,6 +45,7 @@ impl Default for BookConfig {
             renew_ahead_ms: 250,
             return_margin_ms: 100,
             horizon_ms: 1_000,
+            keep_warm_ms: 0,
         }
     }
 }
@@ -272,11 +278,13 @@ impl LeaseBook {
                 );
                 (h.id, h.units) = (None, 0);
             }
-            // Only a quota in use asks: an idle one lets its lease end and give its units back.
+            // Only a quota in use (or kept warm) asks: an idle one lets its lease end and give
+            // its units back.
             let rate = h.rate_at(now_ms);
+            let warm = c.keep_warm_ms > 0 && now_ms.saturating_sub(h.used_ms) <= c.keep_warm_ms;
             let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(c.renew_ahead_ms);
             let ends_soon = h.id.is_some() && now_ms + c.renew_ahead_ms >= h.ends_ms;
-            let needed = rate > 0 && (h.id.is_none() || runs_out || ends_soon);
+            let needed = (rate > 0 || warm) && (h.id.is_none() || runs_out || ends_soon);
             // One call carries at most MAX_LEASE_ITEMS asks; the rest wait for the next.
             if needed && !h.asked && asks.len() < MAX_LEASE_ITEMS {
                 h.asked = true;
@@ -648,5 +656,45 @@ mod tests {
             book.holds(&a, 4, 4_802) && !book.holds(&a, 5, 4_802),
             "lease 2 holds its own 4"
         );
+    }
+
+    #[test]
+    fn a_quota_kept_warm_holds_a_unit_between_visits_and_lets_go_after() {
+        let mut book = LeaseBook::new(BookConfig {
+            keep_warm_ms: 10_000,
+            ..BookConfig::default()
+        });
+        let a = q("per-key", "k");
+        let quotas = std::slice::from_ref(&a);
+        assert_eq!(book.spend(quotas, 0), Spend::Missing);
+        let (asks, _) = book.due(0);
+        book.granted(&asks, &[grant(1, 1, 1_000)], 0, 1);
+        assert!(matches!(book.spend(quotas, 2), Spend::Spent(_)));
+        // Idle since: it still renews before each lease ends, at least one unit.
+        let mut lease = 1;
+        for now in (100..9_000).step_by(50) {
+            let (asks, _) = book.due(now);
+            if let Some(ask) = asks.first() {
+                assert!(ask.want >= 1);
+                lease += 1;
+                book.granted(&asks, &[grant(lease, 1, 1_000)], now, now + 1);
+            }
+        }
+        assert!(lease >= 9, "renewed about every 500 ms: {lease} leases");
+        assert!(
+            matches!(book.spend(quotas, 9_000), Spend::Spent(_)),
+            "a unit in hand after 9 s away"
+        );
+        // Away longer than it is kept warm: it stops asking, and its lease ends.
+        for now in (9_050..22_000).step_by(50) {
+            let (asks, _) = book.due(now);
+            if now > 19_500 {
+                assert!(asks.is_empty(), "asked at {now} after 10 s away");
+            } else if !asks.is_empty() {
+                lease += 1;
+                book.granted(&asks, &[grant(lease, 1, 1_000)], now, now + 1);
+            }
+        }
+        assert_eq!(book.spend(quotas, 22_000), Spend::Missing);
     }
 }

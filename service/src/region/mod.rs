@@ -29,6 +29,10 @@ pub struct RegionConfig {
     pub tick: Duration,
     /// Longest wait for a call to the global store.
     pub timeout: Duration,
+    /// A quota used within this long keeps a lease between visits, so a client that comes
+    /// back now and then finds a unit here instead of a refusal (there is no exact path to
+    /// fall back on: that would wait on the WAN). Costs a renewal per quota and lease.
+    pub keep_warm: Duration,
 }
 
 impl Default for RegionConfig {
@@ -37,6 +41,7 @@ impl Default for RegionConfig {
             name: "local".into(),
             tick: Duration::from_millis(50),
             timeout: Duration::from_secs(1),
+            keep_warm: Duration::from_secs(10),
         }
     }
 }
@@ -92,6 +97,7 @@ impl Region {
             // one-way trip of up to 100 ms less a tick: the global store's end is later than
             // the node's by that trip.)
             renew_ahead_ms: 500,
+            keep_warm_ms: u64::try_from(config.keep_warm.as_millis()).unwrap_or(u64::MAX),
             ..BookConfig::default()
         };
         Region {
