@@ -27,7 +27,8 @@ enum Plan {
 
 /// Decides a check whose `matched` rules (`targets`, in the same order) include global
 /// rules. A rule's decision is `None` when it was not counted because a global rule refused
-/// the request first; `true` beside them when a rule was decided without the global store.
+/// the request first; `true` beside them when the global store could not be reached and a
+/// rule's `on_global_unreachable` decided (the answer's `degraded`).
 pub async fn decide(
     node: &Node,
     region: &Region,
@@ -44,7 +45,8 @@ pub async fn decide(
             for (i, d) in refused {
                 out[i] = Some(d);
             }
-            return (out, false);
+            // Refused while the global store cannot be reached: a failure policy decided.
+            return (out, !region.link_up());
         }
         Plan::Go { pooled, spent, alone } => (pooled, spent, alone),
     };
