@@ -2,7 +2,7 @@
 //! rule set published in the store, which every node follows.
 //!
 //! One rule set is in force across the nodes of a store: the published one, versioned.
-//! Every change is a compare-and-set on that version ([`Store::publish_rules`]), and the
+//! Every change is a compare-and-set on that version ([`crate::store::Store::publish_rules`]), and the
 //! last change wins, whatever its source: an admin call, or an edit of a node's rules file
 //! (a deliberate change). A node that starts adopts the published rules if there are any
 //! (a restart is not a change; it warns when its file differs) and publishes its file if

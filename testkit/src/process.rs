@@ -16,7 +16,7 @@ const PORTS: std::ops::Range<u16> = 12_000..32_000;
 /// Given ports are bound by a server some time later. Taken from the ephemeral range (as
 /// `bind(":0")` does), one could meanwhile become another port's `:0` or an outgoing
 /// connection's local port, and the server would fail to start; so ports come at random
-/// from [`PORTS`] instead (test processes run in parallel draw independently: 20,000 ports
+/// from `PORTS` (below the ephemeral range) instead (test processes run in parallel draw independently: 20,000 ports
 /// keep their collisions rare), never the same twice in a process, and only if they bind now.
 pub fn free_port() -> u16 {
     static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
