@@ -1,7 +1,9 @@
-//! ns per `decide` for every algorithm, on a key that admits and on a key that denies.
+//! ns per `decide` for every algorithm, on a key that admits and on a key that denies; and a
+//! `StateMap` at its bound taking a flood of new keys (the filter's local buckets under a
+//! spray of client addresses).
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use sluice_core::{Algorithm, Limit, State};
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
+use sluice_core::{Algorithm, Limit, State, StateMap};
 
 fn decide(c: &mut Criterion) {
     let mut group = c.benchmark_group("decide");
@@ -29,5 +31,33 @@ fn decide(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decide);
+/// A new key into a full map of live states (all keys decided within the same millisecond,
+/// as a flood on a millisecond clock is): the cost of making room, per key.
+fn new_key_at_the_bound(c: &mut Criterion) {
+    let mut group = c.benchmark_group("state_map");
+    let limit = Limit::builder(Algorithm::TokenBucket, 200, 1_000_000)
+        .burst(400)
+        .build()
+        .unwrap();
+    for max in [10_000usize, 100_000] {
+        let mut map = StateMap::new(max);
+        for i in 0..max {
+            map.decide(&format!("10.0.{i}"), &limit, 1, 1_000);
+        }
+        let mut next = 0u64;
+        group.bench_function(format!("new_key_at_the_bound/{max}"), |b| {
+            b.iter_batched(
+                || {
+                    next += 1;
+                    format!("11.0.{next}")
+                },
+                |key| black_box(map.decide(&key, &limit, 1, 2_000)),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decide, new_key_at_the_bound);
 criterion_main!(benches);

@@ -32,6 +32,7 @@
 pub mod algorithm;
 pub mod breaker;
 pub mod descriptors;
+mod evict;
 pub mod headers;
 pub mod lease;
 pub mod rules;
