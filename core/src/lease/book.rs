@@ -38,6 +38,9 @@ pub struct BookConfig {
     /// hand (ms; 0, the default: a quota idle a whole second lets its lease go). For a holder
     /// with no exact path to fall back on (a region's node); it costs a renewal a lease.
     pub keep_warm_ms: u64,
+    /// Most asks, and most returns, one call carries: the rest wait for the next call.
+    /// [`MAX_LEASE_ITEMS`], the default, is what `POST /v1/lease` takes.
+    pub max_items_per_call: usize,
 }
 
 impl Default for BookConfig {
@@ -48,6 +51,7 @@ impl Default for BookConfig {
             return_margin_ms: 100,
             horizon_ms: 1_000,
             keep_warm_ms: 0,
+            max_items_per_call: MAX_LEASE_ITEMS,
         }
     }
 }
@@ -287,8 +291,8 @@ impl LeaseBook {
             let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(c.renew_ahead_ms);
             let ends_soon = h.id.is_some() && now_ms + c.renew_ahead_ms >= h.ends_ms;
             let needed = (rate > 0 || warm) && (h.id.is_none() || runs_out || ends_soon);
-            // One call carries at most MAX_LEASE_ITEMS asks; the rest wait for the next.
-            if needed && !h.asked && asks.len() < MAX_LEASE_ITEMS {
+            // One call carries at most `max_items_per_call` asks; the rest wait for the next.
+            if needed && !h.asked && asks.len() < c.max_items_per_call.max(1) {
                 h.asked = true;
                 h.renewing = held;
                 let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
@@ -300,7 +304,9 @@ impl LeaseBook {
                 });
             }
         }
-        let later = self.returns.split_off(self.returns.len().min(MAX_LEASE_ITEMS));
+        let later = self
+            .returns
+            .split_off(self.returns.len().min(c.max_items_per_call.max(1)));
         (asks, std::mem::replace(&mut self.returns, later))
     }
 
@@ -536,6 +542,15 @@ mod tests {
         book.failed(&first);
         let (second, _) = book.due(50);
         assert_eq!(second.len(), MAX_LEASE_ITEMS);
+        // A holder whose calls are its own store calls (a region's node) may carry more.
+        let mut book = LeaseBook::new(BookConfig {
+            max_items_per_call: 1_024,
+            ..BookConfig::default()
+        });
+        for i in 0..100 {
+            book.spend(&[q("r", &format!("client{i}"))], 0);
+        }
+        assert_eq!(book.due(0).0.len(), 100);
     }
 
     #[test]

@@ -98,6 +98,10 @@ impl Region {
             // the node's by that trip.)
             renew_ahead_ms: 500,
             keep_warm_ms: u64::try_from(config.keep_warm.as_millis()).unwrap_or(u64::MAX),
+            // An exchange is the node's own store calls, not `POST /v1/lease`: it may carry
+            // more than a proxy's call, so many warm quotas renew in time (1,024 a tick is
+            // about 20,000 a second at the default tick).
+            max_items_per_call: 1_024,
             ..BookConfig::default()
         };
         Region {
