@@ -16,6 +16,8 @@
 //! - [`descriptors`]: Envoy's rate limit descriptors matched against an
 //!   envoyproxy/ratelimit configuration (the check service's gRPC API);
 //! - [`rules`]: the rule file, its validation and matching a request to its rules;
+//! - [`path`]: the canonical form of a request path, which rules are matched against;
+//! - [`identity`]: identity values bounded by digest, client addresses grouped by prefix;
 //! - [`wire`]: the `POST /v1/check` request and answer;
 //! - [`headers`] (formatting): the rate-limit headers and the 429 body the filter sends.
 //!
@@ -34,7 +36,9 @@ pub mod breaker;
 pub mod descriptors;
 mod evict;
 pub mod headers;
+pub mod identity;
 pub mod lease;
+pub mod path;
 pub mod rules;
 pub mod state_map;
 pub mod wire;
