@@ -285,3 +285,95 @@ fn run_time_overrides_are_validated_and_written_back() {
     assert_eq!(again.limit_for(g, "global", 1_798_675_200_249).limit(), 50_000);
     assert_eq!(again.limit_for(g, "global", 1_798_675_200_250).limit(), 10_000);
 }
+
+#[test]
+fn a_missing_identity_skips_shares_or_denies_as_the_rule_says() {
+    let set = RuleSet::from_toml(
+        r#"
+[[rule]]
+name = "skip"
+by = "api_key"
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+
+[[rule]]
+name = "shared"
+by = "api_key"
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+when_missing = "shared"
+
+[[rule]]
+name = "deny"
+by = "user"
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+when_missing = "deny"
+"#,
+    )
+    .unwrap();
+    assert_eq!(
+        names(&set, &[("api_key", "k"), ("user", "u")], "GET", "/"),
+        ["skip=k", "shared=k", "deny=u"]
+    );
+    assert_eq!(
+        names(&set, &[("api_key", "")], "GET", "/"),
+        ["shared=(none)", "deny=(none)"]
+    );
+    let i = ids(&[]);
+    let refusing: Vec<&str> = set
+        .matching(&i, "GET", "/")
+        .filter(|(r, id)| r.refuses(id))
+        .map(|(r, _)| r.name.as_str())
+        .collect();
+    assert_eq!(
+        refusing,
+        ["deny"],
+        "only the deny rule refuses, and only without its identity"
+    );
+    let i = ids(&[("user", "u")]);
+    assert!(set.matching(&i, "GET", "/").all(|(r, id)| !r.refuses(id)));
+
+    let bad = RuleSet::from_toml(
+        "[[rule]]\nname = \"x\"\nby = \"ip\"\nalgorithm = \"gcra\"\nlimit = 1\nwindow = \"1s\"\nwhen_missing = \"drop\"\n",
+    );
+    let e = bad.expect_err("refused").to_string();
+    assert!(e.contains("when_missing") && e.contains("\"drop\""), "{e}");
+}
+
+#[test]
+fn case_insensitive_paths_match_whatever_the_case() {
+    let set = RuleSet::from_toml(
+        r#"
+[[rule]]
+name = "folded"
+by = "ip"
+path = "/API/search*"
+case_insensitive_paths = true
+algorithm = "gcra"
+limit = 5
+window = "1s"
+
+[[rule]]
+name = "exact"
+by = "ip"
+path = "/api/search*"
+algorithm = "gcra"
+limit = 5
+window = "1s"
+"#,
+    )
+    .unwrap();
+    let ip = [("ip", "1.2.3.4")];
+    assert_eq!(names(&set, &ip, "GET", "/Api/SEARCH"), ["folded=1.2.3.4"]);
+    assert_eq!(
+        names(&set, &ip, "GET", "/api/search"),
+        ["folded=1.2.3.4", "exact=1.2.3.4"]
+    );
+    // It survives the round trip through the file a proxy reads.
+    let again = RuleSet::from_json(&set.rules_json()).unwrap();
+    assert_eq!(names(&again, &ip, "GET", "/API/Search/x"), ["folded=1.2.3.4"]);
+}

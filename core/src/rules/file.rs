@@ -53,6 +53,13 @@ pub struct RuleSpec {
     /// Methods the rule applies to; empty means all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
+    /// The path glob matches whatever the case of ASCII letters; default off.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub case_insensitive_paths: bool,
+    /// What a request without the rule's identity does: `skip` the rule (default),
+    /// count it in one `shared` bucket, or `deny` it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_missing: Option<String>,
     /// Applies only when the request's `tier` identity equals this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,

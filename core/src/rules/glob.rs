@@ -12,6 +12,8 @@ pub struct Glob {
     any: bool,
     /// The pattern has no wildcard: compare for equality.
     literal: bool,
+    /// ASCII letters match either case (the pattern is kept lower-cased).
+    fold: bool,
 }
 
 impl Glob {
@@ -21,6 +23,16 @@ impl Glob {
             any: !pattern.is_empty() && pattern.bytes().all(|b| b == b'*'),
             literal: !pattern.bytes().any(|b| b == b'*' || b == b'?'),
             pattern: pattern.into(),
+            fold: false,
+        }
+    }
+
+    /// Compiles `pattern` to match paths whatever the case of their ASCII letters
+    /// (`/API/Search` as `/api/search`), for servers that read paths that way.
+    pub fn case_insensitive(pattern: &str) -> Glob {
+        Glob {
+            fold: true,
+            ..Glob::new(&pattern.to_ascii_lowercase())
         }
     }
 
@@ -39,7 +51,11 @@ impl Glob {
             return true;
         }
         if self.literal {
-            return *self.pattern == *text;
+            return if self.fold {
+                self.pattern.eq_ignore_ascii_case(text)
+            } else {
+                *self.pattern == *text
+            };
         }
         let (p, t) = (self.pattern.as_bytes(), text.as_bytes());
         // Both indices stay on character boundaries whenever `pi` points at a wildcard,
@@ -57,7 +73,7 @@ impl Glob {
                     pi += 1;
                     ti += char_len(t[ti]);
                 }
-                Some(&c) if c == t[ti] => {
+                Some(&c) if c == t[ti] || (self.fold && c == t[ti].to_ascii_lowercase()) => {
                     pi += 1;
                     ti += 1;
                 }
@@ -131,6 +147,18 @@ mod tests {
         for (p, t, want) in cases {
             assert_eq!(Glob::new(p).matches(t), want, "{p} vs {t}");
         }
+    }
+
+    #[test]
+    fn case_insensitive_globs_fold_ascii_letters_only() {
+        let glob = Glob::case_insensitive("/API/search*");
+        assert!(glob.matches("/api/search"));
+        assert!(glob.matches("/Api/SEARCH/x"));
+        assert!(!glob.matches("/api/other"));
+        assert!(Glob::case_insensitive("/Exact").matches("/EXACT"));
+        assert!(Glob::case_insensitive("/café").matches("/CAFé"));
+        assert!(!Glob::case_insensitive("/café").matches("/cafÉ"), "only ASCII folds");
+        assert!(!Glob::new("/api/search*").matches("/API/search"));
     }
 
     #[test]

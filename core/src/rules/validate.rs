@@ -87,6 +87,23 @@ pub enum FailureMode {
     Closed,
 }
 
+/// What a rule does with a request that lacks its identity (`when_missing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WhenMissing {
+    /// The rule does not apply (`"skip"`, the default, as envoyproxy/ratelimit does).
+    #[default]
+    Skip,
+    /// Every such request counts in one bucket of the rule, identity [`MISSING`] (`"shared"`).
+    Shared,
+    /// The rule refuses the request (`"deny"`).
+    Deny,
+}
+
+/// The identity of the bucket that requests without a rule's identity share (`shared`), or
+/// that a `deny` rule refuses them under. A client that sends this value itself joins that
+/// bucket, which it could do anyway by sending nothing.
+pub const MISSING: &str = "(none)";
+
 /// One validated rule, ready to match: its glob is compiled and its [`Limit`] built.
 #[derive(Debug, Clone)]
 pub struct Rule {
@@ -112,16 +129,29 @@ pub struct Rule {
     pub lease_ttl: Option<Micros>,
     /// How regions share the limit, when it is one limit across every region.
     pub global: Option<Global>,
+    /// What a request without the rule's identity does.
+    pub when_missing: WhenMissing,
 }
 
 impl Rule {
-    /// The identity value this rule limits `identities` by, or `None` when the request does
-    /// not carry it (an empty value counts as absent). `global` rules always get `"global"`.
+    /// The identity value this rule limits `identities` by. When the request does not carry
+    /// it (an empty value counts as absent): `None` if the rule skips such requests, else
+    /// [`MISSING`]. `global` rules always get `"global"`.
     pub fn identity_in<'a>(&self, identities: &'a BTreeMap<String, String>) -> Option<&'a str> {
         match &self.by {
             Identity::Global => Some("global"),
-            by => identities.get(by.key()).map(String::as_str).filter(|v| !v.is_empty()),
+            by => match identities.get(by.key()).map(String::as_str).filter(|v| !v.is_empty()) {
+                Some(value) => Some(value),
+                None if self.when_missing == WhenMissing::Skip => None,
+                None => Some(MISSING),
+            },
         }
+    }
+
+    /// Whether this rule refuses a request it matched with `identity` outright: a `deny`
+    /// rule whose identity the request lacks. No counter is touched.
+    pub fn refuses(&self, identity: &str) -> bool {
+        self.when_missing == WhenMissing::Deny && identity == MISSING
     }
 
     /// Whether the path, method and tier conditions hold (the identity is checked apart).
@@ -243,10 +273,32 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         .map_err(|e| fail(limit_error_field(&e), e.to_string()))?;
     let lease_ttl = lease_ttl(spec, &limit).map_err(|(field, message)| fail(field, message))?;
     let global = global(spec, &limit).map_err(|(field, message)| fail(field, message))?;
+    let when_missing = match spec.when_missing.as_deref() {
+        None | Some("skip") => WhenMissing::Skip,
+        Some("shared") => WhenMissing::Shared,
+        Some("deny") => WhenMissing::Deny,
+        Some(other) => {
+            return Err(fail(
+                "when_missing",
+                format!("{other:?} is not \"skip\", \"shared\" or \"deny\""),
+            ))
+        }
+    };
+    if when_missing != WhenMissing::Skip && by == Identity::Global {
+        return Err(fail(
+            "when_missing",
+            "a rule by global always has its identity; leave when_missing out".into(),
+        ));
+    }
+    let path = if spec.case_insensitive_paths {
+        Glob::case_insensitive(&spec.path)
+    } else {
+        Glob::new(&spec.path)
+    };
     Ok(Rule {
         name: spec.name.clone(),
         by,
-        path: Glob::new(&spec.path),
+        path,
         methods,
         tier: spec.tier.clone(),
         limit,
@@ -255,6 +307,7 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         shadow: spec.shadow,
         lease_ttl,
         global,
+        when_missing,
     })
 }
 
