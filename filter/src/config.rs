@@ -101,6 +101,30 @@ pub struct Check {
     /// Timeout of the check call in milliseconds.
     #[serde(default = "default_timeout")]
     pub timeout_ms: u32,
+    /// The credential the check service asks for (its `--data-token-file`), sent on every
+    /// call to it; absent, calls carry none.
+    pub token: Option<String>,
+    /// The header that carries `token`: `authorization` (the default) sends
+    /// `Bearer <token>`, any other header the token alone.
+    #[serde(default = "default_token_header")]
+    pub token_header: String,
+}
+
+fn default_token_header() -> String {
+    "authorization".into()
+}
+
+impl Check {
+    /// The header a call to the service carries its credential in, and its value.
+    pub fn credential(&self) -> Option<(&str, String)> {
+        let token = self.token.as_deref()?;
+        let value = if self.token_header.eq_ignore_ascii_case("authorization") {
+            format!("Bearer {token}")
+        } else {
+            token.to_owned()
+        };
+        Some((self.token_header.as_str(), value))
+    }
 }
 
 /// Identity sources.
@@ -109,12 +133,12 @@ pub struct Check {
 pub struct Identities {
     /// Client IP.
     pub ip: Option<IpSource>,
-    /// User id header.
-    pub user: Option<HeaderSource>,
-    /// API key header.
-    pub api_key: Option<HeaderSource>,
-    /// Tier header.
-    pub tier: Option<HeaderSource>,
+    /// The user id.
+    pub user: Option<Source>,
+    /// The API key.
+    pub api_key: Option<Source>,
+    /// The plan tier.
+    pub tier: Option<Source>,
 }
 
 fn default_xff() -> String {
@@ -133,14 +157,28 @@ pub struct IpSource {
     /// connection's `source.address` is used.
     #[serde(default)]
     pub trusted_hops: u32,
+    /// IPv6 clients are counted by their network of this many bits (a /64 is what one
+    /// subscriber is handed); 128 counts each address. IPv4-mapped addresses are IPv4.
+    #[serde(default = "default_ipv6_prefix")]
+    pub ipv6_prefix: u8,
 }
 
-/// An identity read from one header.
+fn default_ipv6_prefix() -> u8 {
+    sluice_core::identity::DEFAULT_IPV6_PREFIX
+}
+
+/// Where an identity comes from: a request header, or a host property that a trusted layer
+/// of the proxy sets (exactly one of the two).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HeaderSource {
-    /// Header name.
-    pub header: String,
+pub struct Source {
+    /// Header name. Trust it only when the proxy strips it from clients' requests and a
+    /// trusted layer sets it.
+    pub header: Option<String>,
+    /// Property path, e.g. Envoy's `["metadata", "filter_metadata",
+    /// "envoy.filters.http.jwt_authn", "jwt_payload", "sub"]` (a verified JWT's subject) or
+    /// ngx_wasm_module's `["ngx", "remote_user"]` (an Nginx variable).
+    pub property: Option<Vec<String>>,
 }
 
 fn default_max_keys() -> usize {
@@ -272,6 +310,30 @@ fn field_at<'a>(bytes: &'a [u8], e: &serde_json::Error) -> Option<&'a str> {
     Some(&key[open + 1..]).filter(|k| !k.is_empty())
 }
 
+impl Source {
+    fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        match (&self.header, &self.property) {
+            (Some(h), None) => header_name(&format!("{field}.header"), h),
+            (None, Some(path)) => {
+                let ok = (1..=16).contains(&path.len())
+                    && path
+                        .iter()
+                        .all(|p| !p.is_empty() && p.len() <= 256 && !p.contains('\0'));
+                if ok {
+                    Ok(())
+                } else {
+                    Err(ConfigError(format!(
+                        "{field}.property: give 1 to 16 non-empty path segments, e.g. [\"ngx\", \"remote_user\"]"
+                    )))
+                }
+            }
+            _ => Err(ConfigError(format!(
+                "{field}: give exactly one of \"header\" or \"property\""
+            ))),
+        }
+    }
+}
+
 impl Config {
     /// Parses and validates; the error names the field.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
@@ -298,17 +360,26 @@ impl Config {
             range("lease.tick_ms", lease.tick_ms, 10, 1_000)?;
             range("lease.poll_ms", lease.poll_ms, lease.tick_ms, 60_000)?;
         }
+        header_name("check.token_header", &self.check.token_header)?;
+        if let Some(token) = &self.check.token {
+            if token.is_empty() || token.len() > 4096 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError(
+                    "check.token: must be 1 to 4096 printable ASCII characters, no spaces".into(),
+                ));
+            }
+        }
         if let Some(ip) = &self.identities.ip {
             header_name("identities.ip.header", &ip.header)?;
             range("identities.ip.trusted_hops", u64::from(ip.trusted_hops), 0, 16)?;
+            range("identities.ip.ipv6_prefix", u64::from(ip.ipv6_prefix), 1, 128)?;
         }
         for (field, src) in [
-            ("identities.user.header", &self.identities.user),
-            ("identities.api_key.header", &self.identities.api_key),
-            ("identities.tier.header", &self.identities.tier),
+            ("identities.user", &self.identities.user),
+            ("identities.api_key", &self.identities.api_key),
+            ("identities.tier", &self.identities.tier),
         ] {
             if let Some(s) = src {
-                header_name(field, &s.header)?;
+                s.validate(field)?;
             }
         }
         if let Some(local) = &self.local {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use proxy_wasm::traits::Context;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, StreamType};
 
-use crate::config::IpSource;
+use crate::config::{Check, IpSource};
 use crate::identity::{client_ip, header_text, source_ip};
 
 /// The ABI 0.2.1 imports the filter calls itself, as the SDK declares them but with the
@@ -155,11 +155,24 @@ pub fn plugin_configuration() -> Option<Vec<u8>> {
 pub fn request_ip(source: &IpSource) -> Option<IpAddr> {
     let forwarded = request_header(&source.header);
     client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| {
-        let path = b"source\0address";
-        // SAFETY: `path` is static; the return pointers are `take_bytes`'s locals.
-        let raw = take_bytes(|data, size| unsafe { abi::proxy_get_property(path.as_ptr(), path.len(), data, size) })?;
+        let raw = property_bytes(b"source\0address")?;
         source_ip(std::str::from_utf8(&raw).ok()?)
     })
+}
+
+/// Property `path` (NUL-separated segments) as the host gives it; `None` when the host
+/// has no such property or refuses.
+fn property_bytes(path: &[u8]) -> Option<Vec<u8>> {
+    // SAFETY: `path` is live; the return pointers are `take_bytes`'s locals.
+    take_bytes(|data, size| unsafe { abi::proxy_get_property(path.as_ptr(), path.len(), data, size) })
+}
+
+/// Property `segments` as text ([`header_text`]): Envoy's dynamic metadata (a string comes
+/// as its bytes), an Nginx variable (`["ngx", NAME]`). `None` when absent or empty.
+pub fn property(segments: &[String]) -> Option<String> {
+    let path = segments.join("\0");
+    let raw = property_bytes(path.as_bytes())?;
+    (!raw.is_empty()).then(|| header_text(&raw).into_owned())
 }
 
 /// `pairs` as the ABI's header map: their count, each name's and value's size, then each
@@ -199,24 +212,34 @@ pub fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
     check("a local response", result);
 }
 
-/// Dispatches `method path` (with a JSON `body`, and `extra` headers) to the check
-/// service's `cluster` from context `ctx`, whose callback gets the answer; the call's token,
+/// Dispatches `method path` (with a JSON `body`, its credential and `extra` headers) to
+/// the check `service` from context `ctx`, whose callback gets the answer; the call's token,
 /// or why it did not go out. The SDK's call: see the module's documentation.
 pub fn call<C: Context + ?Sized>(
     ctx: &C,
-    (cluster, authority): (&str, &str),
+    service: &Check,
     (method, path): (&str, &str),
     body: Option<&[u8]>,
     extra: &[(&str, &str)],
     timeout_ms: u64,
 ) -> Result<u32, String> {
-    let mut headers = vec![(":method", method), (":path", path), (":authority", authority)];
+    let mut headers = vec![(":method", method), (":path", path), (":authority", &service.authority)];
     if body.is_some() {
         headers.push(("content-type", "application/json"));
     }
+    let credential = service.credential();
+    if let Some((name, value)) = &credential {
+        headers.push((name, value));
+    }
     headers.extend_from_slice(extra);
-    ctx.dispatch_http_call(cluster, headers, body, vec![], Duration::from_millis(timeout_ms))
-        .map_err(|status| format!("dispatch refused: {status:?}"))
+    ctx.dispatch_http_call(
+        &service.cluster,
+        headers,
+        body,
+        vec![],
+        Duration::from_millis(timeout_ms),
+    )
+    .map_err(|status| format!("dispatch refused: {status:?}"))
 }
 
 /// Lets a paused request go on.

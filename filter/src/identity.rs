@@ -1,14 +1,13 @@
 //! Reading a request's identities: client IP (forwarding header with trusted hops, else the
-//! connection's address) and header identities, bounded in size.
+//! connection's address) and header or property identities, bounded by digest
+//! (`sluice_core::identity`); and the request's canonical path (`sluice_core::path`).
 
 use std::borrow::Cow;
 use std::net::IpAddr;
 
+use sluice_core::path::canonical;
 use sluice_core::text::truncate;
-use sluice_core::wire::{MAX_IDENTITY_BYTES, MAX_PATH_BYTES};
-
-/// Longest identity value sent to the check service (the wire limit).
-pub const MAX_VALUE: usize = MAX_IDENTITY_BYTES;
+use sluice_core::wire::MAX_PATH_BYTES;
 
 /// A header value as text. Header values are bytes: a proxy passes obs-text (0x80–0xFF) on
 /// to the filter. Valid UTF-8 is kept as it is. Otherwise `%` and every byte that is not
@@ -30,20 +29,11 @@ pub fn header_text(raw: &[u8]) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Cuts `v` to at most [`MAX_VALUE`] bytes on a character boundary.
-pub fn bounded(v: &str) -> &str {
-    truncate(v, MAX_VALUE)
-}
-
-/// The path a check carries for request path `p`: without its query, at most
-/// [`MAX_PATH_BYTES`] (cut on a character boundary), `/` when nothing is left.
-pub fn bounded_path(p: &str) -> &str {
-    let path = truncate(p.split('?').next().unwrap_or("/"), MAX_PATH_BYTES);
-    if path.is_empty() {
-        "/"
-    } else {
-        path
-    }
+/// The path a check carries, and leases are matched with, for request target `p`: its
+/// canonical form (no query, escapes of unreserved characters decoded, `//` merged, dot
+/// segments removed), at most [`MAX_PATH_BYTES`] (cut on a character boundary).
+pub fn check_path(p: &str) -> String {
+    truncate(&canonical(p), MAX_PATH_BYTES).to_owned()
 }
 
 /// The client IP from a forwarding header with `trusted_hops` trusted proxies (Envoy's
@@ -107,19 +97,13 @@ mod tests {
     }
 
     #[test]
-    fn paths_lose_their_query_and_are_bounded() {
-        assert_eq!(bounded_path("/a/b?x=1"), "/a/b");
-        assert_eq!(bounded_path("?x=1"), "/");
-        assert_eq!(bounded_path(""), "/");
+    fn paths_are_canonical_without_query_and_bounded() {
+        assert_eq!(check_path("/a/b?x=1"), "/a/b");
+        assert_eq!(check_path("//a/./x/../b"), "/a/b");
+        assert_eq!(check_path("?x=1"), "/");
+        assert_eq!(check_path(""), "/");
         let long = format!("/{}", "é".repeat(3_000));
-        assert!(bounded_path(&long).len() <= MAX_PATH_BYTES);
-        assert!(bounded_path(&long).starts_with("/é"));
-    }
-
-    #[test]
-    fn values_are_bounded_on_char_boundaries() {
-        let long = "é".repeat(200);
-        assert!(bounded(&long).len() <= MAX_VALUE);
-        assert!(bounded(&long).chars().all(|c| c == 'é'));
+        assert!(check_path(&long).len() <= MAX_PATH_BYTES);
+        assert!(check_path(&long).starts_with("/é"));
     }
 }

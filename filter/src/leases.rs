@@ -66,7 +66,8 @@ impl Leasing {
 
     /// A request's decision by leases: `Some` with what each of its quotas holds (empty
     /// when no rule limits it), or `None` to check it exactly — no rules known yet, a rule
-    /// that is not leased, or a quota without a unit in hand (then asked for on the timer).
+    /// that is not leased or that refuses a request without its identity, or a quota
+    /// without a unit in hand (then asked for on the timer).
     pub fn decide(
         &mut self,
         identities: &BTreeMap<String, String>,
@@ -77,7 +78,9 @@ impl Leasing {
         let rules = self.rules.as_ref()?;
         let mut quotas: Vec<Quota> = Vec::new();
         for (rule, identity) in rules.matching(identities, method, path) {
-            rule.lease_ttl?;
+            if rule.lease_ttl.is_none() || rule.refuses(identity) {
+                return None;
+            }
             quotas.push((rule.name.clone(), identity.to_owned()));
         }
         let spent = self.book.spend(&quotas, now_ms);

@@ -88,7 +88,7 @@ impl RootContext for Root {
             let extra: Vec<(&str, &str)> = etag.into_iter().collect();
             let sent = host::call(
                 self,
-                (&check.cluster, &check.authority),
+                &check,
                 (out.method, &out.path),
                 out.body.as_deref(),
                 &extra,

@@ -8,6 +8,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
 use sluice_core::breaker::BreakerState;
 use sluice_core::headers::{denial_body, format_headers, Quota};
+use sluice_core::identity::{bounded, ip_key};
 use sluice_core::rules::FailureMode;
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{check_method, CheckRequest, MAX_HOLD_MS};
@@ -16,8 +17,8 @@ use sluice_core::{Decision, Micros};
 use crate::answer::{read_answer, Failure};
 use crate::buckets;
 use crate::clock::now_us;
-use crate::host::{self, add_response_header, log, request_header, request_ip, respond, resume_request};
-use crate::identity::{bounded, bounded_path};
+use crate::host::{self, add_response_header, log, property, request_header, request_ip, respond, resume_request};
+use crate::identity::check_path;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
 
@@ -57,13 +58,19 @@ impl Stream {
         let shared = self.shared.clone();
         let s = shared.borrow();
         let ids = &s.config.identities;
-        if let Some(ip) = ids.ip.as_ref().and_then(request_ip) {
-            self.identities.insert("ip".into(), ip.to_string());
+        if let Some(source) = &ids.ip {
+            if let Some(ip) = request_ip(source) {
+                self.identities.insert("ip".into(), ip_key(ip, source.ipv6_prefix));
+            }
         }
         for (name, src) in [("user", &ids.user), ("api_key", &ids.api_key), ("tier", &ids.tier)] {
-            let value = src.as_ref().and_then(|src| request_header(&src.header));
+            let value = src.as_ref().and_then(|src| match (&src.header, &src.property) {
+                (Some(header), _) => request_header(header),
+                (None, Some(path)) => property(path),
+                (None, None) => None,
+            });
             if let Some(v) = value.filter(|v| !v.is_empty()) {
-                self.identities.insert(name.into(), bounded(&v).to_owned());
+                self.identities.insert(name.into(), bounded(&v).into_owned());
             }
         }
         let by = s.config.local.as_ref().map_or("ip", |l| l.by.as_str());
@@ -169,11 +176,8 @@ impl Stream {
 
     /// Dispatches a call to the check service's cluster; whether it went out.
     fn call(&mut self, method: &str, path: &str, body: Option<&[u8]>, timeout_ms: u64) -> Result<u32, String> {
-        let (cluster, authority) = {
-            let s = self.shared.borrow();
-            (s.config.check.cluster.clone(), s.config.check.authority.clone())
-        };
-        host::call(self, (&cluster, &authority), (method, path), body, &[], timeout_ms)
+        let service = self.shared.borrow().config.check.clone();
+        host::call(self, &service, (method, path), body, &[], timeout_ms)
     }
 
     /// The request decided by leases, if it can be (see [`crate::leases`]): it goes on,
@@ -260,7 +264,7 @@ impl HttpContext for Stream {
         // Leased quotas: a request whose rules are all leased and held is decided here.
         let method = request_header(":method");
         let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
-        let path = request_header(":path").map_or_else(|| "/".into(), |p| bounded_path(&p).to_owned());
+        let path = request_header(":path").map_or_else(|| "/".into(), |p| check_path(&p));
         if self.by_lease(&method, &path, now) {
             return Action::Continue;
         }

@@ -254,13 +254,58 @@ fn spoofed_forwarding_entries_do_not_change_the_client_ip(flavor: Flavor) {
         "127.0.0.1",
         "falls back to source.address"
     );
-    let mut host = host_in(flavor);
-    let huge = "u".repeat(10_000);
-    request(&mut host, "1.2.3.4", "/", &[("x-user-id", &huge)]);
+    // A value over the wire bound is digested, never cut: two that share their first
+    // 10,000 bytes stay two users.
+    let mut users = Vec::new();
+    for last in ["A", "B"] {
+        let mut host = host_in(flavor);
+        let huge = format!("{}{last}", "u".repeat(10_000));
+        request(&mut host, "1.2.3.4", "/", &[("x-user-id", &huge)]);
+        let user = the_call(&host).1["identities"]["user"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(user.len() <= 256 && user.starts_with("uuuu"), "{user}");
+        users.push(user);
+    }
+    assert_ne!(users[0], users[1]);
+    // IPv6 clients are their /64; an IPv4-mapped address is the IPv4 address.
+    for (xff, ip) in [
+        ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", "2001:db8:1:2::/64"),
+        ("::ffff:198.51.100.9", "198.51.100.9"),
+    ] {
+        let mut h = host_in(flavor);
+        request(&mut h, xff, "/", &[]);
+        assert_eq!(the_call(&h).1["identities"]["ip"], ip);
+    }
+}
+
+fn identities_come_from_a_trusted_property(flavor: Flavor) {
+    // Envoy: a verified JWT's subject in jwt_authn's dynamic metadata; Nginx: a variable.
+    let path: &[&str] = match flavor {
+        Flavor::Envoy => &[
+            "metadata",
+            "filter_metadata",
+            "envoy.filters.http.jwt_authn",
+            "jwt_payload",
+            "sub",
+        ],
+        Flavor::Nginx => &["ngx", "jwt_sub"],
+    };
+    let mut config = config_in(flavor);
+    config["identities"]["user"] = json!({"property": path});
+    let mut host = host_with(&config, flavor);
+    let (s, _) = request_with_property(&mut host, &path.join("."), "user-42");
     assert_eq!(
-        the_call(&host).1["identities"]["user"].as_str().map(str::len),
-        Some(256)
+        the_call(&host).1["identities"]["user"],
+        "user-42",
+        "the header a client sends is not read"
     );
+    host.finish_stream(s).unwrap();
+    // Without the property the request carries no user at all.
+    let mut host = host_with(&config, flavor);
+    request(&mut host, "1.2.3.4", "/", &[("x-user-id", "spoofed")]);
+    assert!(the_call(&host).1["identities"].get("user").is_none());
 }
 
 fn header_values_that_are_not_utf8_are_escaped_identities_and_never_trap(flavor: Flavor) {
@@ -472,6 +517,35 @@ fn a_probe_whose_stream_ends_first_lets_the_next_request_probe(flavor: Flavor) {
     );
 }
 
+fn every_call_carries_the_services_credential(flavor: Flavor) {
+    for (header, want) in [("authorization", "Bearer s3cret"), ("x-sluice-token", "s3cret")] {
+        let mut config = config_in(flavor);
+        config["check"]["token"] = "s3cret".into();
+        config["check"]["token_header"] = header.into();
+        let mut host = host_with(&config, flavor);
+        request(&mut host, "1.2.3.4", "/", &[]);
+        assert_eq!(the_call(&host).0.header(header), Some(want));
+    }
+    let mut host = host_in(flavor);
+    request(&mut host, "1.2.3.4", "/", &[]);
+    assert_eq!(the_call(&host).0.header("authorization"), None, "no token, no header");
+}
+
+/// A request with `x-user-id: spoofed` whose stream has property `path` = `value`.
+fn request_with_property(host: &mut sluice_harness::Host, path: &str, value: &str) -> (u32, Outcome) {
+    let s = host.new_stream().unwrap();
+    host.set_property(s, "source.address", "127.0.0.1:5555");
+    host.set_property(s, path, value);
+    let headers = [
+        (":method", "GET"),
+        (":path", "/"),
+        (":authority", "x"),
+        ("x-user-id", "spoofed"),
+    ];
+    let outcome = host.request_headers(s, &headers, true).unwrap();
+    (s, outcome)
+}
+
 fn options(flavor: Flavor) -> sluice_harness::HostOptions {
     sluice_harness::HostOptions {
         flavor,
@@ -489,6 +563,8 @@ on_both_hosts!(
     the_breaker_opens_probes_and_closes,
     shaping_holds_the_request_on_a_wait_call_without_a_timer,
     spoofed_forwarding_entries_do_not_change_the_client_ip,
+    identities_come_from_a_trusted_property,
+    every_call_carries_the_services_credential,
     header_values_that_are_not_utf8_are_escaped_identities_and_never_trap,
     bad_configurations_are_refused_naming_the_field,
     a_flood_of_random_ips_keeps_vm_memory_bounded,

@@ -29,6 +29,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::{Flavor, HarnessError, Host, HostOptions};
 
 mod calls;
+mod nginx;
 mod vm;
 
 use vm::{Step, Verdict, Vm};

@@ -72,8 +72,17 @@ impl Vm {
     /// A request's headers: forward, answer, or hold until the module resumes it.
     pub fn request(&mut self, headers: &Headers, peer: SocketAddr) -> Step {
         let host = &mut self.host;
+        let nginx = (host.flavor() == Flavor::Nginx).then(|| super::nginx::request_view(headers, peer));
+        let headers = nginx.as_ref().map_or(headers, |(shown, _)| shown);
         let outcome = host.new_stream().and_then(|s| {
-            host.set_property(s, "source.address", peer.to_string());
+            match &nginx {
+                Some((_, properties)) => {
+                    for (path, value) in properties {
+                        host.set_property(s, path, value.clone());
+                    }
+                }
+                None => host.set_property(s, "source.address", peer.to_string()),
+            }
             host.request_headers(s, &pairs(headers), false).map(|o| (s, o))
         });
         match outcome {
