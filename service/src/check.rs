@@ -6,9 +6,11 @@
 //! deny. When the store fails, each rule's failure policy decides: `open` asks the node's
 //! fallback buckets (`degraded: true`), all-or-nothing as well; `closed` denies.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use sluice_core::algorithm::{passes, Part};
+use sluice_core::identity::ip_identity;
 use sluice_core::rules::{FailureMode, Rule};
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, Outcome};
@@ -70,7 +72,45 @@ pub async fn decide(node: &Node, targets: &[Target], now_us: Micros) -> (Vec<Dec
     (decisions, degraded)
 }
 
-/// Decides a validated request.
+/// `req` as rules are matched against it, whoever sent it: its path canonical
+/// (`sluice_core::path`), its `ip` identity grouped by the node's IPv6 prefix
+/// (`sluice_core::identity`). What the filter sends is so already, and stays as it is.
+pub fn canonical(mut req: CheckRequest, ipv6_prefix: u8) -> CheckRequest {
+    if let Cow::Owned(path) = sluice_core::path::canonical(&req.path) {
+        req.path = path;
+    }
+    if let Some(ip) = req.identities.get_mut("ip") {
+        if let Cow::Owned(key) = ip_identity(ip, ipv6_prefix) {
+            *ip = key;
+        }
+    }
+    req
+}
+
+/// The answer to a request that a `deny` rule refuses for want of its identity: that rule
+/// denies, nothing is counted anywhere (a refused request takes nothing).
+fn refused_for_missing(node: &Node, rule: &Rule, now_ms: u64) -> CheckResponse {
+    node.metrics.check(&rule.name, Verdict::Denied);
+    let window = sluice_core::time::micros_from_ms(rule.window_ms);
+    let decision = Decision {
+        allowed: false,
+        limit: rule.limit.limit(),
+        remaining: 0,
+        reset_after: window,
+        retry_after: window,
+        delay: 0,
+    };
+    let outcome = Outcome {
+        rule: &rule.name,
+        window_ms: rule.window_ms,
+        shadow: false,
+        decision,
+        degraded: false,
+    };
+    CheckResponse::from_outcomes(&[outcome], now_ms)
+}
+
+/// Decides a validated request (see [`canonical`] for a caller's request).
 pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let rules = node.rules();
     let now_us = node.clock.now_us();
@@ -78,6 +118,9 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let matched: Vec<(&Rule, &str)> = rules.matching(&req.identities, &req.method, &req.path).collect();
     if matched.is_empty() {
         return CheckResponse::from_outcomes(&[], now_ms);
+    }
+    if let Some((rule, _)) = matched.iter().find(|(rule, id)| rule.refuses(id) && !rule.shadow) {
+        return refused_for_missing(node, rule, now_ms);
     }
     let targets: Vec<Target> = matched
         .iter()

@@ -1,15 +1,19 @@
-//! The HTTP interface: `/v1/check`, `/v1/wait`, health, metrics and the admin API.
+//! The HTTP interface: the data API (`/v1/check`, `/v1/lease`, `/v1/wait`, `/v1/rules`),
+//! health and metrics on the data listener ([`router`]), and the admin API on a listener of
+//! its own ([`admin_router`]).
 //!
 //! Every error is JSON `{"error": "..."}` with a 4xx status that names the client's mistake,
-//! or 503 when the store is down; nothing a client sends produces a 500.
+//! or 503 when the store is down; nothing a client sends produces a 500. With a data token
+//! set, a data call without it is a 401 that decides nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,8 +29,10 @@ use crate::node::Node;
 use crate::rules_source;
 use crate::store::{Publish, StoreError};
 
-/// Largest request body accepted.
+/// Largest request body of the data API (a check, a lease exchange).
 pub const BODY_LIMIT: usize = 16 * 1024;
+/// Largest request body of the admin API (a whole rule set).
+pub const ADMIN_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
 /// An error answer: status and message.
 #[derive(Debug)]
@@ -42,35 +48,79 @@ fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
-/// The node's routes.
+/// The data listener's routes: the data API (behind the data token, when one is set),
+/// health and metrics. The admin API is not among them: see [`admin_router`].
 pub fn router(node: Arc<Node>) -> Router {
-    Router::new()
+    let data = Router::new()
         .route("/v1/check", post(check_handler))
         .route("/v1/wait", get(wait))
         .route("/v1/lease", post(lease_handler))
         .route("/v1/rules", get(rules_for_proxies))
+        .route_layer(middleware::from_fn_with_state(node.clone(), require_credential));
+    common(data, "see /v1/check")
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(node)
+}
+
+/// The admin listener's routes (`--admin-listen`): the admin API behind its bearer token,
+/// health and metrics.
+pub fn admin_router(node: Arc<Node>) -> Router {
+    let admin = Router::new()
+        .route("/v1/admin/rules", get(get_rules).put(put_rules))
+        .route("/v1/admin/overrides", post(add_override).delete(remove_override))
+        .route("/v1/admin/violations", get(violations));
+    common(admin, "see /v1/admin/rules")
+        .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
+        .with_state(node)
+}
+
+/// Health, metrics and the JSON fallbacks every listener has.
+fn common(routes: Router<Arc<Node>>, hint: &'static str) -> Router<Arc<Node>> {
+    routes
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/v1/admin/rules", get(get_rules).put(put_rules))
-        .route("/v1/admin/overrides", post(add_override).delete(remove_override))
-        .route("/v1/admin/violations", get(violations))
-        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such endpoint; see /v1/check".into()) })
+        .fallback(move || async move {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no such endpoint on this listener; {hint}"),
+            )
+        })
         .method_not_allowed_fallback(|| async {
             ApiError(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed on this endpoint".into(),
             )
         })
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(node)
+}
+
+/// Lets a data call through only with the node's data token (any call when none is set).
+async fn require_credential(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let given = request.headers().get(node.config.token_header.as_str());
+    if node.authenticated(given.map(|v| v.as_bytes())) {
+        return next.run(request).await;
+    }
+    let how = if node.config.token_header.eq_ignore_ascii_case("authorization") {
+        "Authorization: Bearer <token>".to_owned()
+    } else {
+        format!("{}: <token>", node.config.token_header)
+    };
+    let mut answer = ApiError(
+        StatusCode::UNAUTHORIZED,
+        format!("missing or wrong credential: send {how}, the token of the node's --data-token-file"),
+    )
+    .into_response();
+    answer
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    answer
 }
 
 fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     result.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {BODY_LIMIT} bytes"),
+            format!("request body larger than {BODY_LIMIT} bytes (the admin API takes up to {ADMIN_BODY_LIMIT})"),
         ),
         status => ApiError(status, format!("cannot read request body: {e}")),
     })
@@ -82,7 +132,10 @@ async fn check_handler(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRe
         Err(e) => return e.into_response(),
     };
     match CheckRequest::from_json(&raw) {
-        Ok(req) => Json(check(&node, &req).await).into_response(),
+        Ok(req) => {
+            let req = crate::check::canonical(req, node.config.ipv6_prefix);
+            Json(check(&node, &req).await).into_response()
+        }
         Err(e) => bad(e.0).into_response(),
     }
 }
@@ -130,7 +183,7 @@ async fn lease_handler(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRe
 /// `GET /v1/wait?ms=N`: answers after `N` milliseconds. A filter that got `delay_ms` from a
 /// check holds its request on this call: proxy-wasm hosts can resume a stream from a call's
 /// answer, but not all of them from a timer (ngx_wasm_module cannot).
-async fn wait(Query(q): Query<HashMap<String, String>>) -> Result<Response, ApiError> {
+async fn wait(State(node): State<Arc<Node>>, Query(q): Query<HashMap<String, String>>) -> Result<Response, ApiError> {
     let ms = match q.get("ms") {
         Some(v) => v
             .parse::<u64>()
@@ -140,6 +193,16 @@ async fn wait(Query(q): Query<HashMap<String, String>>) -> Result<Response, ApiE
     if ms > MAX_HOLD_MS {
         return Err(bad(format!("ms {ms} is longer than the longest wait, {MAX_HOLD_MS}")));
     }
+    let Ok(_held) = node.waits.clone().try_acquire_owned() else {
+        node.metrics.wait_refused();
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "this node holds {} waits already (--max-waits); forward the request now",
+                node.config.max_waits
+            ),
+        ));
+    };
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     Ok(Json(json!({ "waited_ms": ms })).into_response())
 }
@@ -184,13 +247,7 @@ fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let same = given.len() == expected.len()
-        && given
-            .bytes()
-            .zip(expected.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if same {
+    if crate::node::constant_time_eq(given.as_bytes(), expected.as_bytes()) {
         Ok(())
     } else {
         Err(ApiError(

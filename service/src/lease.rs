@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
+use sluice_core::identity::ip_identity;
 use sluice_core::lease::wire::{LeaseGranted, LeaseRequest, LeaseResponse};
-use sluice_core::rules::{Rule, RuleSet};
+use sluice_core::rules::{Identity, Rule, RuleSet};
 use sluice_core::time::{instant_ms, wait_ms};
 use sluice_core::Micros;
 use thiserror::Error;
@@ -34,7 +35,8 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
     let (rules, rules_version) = node.rules_in_force();
     let now_ms = instant_ms(node.clock.now_us());
     let timeout = node.config.store_timeout;
-    let (grants, returned) = exchange(&node.store, &rules, now_ms, req, timeout, |r| r.lease_ttl).await?;
+    let req = ip_grouped(req, &rules, node.config.ipv6_prefix);
+    let (grants, returned) = exchange(&node.store, &rules, now_ms, &req, timeout, |r| r.lease_ttl).await?;
     for back in &returned {
         node.metrics.lease_returned(*back);
     }
@@ -47,6 +49,25 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
         grants,
         returned,
     })
+}
+
+/// `req` with the identities of rules by `ip` grouped as a check's are
+/// ([`crate::check::canonical`]), so a lease counts in the same bucket as the checks.
+fn ip_grouped(req: &LeaseRequest, rules: &RuleSet, ipv6_prefix: u8) -> LeaseRequest {
+    let by_ip = |rule: &str| rules.rule(rule).is_some_and(|r| r.by == Identity::Ip);
+    let group = |rule: &str, identity: &mut String| {
+        if by_ip(rule) {
+            *identity = ip_identity(identity, ipv6_prefix).into_owned();
+        }
+    };
+    let mut req = req.clone();
+    for g in &mut req.grants {
+        group(&g.rule, &mut g.identity);
+    }
+    for r in &mut req.returns {
+        group(&r.rule, &mut r.identity);
+    }
+    req
 }
 
 /// One lease exchange with `store`: the returns first, then the grants, each item its own

@@ -12,6 +12,7 @@
 pub mod breaker;
 pub mod check;
 pub mod clock;
+pub mod edge;
 pub mod grpc;
 pub mod housekeeping;
 pub mod http;

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
+use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use sluice_service::breaker::BreakerState;
+use sluice_service::edge::{self, Edge};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{Region, RegionConfig};
 use sluice_service::store::memory::MemoryStore;
@@ -48,9 +50,48 @@ struct Args {
     /// Counter store: `memory`, `redis://HOST:PORT` or `redis+cluster://H1:P1,H2:P2,...`.
     #[arg(long, default_value = "memory")]
     store: String,
+    /// Serve the admin API (rules, overrides, violations), health and metrics on this
+    /// address, apart from the data API; keep it reachable by operators only. Without it
+    /// the node has no admin API.
+    #[arg(long, value_name = "HOST:PORT")]
+    admin_listen: Option<SocketAddr>,
     /// File holding the admin API's bearer token; without it the admin API answers 401.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "admin_listen")]
     admin_token_file: Option<PathBuf>,
+    /// File holding the credential the data API asks of callers (/v1/check, /v1/lease,
+    /// /v1/wait, /v1/rules and the gRPC rate limit service): give it to the proxies (the
+    /// filter's `check.token`). Without it anyone who reaches the listener may spend any
+    /// client's quota: only do without on a network only the proxies reach.
+    #[arg(long, value_name = "FILE")]
+    data_token_file: Option<PathBuf>,
+    /// The header that carries the data token: `authorization` as `Bearer <token>`, any
+    /// other header as the token alone.
+    #[arg(long, default_value = "authorization", value_name = "NAME")]
+    token_header: String,
+    /// Serve every listener over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE.pem", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE.pem", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Ask every client for a certificate signed by one of these CAs (PEM): mutual TLS.
+    #[arg(long, value_name = "FILE.pem", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Longest a client may take to send a request's headers, and longest a keep-alive
+    /// connection may sit idle (ms). Set the proxies' idle timeout for this service below it.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_ms: u64,
+    /// Most connections open at once on each listener; past it, new ones wait.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// Most GET /v1/wait calls held at once; past it a wait is refused at once (the proxy
+    /// then forwards the shaped request without holding it).
+    #[arg(long, default_value_t = 10_000)]
+    max_waits: usize,
+    /// IPv6 clients are counted by their network of this many bits (`ip` identities); 128
+    /// counts each address. IPv4-mapped addresses are counted as IPv4.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u8).range(1..=128))]
+    ipv6_prefix: u8,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -132,17 +173,26 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
             (RuleSet::default(), 0)
         }
     };
-    let admin_token = match &args.admin_token_file {
-        Some(path) => {
-            let token = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the admin token file {}", path.display()))?;
-            let token = token.trim().to_owned();
-            if token.is_empty() {
-                bail!("the admin token file {} is empty; put a secret in it", path.display());
-            }
-            Some(token)
-        }
-        None => None,
+    let admin_token = args
+        .admin_token_file
+        .as_deref()
+        .map(|p| secret(p, "admin token"))
+        .transpose()?;
+    let data_token = args
+        .data_token_file
+        .as_deref()
+        .map(|p| secret(p, "data token"))
+        .transpose()?;
+    if data_token.is_none() {
+        tracing::warn!("no --data-token-file: anyone who reaches this node may check and lease any quota");
+    }
+    let edge = Edge {
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(edge::tls_acceptor(cert, key, args.tls_client_ca.as_deref())?),
+            _ => None,
+        },
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        header_timeout: Duration::from_millis(args.header_timeout_ms),
     };
     let timeout = Duration::from_millis(args.store_timeout_ms.max(1));
     let store = if args.store == "memory" {
@@ -160,10 +210,13 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         breaker_cooldown: Duration::from_millis(args.breaker_cooldown_ms),
         max_keys: args.max_keys,
         admin_token,
+        data_token,
+        token_header: args.token_header.to_ascii_lowercase(),
+        max_waits: args.max_waits,
+        ipv6_prefix: args.ipv6_prefix,
         rules_poll: Duration::from_millis(args.rules_poll_ms),
         ..NodeConfig::default()
     };
-    let kind = store.kind();
     let region = match &args.global_store {
         Some(url) => {
             let timeout = Duration::from_millis(args.global_timeout_ms);
@@ -200,6 +253,11 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     tokio::spawn(probe_store(node.clone()));
     tokio::spawn(region::refill::run(node.clone()));
 
+    serve(node, &args, edge, descriptors).await
+}
+
+/// Opens the node's listeners and serves until SIGINT or SIGTERM.
+async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<DescriptorSet>) -> anyhow::Result<()> {
     // Before the ports open: a SIGTERM sent as soon as they accept connections must be caught.
     let shutdown = shutdown()?;
     let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -210,27 +268,42 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         }
     };
     let listener = bind(args.listen).await?;
+    let admin = match args.admin_listen {
+        Some(addr) => {
+            let admin_listener = bind(addr).await?;
+            tracing::info!(admin_listen = %admin_listener.local_addr()?, token = node.config.admin_token.is_some(), "admin API");
+            let (edge, router, stopped) = (edge.clone(), http::admin_router(node.clone()), stopped());
+            Some(tokio::spawn(async move {
+                edge.serve_http(admin_listener, router, stopped).await
+            }))
+        }
+        None => None,
+    };
     let grpc_server = match args.grpc_listen {
         Some(addr) => {
             let grpc_listener = bind(addr).await?;
             tracing::info!(grpc_listen = %grpc_listener.local_addr()?, "Envoy rate limit service API");
-            Some(tokio::spawn(grpc::serve(
-                grpc_listener,
-                node.clone(),
-                descriptors,
-                stopped(),
-            )))
+            let serving = grpc::serve(grpc_listener, node.clone(), descriptors, edge.clone(), stop.subscribe());
+            Some(tokio::spawn(serving))
         }
         None => None,
     };
-    tracing::info!(listen = %listener.local_addr()?, store = kind, rules = node.rules().rules().len(), "sluice-service ready");
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        store = node.store.kind(),
+        rules = node.rules().rules().len(),
+        tls = edge.tls.is_some(),
+        data_token = node.config.data_token.is_some(),
+        "sluice-service ready"
+    );
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop.send(true);
     });
-    axum::serve(listener, http::router(node))
-        .with_graceful_shutdown(stopped())
-        .await?;
+    edge.serve_http(listener, http::router(node), stopped()).await;
+    if let Some(admin) = admin {
+        admin.await?;
+    }
     if let Some(server) = grpc_server {
         // HTTP/2 clients (Envoy) keep their connections open: in-flight calls get a moment
         // to finish, then the connections are dropped with the process.
@@ -241,6 +314,23 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The secret in file `path` (trimmed), or an error naming the file and what to do.
+fn secret(path: &std::path::Path, what: &str) -> anyhow::Result<String> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read the {what} file {}", path.display()))?;
+    let token = text.trim().to_owned();
+    if token.is_empty() {
+        bail!("the {what} file {} is empty; put a secret in it", path.display());
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        bail!(
+            "the {what} in {} must be printable ASCII without spaces",
+            path.display()
+        );
+    }
+    Ok(token)
 }
 
 /// How long a stopping node waits for gRPC calls in flight once HTTP has stopped.

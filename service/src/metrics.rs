@@ -39,6 +39,8 @@ pub struct Metrics {
     lease_units_returned: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_error: AtomicU64,
+    unauthenticated: AtomicU64,
+    waits_refused: AtomicU64,
 }
 
 impl Metrics {
@@ -96,6 +98,16 @@ impl Metrics {
     pub fn lease_returned(&self, units: u64) {
         self.leases_returned.fetch_add(1, Ordering::Relaxed);
         self.lease_units_returned.fetch_add(units, Ordering::Relaxed);
+    }
+
+    /// Counts a call to the data API refused for want of its credential.
+    pub fn unauthenticated(&self) {
+        self.unauthenticated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a `/v1/wait` refused because the node holds as many as it may.
+    pub fn wait_refused(&self) {
+        self.waits_refused.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a rules reload.
@@ -171,6 +183,16 @@ impl Metrics {
                 "sluice_lease_units_returned_total",
                 "Units of quota leases gave back unspent.",
                 &self.lease_units_returned,
+            ),
+            (
+                "sluice_unauthenticated_total",
+                "Calls to the data API (HTTP or gRPC) refused for a missing or wrong credential.",
+                &self.unauthenticated,
+            ),
+            (
+                "sluice_waits_refused_total",
+                "GET /v1/wait calls refused at once: the node held --max-waits already.",
+                &self.waits_refused,
             ),
         ];
         for (name, help, v) in simple {

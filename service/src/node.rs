@@ -26,6 +26,17 @@ pub struct NodeConfig {
     pub max_keys: usize,
     /// Bearer token of the admin API; `None` disables it.
     pub admin_token: Option<String>,
+    /// The credential the data API (check, lease, wait, rules, gRPC) asks of its callers;
+    /// `None` serves anyone who can reach the listener.
+    pub data_token: Option<String>,
+    /// The header that carries `data_token`: `authorization` as `Bearer <token>`, any
+    /// other header as the token alone.
+    pub token_header: String,
+    /// Most `/v1/wait` calls held at once; past it a wait is refused at once (the proxy
+    /// forwards the request unheld, as when the call fails).
+    pub max_waits: usize,
+    /// IPv6 clients (`ip` identities) are counted by their network of this many bits.
+    pub ipv6_prefix: u8,
     /// Violations kept.
     pub violations_capacity: usize,
     /// How often the node reads the published rules' version: the safety net under the
@@ -41,6 +52,10 @@ impl Default for NodeConfig {
             breaker_cooldown: Duration::from_secs(1),
             max_keys: 1_000_000,
             admin_token: None,
+            data_token: None,
+            token_header: "authorization".into(),
+            max_waits: 10_000,
+            ipv6_prefix: sluice_core::identity::DEFAULT_IPV6_PREFIX,
             violations_capacity: 10_000,
             rules_poll: Duration::from_millis(250),
         }
@@ -65,6 +80,8 @@ pub struct Node {
     pub config: NodeConfig,
     /// The node's region, when it shares global rules with other regions.
     pub region: Option<Region>,
+    /// One permit per `/v1/wait` call held ([`NodeConfig::max_waits`]).
+    pub waits: Arc<tokio::sync::Semaphore>,
     /// The rules in force and their published version (0 before any was published or
     /// adopted), under one lock: a change is a compare-and-set on the version it read, so the
     /// two must be read together.
@@ -89,6 +106,7 @@ impl Node {
             metrics: Metrics::default(),
             clock: Clock::default(),
             rules: RwLock::new((Arc::new(rules), 0)),
+            waits: Arc::new(tokio::sync::Semaphore::new(config.max_waits)),
             store,
             config,
             region,
@@ -116,8 +134,34 @@ impl Node {
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = (Arc::new(rules), version);
     }
 
+    /// Whether a data call may go on: no data token is set, or `given` — the value of the
+    /// call's [`NodeConfig::token_header`] — carries it. Compared in constant time; a
+    /// refusal is counted.
+    pub fn authenticated(&self, given: Option<&[u8]>) -> bool {
+        let Some(expected) = self.config.data_token.as_deref() else {
+            return true;
+        };
+        let given = match given {
+            Some(v) if self.config.token_header.eq_ignore_ascii_case("authorization") => {
+                v.strip_prefix(b"Bearer ").unwrap_or_default()
+            }
+            Some(v) => v,
+            None => b"",
+        };
+        let same = constant_time_eq(given, expected.as_bytes());
+        if !same {
+            self.metrics.unauthenticated();
+        }
+        same
+    }
+
     /// The published version of the rules in force (0: not published).
     pub fn rules_version(&self) -> u64 {
         self.rules_in_force().1
     }
+}
+
+/// Whether `a` equals `b`, in time that depends on their lengths only.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -3,13 +3,13 @@
 //! printed there, and the decisions the README describes), the response's fields and
 //! headers, bad requests, store failures, health, and exactness under 64 concurrent clients.
 
-use std::future::pending;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
+use sluice_service::edge::Edge;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -24,25 +24,41 @@ use sluice_service::store::Store;
 use sluice_testkit::RedisServer;
 use tonic::transport::Channel;
 
+/// A stop signal that never comes: the server runs until the test ends.
+fn never_stop() -> tokio::sync::watch::Receiver<bool> {
+    tokio::sync::watch::channel(false).1
+}
+
 type Client = RateLimitServiceClient<Channel>;
 
 /// Serves the gRPC API over `store` with the YAML `configs` on a free loopback port.
 async fn serve(store: Store, configs: &[&str]) -> (Client, Arc<Node>) {
-    let parsed = configs
-        .iter()
-        .map(|c| config::parse(c).expect("test YAML parses"))
-        .collect();
-    let descriptors = Arc::new(DescriptorSet::new(parsed).expect("test configuration is valid"));
     // Long enough that 1,280 concurrent calls all get the store's answer: a timed-out call
     // would be decided by the fail-open fallback buckets instead (tested apart).
     let config = NodeConfig {
         store_timeout: Duration::from_secs(10),
         ..NodeConfig::default()
     };
+    serve_with(store, configs, config).await
+}
+
+/// [`serve`] with the node's `config`.
+async fn serve_with(store: Store, configs: &[&str], config: NodeConfig) -> (Client, Arc<Node>) {
+    let parsed = configs
+        .iter()
+        .map(|c| config::parse(c).expect("test YAML parses"))
+        .collect();
+    let descriptors = Arc::new(DescriptorSet::new(parsed).expect("test configuration is valid"));
     let node = Node::new(store, RuleSet::default(), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(grpc::serve(listener, node.clone(), descriptors, pending()));
+    tokio::spawn(grpc::serve(
+        listener,
+        node.clone(),
+        descriptors,
+        Edge::default(),
+        never_stop(),
+    ));
     let client = RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -617,7 +633,7 @@ async fn health_is_serving() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let set = Arc::new(DescriptorSet::new(parsed).expect("valid"));
-    tokio::spawn(grpc::serve(listener, node, set, pending()));
+    tokio::spawn(grpc::serve(listener, node, set, Edge::default(), never_stop()));
     let channel = Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect()
@@ -735,4 +751,43 @@ async fn redis_store(server: &RedisServer) -> Store {
         .await
         .expect("redis");
     Store::Redis(Box::new(store))
+}
+
+#[tokio::test]
+async fn without_the_data_token_a_call_is_unauthenticated_and_decides_nothing() {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let descriptors = Arc::new(DescriptorSet::new(vec![config::parse(yaml).expect("yaml")]).expect("valid"));
+    let config = NodeConfig {
+        data_token: Some("grpc-secret".into()),
+        ..NodeConfig::default()
+    };
+    let node = Node::new(memory(), RuleSet::default(), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(grpc::serve(
+        listener,
+        node.clone(),
+        descriptors,
+        Edge::default(),
+        never_stop(),
+    ));
+    let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    for token in [None, Some("Bearer wrong"), Some("grpc-secret")] {
+        let mut call = tonic::Request::new(request("d", &[&[("k", "v")]]));
+        if let Some(t) = token {
+            call.metadata_mut().insert("authorization", t.parse().expect("ascii"));
+        }
+        let status = client.should_rate_limit(call).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{token:?}: {status}");
+        assert!(status.message().contains("--data-token-file"), "{status}");
+    }
+    // The refused calls spent nothing: the one request an hour is still there.
+    let mut call = tonic::Request::new(request("d", &[&[("k", "v")]]));
+    call.metadata_mut()
+        .insert("authorization", "Bearer grpc-secret".parse().expect("ascii"));
+    let answer = client.should_rate_limit(call).await.expect("served").into_inner();
+    assert_eq!(code(&answer), Code::Ok);
+    assert!(node.metrics.render().contains("sluice_unauthenticated_total 3\n"));
 }

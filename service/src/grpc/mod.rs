@@ -10,12 +10,13 @@
 pub mod config;
 mod rls;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use sluice_core::descriptors::DescriptorSet;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
+use crate::edge::Edge;
 use crate::node::Node;
 
 pub use rls::RateLimiter;
@@ -60,22 +61,43 @@ pub mod envoy {
 
 use envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
-/// Serves the rate limit and health services on `listener` until `shutdown` completes.
+/// Serves the rate limit and health services on `listener` through `edge` until `stop`
+/// says so. With a data token set, a rate limit call without it is `UNAUTHENTICATED` and
+/// decides nothing (the health service answers anyone).
 pub async fn serve(
     listener: TcpListener,
     node: Arc<Node>,
     descriptors: Arc<DescriptorSet>,
-    shutdown: impl Future<Output = ()> + Send,
+    edge: Edge,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<RateLimiter>>().await;
-    // TCP_NODELAY, as tonic sets when it binds itself (a listener handed in gets none): an
-    // answer goes out as several HTTP/2 frames in separate writes, and with Nagle's algorithm
-    // the later ones waited for the client's delayed ACK — 40 ms a call, measured.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let keep_alive = Some(edge.header_timeout);
+    let gate = node.clone();
+    let rate_limits = RateLimitServiceServer::with_interceptor(
+        RateLimiter::new(node, descriptors),
+        move |call: tonic::Request<()>| {
+            let given = call.metadata().get(gate.config.token_header.as_str());
+            if gate.authenticated(given.map(|v| v.as_bytes())) {
+                Ok(call)
+            } else {
+                Err(tonic::Status::unauthenticated(
+                    "missing or wrong credential: send the token of the node's --data-token-file",
+                ))
+            }
+        },
+    );
+    let mut stopped = stop.clone();
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(keep_alive)
+        .http2_keepalive_timeout(keep_alive)
         .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(node, descriptors)))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .add_service(rate_limits)
+        .serve_with_incoming_shutdown(edge.incoming(listener, stop), async move {
+            if stopped.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
         .await
 }

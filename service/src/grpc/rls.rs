@@ -7,6 +7,7 @@ use sluice_core::descriptors::{DescriptorLimit, DescriptorSet, Unit};
 use sluice_core::headers::{format_headers, HeaderMode, Quota};
 use sluice_core::rules::FailureMode;
 use sluice_core::time::{instant_ms, wait_ms};
+use sluice_core::wire::MAX_COST;
 use sluice_core::Decision;
 use tonic::{Request, Response, Status};
 
@@ -194,7 +195,13 @@ fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, Vec<u64>), Stat
             }
             entries.push((e.key.as_str(), e.value.as_str()));
         }
-        costs.push(d.hits_addend.map_or(request_cost, |h| u64::from(h.max(1))));
+        let cost = d.hits_addend.map_or(request_cost, |h| u64::from(h.max(1)));
+        if cost > MAX_COST {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i}: hits_addend {cost} is over {MAX_COST}, the most one request may cost"
+            )));
+        }
+        costs.push(cost);
         all.push(entries);
     }
     Ok((all, costs))

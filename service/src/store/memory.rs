@@ -7,7 +7,7 @@
 //! The published rules and the violations log live here too, for the one node that uses
 //! the store.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -28,10 +28,52 @@ pub struct MemoryStore {
     clock: Clock,
     published: Mutex<Option<Published>>,
     violations: Mutex<VecDeque<Violation>>,
-    /// What each lease still holds ([`keys::lease`] → units, granted at, end), at most
-    /// `max_leases`.
-    leases: Mutex<HashMap<String, (u64, Micros, Micros)>>,
-    max_leases: usize,
+    /// What each lease still holds.
+    leases: Mutex<LeaseTable>,
+}
+
+/// What each live lease still holds ([`keys::lease`] → units, granted at, end), at most
+/// `max` of them, with their ends in order: ended records are dropped from the front, never
+/// found by a scan, and a grant that would find no room is refused before it takes anything
+/// (an unrecorded lease's units could never come back).
+struct LeaseTable {
+    records: HashMap<String, (u64, Micros, Micros)>,
+    by_end: BTreeSet<(Micros, String)>,
+    max: usize,
+}
+
+impl LeaseTable {
+    fn new(max: usize) -> LeaseTable {
+        LeaseTable {
+            records: HashMap::new(),
+            by_end: BTreeSet::new(),
+            max,
+        }
+    }
+
+    /// Drops the records of leases ended before `now`; whether one more fits.
+    fn has_room(&mut self, now: Micros) -> bool {
+        while let Some((end, _)) = self.by_end.first() {
+            if *end >= now {
+                break;
+            }
+            if let Some((_, key)) = self.by_end.pop_first() {
+                self.records.remove(&key);
+            }
+        }
+        self.records.len() < self.max
+    }
+
+    fn add(&mut self, record: String, units: u64, now: Micros, end: Micros) {
+        let held = self.records.entry(record.clone()).or_insert((0, now, end));
+        held.0 += units;
+        self.by_end.insert((held.2, record));
+    }
+
+    fn remove(&mut self, record: &str, end: Micros) {
+        self.records.remove(record);
+        self.by_end.remove(&(end, record.to_owned()));
+    }
 }
 
 impl MemoryStore {
@@ -44,8 +86,7 @@ impl MemoryStore {
             clock: Clock::default(),
             published: Mutex::new(None),
             violations: Mutex::new(VecDeque::new()),
-            leases: Mutex::new(HashMap::new()),
-            max_leases: max_keys.max(1_024),
+            leases: Mutex::new(LeaseTable::new(max_keys.max(1_024))),
         }
     }
 
@@ -53,23 +94,23 @@ impl MemoryStore {
     /// as the lease `id`, and records what it holds so that no more than that can come back.
     pub fn grant(&self, key: &str, limit: &Limit, want: u64, ttl: Micros, id: u64) -> Grant {
         let now = self.clock.now_us();
+        let room = self.leases.lock().unwrap_or_else(PoisonError::into_inner).has_room(now);
         let mut shard = self.lock(self.shard_index(key));
         let mut state = shard.state(key, now);
+        if !room {
+            // Nowhere to record it: refused, the state untouched (the proxy checks exactly).
+            let mut refused = lease::grant(limit, &mut state, now, want, ttl);
+            refused.units = 0;
+            return refused;
+        }
         let granted = lease::grant(limit, &mut state, now, want, ttl);
         if granted.units > 0 {
             shard.keep(key, limit, state, now);
             drop(shard);
+            // Concurrent grants may each have seen room: the table exceeds its bound by at
+            // most their number.
             let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-            if leases.len() >= self.max_leases {
-                leases.retain(|_, (_, _, end)| *end >= now);
-            }
-            // Over the bound even so: the lease's units are not recorded and cannot come back.
-            if leases.len() < self.max_leases {
-                let held = leases
-                    .entry(keys::lease(key, id))
-                    .or_insert((0, now, granted.expires_at));
-                held.0 += granted.units;
-            }
+            leases.add(keys::lease(key, id), granted.units, now, granted.expires_at);
         }
         granted
     }
@@ -81,18 +122,18 @@ impl MemoryStore {
         let record = keys::lease(key, id);
         let (back, granted_at, expires_at) = {
             let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(&(held, granted_at, end)) = leases.get(&record) else {
+            let Some(&(held, granted_at, end)) = leases.records.get(&record) else {
                 return 0;
             };
             if end < now {
-                leases.remove(&record);
+                leases.remove(&record, end);
                 return 0;
             }
             let back = unspent.min(held);
             if back == held {
-                leases.remove(&record);
+                leases.remove(&record, end);
             } else {
-                leases.insert(record, (held - back, granted_at, end));
+                leases.records.insert(record, (held - back, granted_at, end));
             }
             (back, granted_at, end)
         };
@@ -232,6 +273,39 @@ mod tests {
 
     fn decide(store: &MemoryStore, key: &str, limit: &Limit, now: Micros) -> bool {
         store.decide_all_at(&[item(key, limit)], now, true)[0].allowed
+    }
+
+    #[test]
+    fn a_full_lease_table_refuses_grants_it_cannot_record_and_makes_room_as_leases_end() {
+        let store = MemoryStore::new(16);
+        let limit = Limit::builder(Algorithm::FixedWindow, 1_000, 3_600_000_000)
+            .build()
+            .unwrap();
+        let ttl = 60_000_000;
+        for id in 0..1_024 {
+            assert_eq!(store.grant(&format!("k{id}"), &limit, 1, ttl, id).units, 1);
+        }
+        // The 1,025th lease has nowhere to be recorded: refused, nothing taken.
+        assert_eq!(store.grant("victim", &limit, 5, ttl, 9_999).units, 0);
+        assert_eq!(store.grant("victim", &limit, 5, ttl, 9_999).units, 0);
+        // Every recorded lease can still be given back.
+        assert_eq!(store.give_back("k7", &limit, 7, 1), 1);
+        // Once there is room again, grants are recorded and returnable.
+        let granted = store.grant("victim", &limit, 5, ttl, 10_000);
+        assert_eq!(
+            (granted.units, granted.decision.remaining),
+            (5, 995),
+            "the refusals took nothing"
+        );
+        assert_eq!(store.give_back("victim", &limit, 10_000, 5), 5);
+        // Ended leases leave from the front of the table, not by a scan.
+        let mut table = LeaseTable::new(2);
+        table.add("a".into(), 1, 0, 10);
+        table.add("b".into(), 1, 0, 20);
+        assert!(!table.has_room(5));
+        assert!(table.has_room(11), "a ended");
+        assert_eq!(table.records.len(), 1);
+        assert_eq!(table.by_end.len(), 1);
     }
 
     #[test]

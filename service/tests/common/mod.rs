@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice_core::rules::RuleSet;
+use sluice_service::edge::Edge;
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{self, Region};
 use sluice_service::store::Store;
@@ -16,9 +17,12 @@ use sluice_service::{housekeeping, http, rules_source};
 /// A running node and a client for it.
 pub struct TestNode {
     pub addr: SocketAddr,
+    /// The admin listener's address: [`TestNode::url`] sends `/v1/admin/…` there.
+    pub admin_addr: SocketAddr,
     pub node: Arc<Node>,
     pub client: reqwest::Client,
     server: tokio::task::JoinHandle<()>,
+    admin_server: tokio::task::JoinHandle<()>,
 }
 
 pub const TOKEN: &str = "s3cret-token";
@@ -48,10 +52,20 @@ impl TestNode {
         let addr = listener.local_addr().expect("addr");
         let app = http::router(node.clone());
         let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            Edge::default().serve_http(listener, app, std::future::pending()).await;
+        });
+        let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let admin_addr = admin_listener.local_addr().expect("addr");
+        let admin = http::admin_router(node.clone());
+        let admin_server = tokio::spawn(async move {
+            Edge::default()
+                .serve_http(admin_listener, admin, std::future::pending())
+                .await;
         });
         TestNode {
             addr,
+            admin_addr,
+            admin_server,
             node,
             client: reqwest::Client::new(),
             server,
@@ -81,8 +95,13 @@ impl TestNode {
         put.send().await.expect("admin PUT")
     }
 
+    /// The URL of `path`: on the admin listener for `/v1/admin/…`, else the data one.
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        if path.starts_with("/v1/admin/") {
+            format!("http://{}{path}", self.admin_addr)
+        } else {
+            format!("http://{}{path}", self.addr)
+        }
     }
 
     /// POSTs a check for `identities` on GET `path`; returns the JSON answer.
@@ -145,5 +164,6 @@ pub async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
 impl Drop for TestNode {
     fn drop(&mut self) {
         self.server.abort();
+        self.admin_server.abort();
     }
 }

@@ -1,0 +1,206 @@
+//! The node's edge as a stranger meets it, on the real binary: a client that sends half a
+//! request is dropped within the header timeout, and so is an idle keep-alive connection;
+//! waits past `--max-waits` are refused at once; TLS with client certificates keeps out
+//! clients without one.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use sluice_testkit::{free_port, wait_for_port, Child, ScratchDir};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice-service");
+
+fn start(args: &[&str]) -> (Child, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let child = Child::spawn(
+        "sluice-service",
+        Command::new(BIN).args(["--listen", &listen]).args(args),
+    );
+    wait_for_port(port, Duration::from_secs(20));
+    (child, port)
+}
+
+/// Sends `bytes` and reads until the node closes the connection (or 10 s pass); what was
+/// read and how long the node took to close.
+fn until_closed(port: u16, bytes: &[u8]) -> (String, Duration) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let started = Instant::now();
+    conn.write_all(bytes).expect("write");
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => read.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the node kept the connection open ({e}) after {:?}", started.elapsed()),
+        }
+    }
+    (String::from_utf8_lossy(&read).into_owned(), started.elapsed())
+}
+
+#[test]
+fn half_a_request_and_an_idle_connection_are_dropped_within_the_header_timeout() {
+    let (_node, port) = start(&["--header-timeout-ms", "400"]);
+    let (read, took) = until_closed(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    assert!(!read.contains("200 OK"), "half a request is not answered: {read}");
+    assert!(
+        took >= Duration::from_millis(300),
+        "dropped only once the timeout ran: {took:?}"
+    );
+    assert!(took < Duration::from_secs(4), "dropped within the timeout: {took:?}");
+
+    // A whole request is answered, then the idle keep-alive connection is closed.
+    let (read, took) = until_closed(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(read.starts_with("HTTP/1.1 200"), "{read}");
+    assert!(took < Duration::from_secs(4), "idle connection closed: {took:?}");
+}
+
+fn get(port: u16, path: &str) -> (u16, String, Duration) {
+    let started = Instant::now();
+    let raw = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let (read, _) = until_closed(port, raw.as_bytes());
+    let status = read.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, read, started.elapsed())
+}
+
+#[test]
+fn waits_past_the_cap_are_refused_at_once_and_counted() {
+    let (_node, port) = start(&["--max-waits", "2"]);
+    let held: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || get(port, "/v1/wait?ms=2000")))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body, took) = get(port, "/v1/wait?ms=2000");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("--max-waits"), "{body}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "refused at once, not held: {took:?}"
+    );
+    for h in held {
+        let (status, body, _) = h.join().expect("wait thread");
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(get(port, "/v1/wait?ms=1").0, 200, "the places came back");
+    let (_, metrics, _) = get(port, "/metrics");
+    assert!(metrics.contains("sluice_waits_refused_total 1\n"), "{metrics}");
+}
+
+/// A CA, a server certificate for `localhost` signed by it, and a client certificate signed
+/// by it, as PEM files in `dir`; and another CA's client certificate.
+struct Pki {
+    dir: ScratchDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = ScratchDir::new("sluice-tls");
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).expect("ca");
+        let leaf = |name: &str| {
+            let key = KeyPair::generate().expect("key");
+            let cert = CertificateParams::new(vec![name.to_owned()])
+                .expect("params")
+                .signed_by(&key, &ca_cert, &ca_key)
+                .expect("sign");
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server, server_key) = leaf("localhost");
+        let (client, client_key) = leaf("proxy");
+        let stranger_key = KeyPair::generate().expect("key");
+        let stranger = CertificateParams::new(vec!["stranger".to_owned()])
+            .expect("params")
+            .self_signed(&stranger_key)
+            .expect("self-signed");
+        for (name, text) in [
+            ("ca.pem", ca_cert.pem()),
+            ("server.pem", server),
+            ("server.key", server_key),
+            ("client.pem", format!("{client}{client_key}")),
+            (
+                "stranger.pem",
+                format!("{}{}", stranger.pem(), stranger_key.serialize_pem()),
+            ),
+        ] {
+            std::fs::write(dir.path().join(name), text).expect("write");
+        }
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.path().join(name)).expect("read")
+    }
+
+    /// A client trusting the CA, presenting `identity` (a PEM file of `dir`) if given.
+    fn client(&self, port: u16, identity: Option<&str>) -> reqwest::blocking::Client {
+        let ca = reqwest::Certificate::from_pem(&self.read("ca.pem")).expect("ca");
+        let mut b = reqwest::blocking::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(ca)
+            .resolve("localhost", ([127, 0, 0, 1], port).into())
+            .timeout(Duration::from_secs(5));
+        if let Some(name) = identity {
+            b = b.identity(reqwest::Identity::from_pem(&self.read(name)).expect("identity"));
+        }
+        b.build().expect("client")
+    }
+}
+
+#[test]
+fn tls_with_client_certificates_serves_only_the_proxies() {
+    let pki = Pki::new();
+    let (_node, port) = start(&[
+        "--tls-cert",
+        &pki.path("server.pem"),
+        "--tls-key",
+        &pki.path("server.key"),
+        "--tls-client-ca",
+        &pki.path("ca.pem"),
+    ]);
+    let url = format!("https://localhost:{port}/healthz");
+    let ok = pki
+        .client(port, Some("client.pem"))
+        .get(&url)
+        .send()
+        .expect("a proxy's call");
+    assert_eq!(ok.status(), 200);
+    for (who, identity) in [
+        ("no certificate", None),
+        ("another CA's certificate", Some("stranger.pem")),
+    ] {
+        let refused = pki.client(port, identity).get(&url).send();
+        assert!(refused.is_err(), "{who}: served {:?}", refused.map(|r| r.status()));
+    }
+    let plain = get(port, "/healthz");
+    assert_ne!(plain.0, 200, "plain HTTP is not served on a TLS listener");
+}
+
+#[test]
+fn a_tls_file_that_cannot_be_used_is_refused_at_start_naming_it() {
+    let pki = Pki::new();
+    let out = Command::new(BIN)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args([
+            "--tls-cert",
+            &pki.path("server.key"),
+            "--tls-key",
+            &pki.path("server.key"),
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.key") && err.contains("certificate"), "{err}");
+}
