@@ -7,7 +7,7 @@ docs/real-nginx.md into $RH (default /tmp/rh), build the project's debug binarie
 wasm32-wasip1 --profile wasm`), then run `python3 scripts/real-nginx-check.py`. It starts
 the demo upstream, two check services (examples/rules.toml; a leased rule), a fake service
 that answers `{}`, and Nginx with three servers (checked, leased, fake), sends hostile and
-ordinary traffic, and prints one PASS/FAIL line per check and a count. Ports 28080-28091
+ordinary traffic, and prints one PASS/FAIL line per check and a count. Ports 28080-28092
 and 29000 on 127.0.0.1; source addresses 127.0.x.y stand for clients.
 """
 import json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
@@ -99,11 +99,15 @@ lease = true
 lease_ttl = "5s"
 '''
     open(f"{RUN}/conf/rules-leased.toml", "w").write(leased)
+    open(f"{RUN}/conf/rules-around.toml", "w").write(AROUND_RULES)
+    open(f"{RUN}/conf/data-token", "w").write(DATA_TOKEN)
     start([f"{T}/debug/sluice-demo-upstream", "--listen", "127.0.0.1:29000"])
     start([f"{T}/debug/sluice-service", "--rules", f"{P}/examples/rules.toml", "--listen", "127.0.0.1:28081"])
     start([f"{T}/debug/sluice-service", "--rules", f"{RUN}/conf/rules-leased.toml", "--listen", "127.0.0.1:28082"])
+    start([f"{T}/debug/sluice-service", "--rules", f"{RUN}/conf/rules-around.toml", "--listen", "127.0.0.1:28084",
+           "--data-token-file", f"{RUN}/conf/data-token"])
     threading.Thread(target=HTTPServer(("127.0.0.1", 28083), Empty).serve_forever, daemon=True).start()
-    for p in (29000, 28081, 28082): wait_port(p)
+    for p in (29000, 28081, 28082, 28084): wait_port(p)
     base = json.load(open(f"{P}/examples/filter.json"))
     base["check"]["cluster"] = "127.0.0.1:28081"
     base["check"]["timeout_ms"] = 500  # debug service binaries
@@ -111,7 +115,11 @@ lease_ttl = "5s"
     lease["lease"] = {"poll_ms": 200, "tick_ms": 20}
     empty = json.loads(json.dumps(base)); empty["check"]["cluster"] = "127.0.0.1:28083"
     empty["failure"]["mode"] = "closed"
-    for name, cfg in (("base", base), ("lease", lease), ("empty", empty)):
+    around = json.loads(json.dumps(base)); around["check"]["cluster"] = "127.0.0.1:28084"
+    around["check"]["token"] = DATA_TOKEN
+    around["identities"]["ip"] = {"header": "x-forwarded-for", "trusted_hops": 1}
+    around["identities"]["api_key"] = {"header": "x-api-key"}
+    for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around)):
         open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
         r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
                             "--config", f"{RUN}/conf/{name}.json", "--host-flavor", "nginx"], capture_output=True, text=True)
@@ -124,6 +132,7 @@ lease_ttl = "5s"
     conf = NGINX_CONF.replace("__WASM__", f"{RUN}/sluice_filter.wasm")
     conf = conf.replace("__CONFIG__", json.dumps(base)).replace("__LEASECONFIG__", json.dumps(lease))
     conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28091;\n        location / {\n            proxy_wasm sluice '" + json.dumps(empty) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
+    conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28092;\n        location / {\n            proxy_wasm sluice '" + json.dumps(around) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     open(f"{RUN}/conf/nginx.conf", "w").write(conf)
     subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf"], check=True)
     wait_port(28080); time.sleep(0.5)
@@ -141,11 +150,34 @@ lease_ttl = "5s"
         for p in procs: p.terminate()
         print(f"\n{sum(ok for _, ok in results)} passed, {sum(not ok for _, ok in results)} failed")
 
+DATA_TOKEN = "real-nginx-data-token"
+AROUND_RULES = open(f"{P}/tests/step-around.toml").read()
+
+def around_checks():
+    xff = lambda ip: f"X-Forwarded-For: {ip}\r\n".encode()
+    codes = [get(28092, path="/api/search", headers=xff("203.0.113.1"))[0] for _ in range(3)]
+    variants = ["//api/search", "/api//search", "/api/%73earch", "/api/./search", "/api/x/../search", "/%61pi/search", "/API/../api/search"]
+    vcodes = [get(28092, path=v, headers=xff("203.0.113.1"))[0] for v in variants]
+    check("path variants share the limit of /api/search", codes == [200]*3 and vcodes == [429]*len(variants), f"{codes} then {dict(zip(variants, vcodes))}")
+    a, b = "k" * 300 + "A", "k" * 300 + "B"
+    ka = [get(28092, path="/keyed", headers=xff("198.51.100.1") + f"X-Api-Key: {a}\r\n".encode())[0] for _ in range(4)]
+    kb = get(28092, path="/keyed", headers=xff("198.51.100.1") + f"X-Api-Key: {b}\r\n".encode())[0]
+    check("two 301-byte keys sharing 300 bytes are two clients", ka == [200]*3 + [429] and kb == 200, f"{ka}, other key {kb}")
+    v6 = [get(28092, path="/v6", headers=xff(f"2001:db8:1:2::{i}"))[0] for i in range(1, 6)]
+    other = get(28092, path="/v6", headers=xff("2001:db8:1:3::1"))[0]
+    mapped = [get(28092, path="/v6", headers=xff(ip))[0] for ip in ["::ffff:198.51.100.9", "198.51.100.9", "::ffff:198.51.100.9", "198.51.100.9"]]
+    check("one IPv6 /64 is one client; ::ffff:a.b.c.d is a.b.c.d", v6 == [200]*3 + [429]*2 and other == 200 and mapped == [200]*3 + [429], f"{v6}, next /64 {other}, mapped {mapped}")
+    body = b'{"identities": {"ip": "9.9.9.9"}, "method": "GET", "path": "/api/search"}'
+    st, _ = raw(28084, b"POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body), body=body)
+    through = get(28092, path="/api/search", headers=xff("203.0.113.77"))[0]
+    check("the service asks for the data token; the filter sends it", st == 401 and through == 200, f"direct {st}, through Nginx {through}")
+
 def metric(port, name):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name))
 
 def run_checks():
+    around_checks()
     # 1. the basic limit: per-ip 5 per 10 s
     codes = [get(28080, src="127.0.0.10")[0] for _ in range(8)]
     check("per-ip limit: 5 admitted then 429", codes == [200]*5 + [429]*3, str(codes))

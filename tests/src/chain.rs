@@ -166,6 +166,9 @@ pub struct Options {
     pub store_timeout_ms: u64,
     /// The host the proxies play.
     pub host: ProxyHost,
+    /// The data token the nodes ask for (`--data-token-file`) and the filter sends
+    /// (`check.token`); `None` for none.
+    pub data_token: Option<String>,
 }
 
 impl Default for Options {
@@ -176,8 +179,16 @@ impl Default for Options {
             cluster_masters: 0,
             store_timeout_ms: 200,
             host: ProxyHost::Envoy,
+            data_token: None,
         }
     }
+}
+
+/// `filter` (JSON) with `check.token` set to `token`.
+pub fn with_token(filter: &str, token: &str) -> String {
+    let mut config: serde_json::Value = serde_json::from_str(filter).expect("filter configuration is JSON");
+    config["check"]["token"] = token.into();
+    config.to_string()
 }
 
 /// A running chain.
@@ -190,6 +201,8 @@ pub struct Chain {
     pub proxy_admins: [u16; 2],
     /// The service nodes' ports.
     pub node_ports: [u16; 2],
+    /// The service nodes' admin API ports (`--admin-listen`).
+    pub admin_ports: [u16; 2],
     /// The service nodes, by index.
     pub nodes: Vec<Child>,
     /// The proxies, by index.
@@ -221,21 +234,30 @@ impl Chain {
         let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         std::fs::write(dir.join("rules.toml"), &options.rules).expect("rules file");
-        std::fs::write(dir.join("filter.json"), &options.filter).expect("filter config");
+        let filter = match &options.data_token {
+            Some(token) => with_token(&options.filter, token),
+            None => options.filter.clone(),
+        };
+        std::fs::write(dir.join("filter.json"), &filter).expect("filter config");
         std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token file");
 
         let upstream = free_port();
         let upstream_child = Child::spawn("demo upstream", &mut upstream_command(upstream));
         let node_ports = [free_port(), free_port()];
+        let admin_ports = [free_port(), free_port()];
         let nodes = node_ports
             .iter()
-            .map(|port| {
-                Child::spawn(
-                    "sluice-service",
-                    node_command(*port, &dir.join("rules.toml"), &store_url, options.store_timeout_ms)
-                        .arg("--admin-token-file")
-                        .arg(dir.join("admin-token")),
-                )
+            .zip(&admin_ports)
+            .map(|(port, admin)| {
+                let mut c = node_command(*port, &dir.join("rules.toml"), &store_url, options.store_timeout_ms);
+                c.args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+                    .arg("--admin-token-file")
+                    .arg(dir.join("admin-token"));
+                if let Some(token) = &options.data_token {
+                    std::fs::write(dir.join("data-token"), token).expect("token file");
+                    c.arg("--data-token-file").arg(dir.join("data-token"));
+                }
+                Child::spawn("sluice-service", &mut c)
             })
             .collect();
         let proxies = [free_port(), free_port()];
@@ -247,7 +269,7 @@ impl Chain {
                     ProxyHost::Nginx => {
                         let config = dir.join(format!("filter-{i}.json"));
                         let check = format!("127.0.0.1:{}", node_ports[i]);
-                        std::fs::write(&config, with_check_address(&options.filter, &check)).expect("filter config");
+                        std::fs::write(&config, with_check_address(&filter, &check)).expect("filter config");
                         let mut c = proxy_command(proxies[i], &config, upstream, &[]);
                         c.args(["--host-flavor", "nginx"]);
                         c
@@ -262,6 +284,7 @@ impl Chain {
         for port in [upstream]
             .iter()
             .chain(&node_ports)
+            .chain(&admin_ports)
             .chain(&proxies)
             .chain(&proxy_admins)
         {
@@ -272,6 +295,7 @@ impl Chain {
             proxies,
             proxy_admins,
             node_ports,
+            admin_ports,
             nodes,
             proxy_children,
             store,

@@ -413,7 +413,7 @@ fn malformed_check_bodies_get_a_400_that_names_the_problem() {
 #[test]
 fn admin_calls_without_the_right_token_are_401_and_change_nothing() {
     let chain = Chain::start();
-    let port = chain.node_ports[1];
+    let port = chain.admin_ports[1];
     let new_rules = RULES.replace("limit     = 10", "limit     = 1");
     let override_body =
         br#"{"rule": "global-ip", "identity": "127.0.0.1", "limit": 5, "until": "2099-01-01T00:00:00Z"}"#;

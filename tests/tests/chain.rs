@@ -309,7 +309,7 @@ fn a_rule_changed_through_the_admin_api_takes_effect_on_both_nodes_within_a_seco
     let (auth, token) = Chain::bearer();
     let started = Instant::now();
     let r = send(
-        chain.node_ports[0],
+        chain.admin_ports[0],
         "PUT",
         "/v1/admin/rules",
         &[(auth, &token)],
@@ -372,7 +372,7 @@ window = "1m"
     );
     let (auth, token) = Chain::bearer();
     let r = send(
-        chain.node_ports[1],
+        chain.admin_ports[1],
         "POST",
         "/v1/admin/overrides",
         &[(auth, &token)],

@@ -293,7 +293,7 @@ fn a_rule_change_reaches_the_filters_within_a_second() {
     let new_rules = LEASED.replace("name      = \"tenant\"", "name      = \"tenant-v2\"");
     let started = Instant::now();
     let r = send(
-        chain.node_ports[0],
+        chain.admin_ports[0],
         "PUT",
         "/v1/admin/rules",
         &[(auth, &token)],
