@@ -36,6 +36,9 @@ pub fn canonical(raw: &str) -> Cow<'_, str> {
 
 /// `raw` without `scheme://authority` when it is in absolute form.
 fn strip_authority(raw: &str) -> &str {
+    if raw.starts_with('/') {
+        return raw;
+    }
     let Some(colon) = raw.find("://") else {
         return raw;
     };
@@ -49,16 +52,30 @@ fn strip_authority(raw: &str) -> &str {
 }
 
 fn without_query(raw: &str) -> &str {
-    raw.split(['?', '#']).next().unwrap_or("")
+    match raw.bytes().position(|b| b == b'?' || b == b'#') {
+        Some(end) => &raw[..end],
+        None => raw,
+    }
 }
 
 /// Whether `path` needs no change: it starts with `/`, has no `%`, no `//` and no dot
 /// segment. Checked first so that a plain path costs one scan and no allocation.
 fn is_canonical(path: &str) -> bool {
-    path.starts_with('/')
-        && !path.contains(['%', '#'])
-        && !path.contains("//")
-        && path.split('/').all(|seg| seg != "." && seg != "..")
+    let b = path.as_bytes();
+    if b.first() != Some(&b'/') {
+        return false;
+    }
+    let dot_segment = |seg: &[u8]| seg == b"." || seg == b"..";
+    let mut segment_start = 1;
+    for (i, &c) in b.iter().enumerate().skip(1) {
+        match c {
+            b'%' => return false,
+            b'/' if i == segment_start || dot_segment(&b[segment_start..i]) => return false,
+            b'/' => segment_start = i + 1,
+            _ => {}
+        }
+    }
+    !dot_segment(&b[segment_start..])
 }
 
 fn hex(b: u8) -> Option<u8> {
