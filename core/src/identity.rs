@@ -14,7 +14,7 @@ use crate::text::truncate;
 use crate::wire::MAX_IDENTITY_BYTES;
 
 /// How much of a long value stays readable in front of its digest.
-const READABLE_PREFIX_BYTES: usize = 128;
+pub const READABLE_PREFIX_BYTES: usize = 128;
 
 /// The IPv6 prefix length clients are grouped by unless configured: a /64 is what one
 /// subscriber, one host or one cloud instance is handed, and one holder of it has 2^64

@@ -791,3 +791,24 @@ async fn without_the_data_token_a_call_is_unauthenticated_and_decides_nothing() 
     assert_eq!(code(&answer), Code::Ok);
     assert!(node.metrics.render().contains("sluice_unauthenticated_total 3\n"));
 }
+
+#[tokio::test]
+async fn a_cost_over_an_http_checks_cap_is_refused_naming_it() {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    let (mut client, _node) = serve(memory(), &[yaml]).await;
+    for (request_level, descriptor_level) in [(2_000_000, None), (1, Some(1_000_001))] {
+        let mut req = request("d", &[&[("k", "v")]]);
+        req.hits_addend = request_level;
+        req.descriptors[0].hits_addend = descriptor_level;
+        let status = client.should_rate_limit(req).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+        assert!(status.message().contains("1000000"), "{status}");
+    }
+    let mut req = request("d", &[&[("k", "v")]]);
+    req.hits_addend = 10;
+    assert_eq!(
+        code(&ask(&mut client, req).await),
+        Code::Ok,
+        "the cap itself is far above this"
+    );
+}
