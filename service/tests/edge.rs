@@ -61,6 +61,24 @@ fn half_a_request_and_an_idle_connection_are_dropped_within_the_header_timeout()
     assert!(took < Duration::from_secs(4), "idle connection closed: {took:?}");
 }
 
+#[test]
+fn connections_past_the_cap_wait_for_a_place() {
+    let (_node, port) = start(&["--max-connections", "2", "--header-timeout-ms", "1500"]);
+    // Two idle connections hold both places until the header timeout drops them.
+    let idle: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, _, took) = get(port, "/healthz");
+    assert_eq!(status, 200);
+    assert!(
+        took >= Duration::from_millis(900),
+        "the third connection was served at once ({took:?}): no cap"
+    );
+    assert!(took < Duration::from_secs(6), "served once a place came back: {took:?}");
+    drop(idle);
+}
+
 fn get(port: u16, path: &str) -> (u16, String, Duration) {
     let started = Instant::now();
     let raw = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
