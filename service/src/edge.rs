@@ -117,17 +117,58 @@ pub fn tls_acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result
 
 /// A connection as the servers read it: plain TCP or TLS over it, holding its place under
 /// the listener's cap until it closes.
+///
+/// Until its first [`SNIFFED_BYTES`] bytes have come, a read that waits past the header
+/// timeout fails: hyper's own timeout starts only once the server has told HTTP/1.1 from
+/// HTTP/2 by those bytes, so without this a client that sends nothing (or half an HTTP/2
+/// preface) would hold its place for ever. Every HTTP/1.1 request (it has a `Host` line) and
+/// the HTTP/2 preface are that long.
 pub struct Conn {
     io: Box<dyn Io>,
     _place: OwnedSemaphorePermit,
+    /// Bytes read so far and the deadline, until [`SNIFFED_BYTES`] have come.
+    first_bytes: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
+}
+
+/// The bytes that tell HTTP/1.1 from HTTP/2: the HTTP/2 preface's length.
+const SNIFFED_BYTES: usize = 24;
+
+impl Conn {
+    fn new(io: Box<dyn Io>, place: OwnedSemaphorePermit, timeout: Duration) -> Conn {
+        Conn {
+            io,
+            _place: place,
+            first_bytes: Some((0, Box::pin(tokio::time::sleep(timeout)))),
+        }
+    }
 }
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 impl AsyncRead for Conn {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.io).poll_read(cx, buf)
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut *this.io).poll_read(cx, buf);
+        if let Some((seen, deadline)) = &mut this.first_bytes {
+            match &read {
+                Poll::Ready(Ok(())) => {
+                    *seen += buf.filled().len() - before;
+                    if *seen >= SNIFFED_BYTES {
+                        this.first_bytes = None;
+                    }
+                }
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no request within the header timeout",
+                    )));
+                }
+                _ => {}
+            }
+        }
+        read
     }
 }
 
@@ -180,16 +221,13 @@ impl Edge {
             };
             let _ = tcp.set_nodelay(true);
             match &self.tls {
-                None => each(Conn {
-                    io: Box::new(tcp),
-                    _place: place,
-                }),
+                None => each(Conn::new(Box::new(tcp), place, self.header_timeout)),
                 Some(tls) => {
                     // The handshake in a task of its own: a slow client holds its place, not the loop.
                     let (tls, timeout, each) = (tls.clone(), self.header_timeout, each.clone());
                     tokio::spawn(async move {
                         if let Some(io) = handshake(&tls, tcp, timeout).await {
-                            each(Conn { io, _place: place });
+                            each(Conn::new(io, place, timeout));
                         }
                     });
                 }

@@ -55,6 +55,12 @@ fn half_a_request_and_an_idle_connection_are_dropped_within_the_header_timeout()
     );
     assert!(took < Duration::from_secs(4), "dropped within the timeout: {took:?}");
 
+    // Nothing at all, or half an HTTP/2 preface: dropped all the same.
+    for bytes in [&b""[..], b"PRI * HTTP/2.0\r\n"] {
+        let (_, took) = until_closed(port, bytes);
+        assert!(took < Duration::from_secs(4), "{bytes:?}: held {took:?}");
+    }
+
     // A whole request is answered, then the idle keep-alive connection is closed.
     let (read, took) = until_closed(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(read.starts_with("HTTP/1.1 200"), "{read}");
