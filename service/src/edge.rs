@@ -118,7 +118,7 @@ pub fn tls_acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result
 /// A connection as the servers read it: plain TCP or TLS over it, holding its place under
 /// the listener's cap until it closes.
 ///
-/// Until its first [`SNIFFED_BYTES`] bytes have come, a read that waits past the header
+/// Until its first 24 bytes have come, a read that waits past the header
 /// timeout fails: hyper's own timeout starts only once the server has told HTTP/1.1 from
 /// HTTP/2 by those bytes, so without this a client that sends nothing (or half an HTTP/2
 /// preface) would hold its place for ever. Every HTTP/1.1 request (it has a `Host` line) and
@@ -126,7 +126,7 @@ pub fn tls_acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result
 pub struct Conn {
     io: Box<dyn Io>,
     _place: OwnedSemaphorePermit,
-    /// Bytes read so far and the deadline, until [`SNIFFED_BYTES`] have come.
+    /// Bytes read so far and the deadline, until 24 have come.
     first_bytes: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
 }
 
