@@ -756,24 +756,11 @@ async fn redis_store(server: &RedisServer) -> Store {
 #[tokio::test]
 async fn without_the_data_token_a_call_is_unauthenticated_and_decides_nothing() {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    let descriptors = Arc::new(DescriptorSet::new(vec![config::parse(yaml).expect("yaml")]).expect("valid"));
     let config = NodeConfig {
         data_token: Some("grpc-secret".into()),
         ..NodeConfig::default()
     };
-    let node = Node::new(memory(), RuleSet::default(), config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(grpc::serve(
-        listener,
-        node.clone(),
-        descriptors,
-        Edge::default(),
-        never_stop(),
-    ));
-    let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect");
+    let (mut client, node) = serve_with(memory(), &[yaml], config).await;
     for token in [None, Some("Bearer wrong"), Some("grpc-secret")] {
         let mut call = tonic::Request::new(request("d", &[&[("k", "v")]]));
         if let Some(t) = token {
