@@ -176,8 +176,10 @@ impl Stream {
 
     /// Dispatches a call to the check service's cluster; whether it went out.
     fn call(&mut self, method: &str, path: &str, body: Option<&[u8]>, timeout_ms: u64) -> Result<u32, String> {
-        let service = self.shared.borrow().config.check.clone();
-        host::call(self, &service, (method, path), body, &[], timeout_ms)
+        // The host answers a call later, never from inside it: the borrow ends before any callback.
+        let shared = self.shared.clone();
+        let s = shared.borrow();
+        host::call(self, &s.config.check, (method, path), body, &[], timeout_ms)
     }
 
     /// The request decided by leases, if it can be (see [`crate::leases`]): it goes on,
