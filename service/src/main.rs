@@ -15,7 +15,7 @@ use sluice_service::edge::{self, Edge};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{Region, RegionConfig};
 use sluice_service::store::memory::MemoryStore;
-use sluice_service::store::redis::RedisStore;
+use sluice_service::store::redis::{redact, RedisOptions, RedisStore};
 use sluice_service::store::Store;
 use sluice_service::{grpc, housekeeping, http, region, rules_source};
 
@@ -47,9 +47,36 @@ struct Args {
     /// the gRPC API matches descriptors against; read at start.
     #[arg(long, value_name = "FILE.yaml")]
     descriptors: Vec<PathBuf>,
-    /// Counter store: `memory`, `redis://HOST:PORT` or `redis+cluster://H1:P1,H2:P2,...`.
-    #[arg(long, default_value = "memory")]
+    /// Counter store: `memory`; one Redis `redis://[USER@]HOST:PORT`; a Redis Cluster
+    /// `redis+cluster://[USER@]H1:P1,H2:P2,...`; or the master a set of sentinels names,
+    /// `redis+sentinel://[USER@]S1:P1,S2:P2/MASTER`. `rediss` instead of `redis` for TLS.
+    /// Give the password with --store-password-file, not in the URL.
+    #[arg(long, default_value = "memory", value_name = "URL")]
     store: String,
+    /// TLS to --store: trust only the CAs in this file (PEM) instead of the system's roots.
+    #[arg(long, value_name = "FILE.pem")]
+    store_ca_file: Option<PathBuf>,
+    /// TLS to --store: present this client certificate chain (PEM); needs --store-key.
+    #[arg(long, value_name = "FILE.pem", requires = "store_key")]
+    store_cert: Option<PathBuf>,
+    /// The private key of --store-cert (PEM).
+    #[arg(long, value_name = "FILE.pem", requires = "store_cert")]
+    store_key: Option<PathBuf>,
+    /// File holding --store's password (its first line), for the URL's user or Redis's
+    /// `default` user. Read again at every connection attempt: fix the file and the node
+    /// connects, no restart needed.
+    #[arg(long, value_name = "FILE")]
+    store_password_file: Option<PathBuf>,
+    /// File holding the sentinels' own password, when they ask for one
+    /// (redis+sentinel:// only).
+    #[arg(long, value_name = "FILE")]
+    store_sentinel_password_file: Option<PathBuf>,
+    /// After each decision, wait until this many replicas have it (`WAIT`), so a failover
+    /// cannot lose what was admitted; a decision not acknowledged within --store-timeout-ms
+    /// fails (the rule's failure policy answers). Costs a replication round trip per
+    /// decision: see BENCHMARKS.md.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    store_wait_replicas: u32,
     /// Serve the admin API (rules, overrides, violations), health and metrics on this
     /// address, apart from the data API; keep it reachable by operators only. Without it
     /// the node has no admin API.
@@ -114,12 +141,24 @@ struct Args {
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..))]
     rules_poll_ms: u64,
     /// The store that holds the quotas of rules marked `global = true`, shared by every
-    /// region (`redis://HOST:PORT` or `redis+cluster://...`, usually across a WAN). This
+    /// region (any Redis form --store takes, usually across a WAN: use rediss). This
     /// node then leases its share of each global quota in the background and decides global
     /// rules from it without waiting on the WAN; `--store` is its region's store. Without it,
     /// global rules are decided in `--store` like any other rule.
     #[arg(long, value_name = "URL")]
     global_store: Option<String>,
+    /// TLS to --global-store: trust only the CAs in this file (PEM).
+    #[arg(long, value_name = "FILE.pem", requires = "global_store")]
+    global_store_ca_file: Option<PathBuf>,
+    /// TLS to --global-store: present this client certificate chain (PEM).
+    #[arg(long, value_name = "FILE.pem", requires_all = ["global_store", "global_store_key"])]
+    global_store_cert: Option<PathBuf>,
+    /// The private key of --global-store-cert (PEM).
+    #[arg(long, value_name = "FILE.pem", requires = "global_store_cert")]
+    global_store_key: Option<PathBuf>,
+    /// File holding --global-store's password (its first line).
+    #[arg(long, value_name = "FILE", requires = "global_store")]
+    global_store_password_file: Option<PathBuf>,
     /// This node's region, named in logs and metrics (with --global-store).
     #[arg(long, default_value = "local", requires = "global_store")]
     region: String,
@@ -195,13 +234,31 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         header_timeout: Duration::from_millis(args.header_timeout_ms),
     };
     let timeout = Duration::from_millis(args.store_timeout_ms.max(1));
+    let redis_only = args.store_ca_file.is_some()
+        || args.store_cert.is_some()
+        || args.store_password_file.is_some()
+        || args.store_sentinel_password_file.is_some()
+        || args.store_wait_replicas > 0;
+    if args.store == "memory" && redis_only {
+        bail!("--store-ca-file, --store-cert, --store-password-file and --store-wait-replicas are for a Redis --store");
+    }
     let store = if args.store == "memory" {
         Store::Memory(MemoryStore::new(args.max_keys))
     } else {
         // Connects in the background: a node started before Redis serves by each rule's
         // failure policy meanwhile, and /readyz says the store is unreachable.
-        let store = RedisStore::start(&args.store, timeout.max(Duration::from_millis(500)))
-            .with_context(|| format!("--store {}", args.store))?;
+        let options = RedisOptions {
+            ca_file: args.store_ca_file.clone(),
+            cert_file: args.store_cert.clone(),
+            key_file: args.store_key.clone(),
+            password_file: args.store_password_file.clone(),
+            sentinel_password_file: args.store_sentinel_password_file.clone(),
+            wait_replicas: args.store_wait_replicas,
+            ..RedisOptions::new(timeout.max(Duration::from_millis(500)))
+        };
+        let store =
+            RedisStore::start(&args.store, options).with_context(|| format!("--store {}", redact(&args.store)))?;
+        tracing::info!(store = %store.address(), "connecting to Redis in the background");
         Store::Redis(Box::new(store))
     };
     let config = NodeConfig {
@@ -220,7 +277,15 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     let region = match &args.global_store {
         Some(url) => {
             let timeout = Duration::from_millis(args.global_timeout_ms);
-            let global = RedisStore::start(url, timeout).with_context(|| format!("--global-store {url}"))?;
+            let options = RedisOptions {
+                ca_file: args.global_store_ca_file.clone(),
+                cert_file: args.global_store_cert.clone(),
+                key_file: args.global_store_key.clone(),
+                password_file: args.global_store_password_file.clone(),
+                ..RedisOptions::new(timeout)
+            };
+            let global = RedisStore::start(url, options).with_context(|| format!("--global-store {}", redact(url)))?;
+            let url = global.address().to_string();
             // Connected before the node serves when the global store answers, so the first
             // leases go out at once and the link is not reported down for a connect.
             if !answers_within(&global, timeout).await {

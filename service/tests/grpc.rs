@@ -19,7 +19,7 @@ use sluice_service::grpc::envoy::service::ratelimit::v3::{RateLimitRequest, Rate
 use sluice_service::grpc::{self, config};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::store::memory::MemoryStore;
-use sluice_service::store::redis::RedisStore;
+use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::Store;
 use sluice_testkit::RedisServer;
 use tonic::transport::Channel;
@@ -608,7 +608,7 @@ descriptors:
 ";
     let dead = RedisStore::start(
         &format!("redis://127.0.0.1:{}", sluice_testkit::free_port()),
-        Duration::from_millis(50),
+        RedisOptions::new(Duration::from_millis(50)),
     )
     .expect("a store");
     let (mut client, _) = serve(Store::Redis(Box::new(dead)), &[CONFIG]).await;
@@ -747,7 +747,7 @@ fn sequence(v: &serde_norway::Value) -> &[serde_norway::Value] {
 /// queued on one connection could outlast a shorter response timeout, and a timed-out call
 /// is decided by the fail-open fallback (an over-admission the test would then count).
 async fn redis_store(server: &RedisServer) -> Store {
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(10))
+    let store = RedisStore::connect(&server.url(), RedisOptions::new(Duration::from_secs(10)))
         .await
         .expect("redis");
     Store::Redis(Box::new(store))

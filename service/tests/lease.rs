@@ -11,7 +11,7 @@ use common::TestNode;
 use serde_json::{json, Value};
 use sluice_service::node::NodeConfig;
 use sluice_service::store::memory::MemoryStore;
-use sluice_service::store::redis::RedisStore;
+use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::Store;
 use sluice_testkit::RedisServer;
 
@@ -46,7 +46,9 @@ async fn nodes() -> (RedisServer, Vec<TestNode>) {
     // Patient with Redis (5 s, the node's default is 50 ms): on a loaded machine a slow
     // reply would be a store failure, and these tests are about leases, not failures.
     let patience = Duration::from_secs(5);
-    let redis = RedisStore::connect(&server.url(), patience).await.expect("redis");
+    let redis = RedisStore::connect(&server.url(), RedisOptions::new(patience))
+        .await
+        .expect("redis");
     let memory = TestNode::start(Store::Memory(MemoryStore::new(1_000)), RULES, NodeConfig::default()).await;
     let config = NodeConfig {
         store_timeout: patience,
@@ -171,7 +173,7 @@ async fn rules_that_are_not_leased_and_bad_bodies_are_refused_by_name() {
 async fn a_store_that_cannot_answer_is_a_503_that_says_to_check_exactly() {
     let dead = RedisStore::start(
         &format!("redis://127.0.0.1:{}", sluice_testkit::free_port()),
-        Duration::from_millis(50),
+        RedisOptions::new(Duration::from_millis(50)),
     )
     .expect("a store");
     let node = TestNode::start(Store::Redis(Box::new(dead)), RULES, NodeConfig::default()).await;

@@ -10,7 +10,7 @@ use common::{eventually, TestNode, TOKEN};
 use serde_json::json;
 use sluice_service::node::NodeConfig;
 use sluice_service::store::keys;
-use sluice_service::store::redis::RedisStore;
+use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::Store;
 use sluice_testkit::{RedisCluster, RedisServer};
 
@@ -33,7 +33,7 @@ failure = "closed"
 "#;
 
 async fn node(server: &RedisServer) -> TestNode {
-    let store = RedisStore::connect(&server.url(), Duration::from_millis(200))
+    let store = RedisStore::connect(&server.url(), RedisOptions::new(Duration::from_millis(200)))
         .await
         .unwrap();
     let config = NodeConfig {
@@ -139,7 +139,9 @@ async fn rules_put_on_one_node_reach_the_other_within_a_second() {
 /// A node over `url` whose safety-net poll of the published rules is 30 s: within a test,
 /// it learns of a change only from the store's pub/sub announcement.
 async fn node_without_poll(url: &str) -> TestNode {
-    let store = RedisStore::connect(url, Duration::from_millis(500)).await.unwrap();
+    let store = RedisStore::connect(url, RedisOptions::new(Duration::from_millis(500)))
+        .await
+        .unwrap();
     let config = NodeConfig {
         store_timeout: Duration::from_millis(200),
         rules_poll: Duration::from_secs(30),
@@ -287,7 +289,7 @@ async fn concurrent_admin_writes_never_lose_an_update() {
 async fn a_node_started_while_redis_is_down_serves_by_failure_policy_then_connects() {
     let mut server = RedisServer::start();
     server.stop();
-    let store = RedisStore::start(&server.url(), Duration::from_millis(200)).unwrap();
+    let store = RedisStore::start(&server.url(), RedisOptions::new(Duration::from_millis(200))).unwrap();
     let config = NodeConfig {
         store_timeout: Duration::from_millis(100),
         ..NodeConfig::default()

@@ -14,7 +14,7 @@ use proptest::test_runner::{Config, TestRunner};
 use sluice_core::algorithm::{decide_all, Part};
 use sluice_core::{Algorithm, Limit, State};
 use sluice_service::store::memory::MemoryStore;
-use sluice_service::store::redis::RedisStore;
+use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::{keys, Item, StoreError};
 use sluice_testkit::{reset_stats, script_calls, RedisCluster, RedisServer};
 
@@ -67,7 +67,9 @@ fn case() -> impl Strategy<Value = Case> {
 fn lua_scripts_agree_with_core_on_random_traces() {
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt.block_on(RedisStore::connect(&server.url(), TIMEOUT)).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
+        .unwrap();
     let counter = AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 1_500,
@@ -164,7 +166,9 @@ fn several_rules_agree_with_core(
 fn one_script_decides_several_rules_as_core_does_on_random_traces() {
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt.block_on(RedisStore::connect(&server.url(), TIMEOUT)).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
+        .unwrap();
     several_rules_agree_with_core(&rt, &store, 300, |n, j| {
         keys::limit(&format!("r{j}"), &format!("multi-{n}"))
     });
@@ -174,7 +178,9 @@ fn one_script_decides_several_rules_as_core_does_on_random_traces() {
 fn rules_in_several_cluster_slots_decide_as_core_does_refunds_included() {
     let cluster = RedisCluster::start(3, 0);
     let rt = runtime();
-    let store = rt.block_on(RedisStore::connect(&cluster.url(), TIMEOUT)).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT)))
+        .unwrap();
     // Each rule limits another identity, so a case's rules land in up to four slots, and a
     // denial in one slot is undone by refunds in the others.
     several_rules_agree_with_core(&rt, &store, 150, |n, j| keys::limit("r", &format!("multi-{n}-{j}")));
@@ -185,7 +191,9 @@ fn a_check_is_one_round_trip_however_many_rules_and_a_denial_consumes_nothing() 
     let server = RedisServer::start();
     let port = [server.port()];
     runtime().block_on(async {
-        let store = RedisStore::connect(&server.url(), TIMEOUT).await.unwrap();
+        let store = RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT))
+            .await
+            .unwrap();
         let day = 86_400_000_000;
         let wide = Limit::builder(Algorithm::SlidingWindowLog, 100, day).build().unwrap();
         let narrow = Limit::builder(Algorithm::FixedWindow, 10, day).build().unwrap();
@@ -244,7 +252,9 @@ fn a_cluster_check_is_one_call_per_slot_and_hashes_slots_as_redis_does() {
         assert_eq!(keys::slot(&key), redis, "{key}");
     }
     runtime().block_on(async {
-        let store = RedisStore::connect(&cluster.url(), TIMEOUT).await.unwrap();
+        let store = RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT))
+            .await
+            .unwrap();
         let limit = Limit::builder(Algorithm::Gcra, 1_000, 86_400_000_000).build().unwrap();
         let (a, b, c) = (
             keys::limit("a", "alice"),
@@ -338,7 +348,9 @@ fn burst(
 fn lua_scripts_on_redis_time_agree_with_the_memory_store() {
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt.block_on(RedisStore::connect(&server.url(), TIMEOUT)).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
+        .unwrap();
     let local = MemoryStore::new(1_000);
     let limits = redis_clock_limits();
     let (mut redis, mut memory) = (vec![Vec::new(); limits.len()], vec![Vec::new(); limits.len()]);
@@ -363,7 +375,9 @@ async fn four_nodes(url: &str) -> Vec<Arc<RedisStore>> {
     let mut stores = Vec::new();
     for _ in 0..4 {
         stores.push(Arc::new(
-            RedisStore::connect(url, Duration::from_secs(5)).await.unwrap(),
+            RedisStore::connect(url, RedisOptions::new(Duration::from_secs(5)))
+                .await
+                .unwrap(),
         ));
     }
     stores
@@ -497,7 +511,9 @@ fn exactly_the_limit_is_admitted_under_concurrency_on_a_cluster() {
 fn every_key_gets_a_ttl_and_a_script_flush_is_survived() {
     let server = RedisServer::start();
     runtime().block_on(async {
-        let store = RedisStore::connect(&server.url(), TIMEOUT).await.unwrap();
+        let store = RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT))
+            .await
+            .unwrap();
         for a in Algorithm::ALL {
             let limit = Limit::builder(a, 5, 60_000_000).build().unwrap();
             assert!(
@@ -528,7 +544,7 @@ fn every_key_gets_a_ttl_and_a_script_flush_is_survived() {
 fn a_dead_redis_fails_fast_and_a_restarted_one_is_used_again() {
     let mut server = RedisServer::start();
     runtime().block_on(async {
-        let store = RedisStore::connect(&server.url(), Duration::from_millis(200))
+        let store = RedisStore::connect(&server.url(), RedisOptions::new(Duration::from_millis(200)))
             .await
             .unwrap();
         let limit = Limit::builder(Algorithm::FixedWindow, 100, 60_000_000).build().unwrap();
@@ -559,7 +575,9 @@ fn leases_work_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let rt = runtime();
     rt.block_on(async {
-        let store = RedisStore::connect(&cluster.url(), TIMEOUT).await.unwrap();
+        let store = RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT))
+            .await
+            .unwrap();
         let limit = Limit::builder(Algorithm::FixedWindow, 10, 3_600_000_000)
             .build()
             .unwrap();
@@ -584,7 +602,9 @@ fn leases_in_lua_agree_with_core() {
 
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt.block_on(RedisStore::connect(&server.url(), TIMEOUT)).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
+        .unwrap();
     let steps = proptest::collection::vec((0u64..400_000, 1u64..40, 1u64..900_000, 0u64..50), 1..25);
     let counter = AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {

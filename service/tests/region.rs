@@ -11,7 +11,7 @@ use serde_json::json;
 use sluice_service::node::NodeConfig;
 use sluice_service::region::{Region, RegionConfig};
 use sluice_service::store::memory::MemoryStore;
-use sluice_service::store::redis::RedisStore;
+use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::Store;
 use sluice_testkit::{RedisCluster, RedisServer};
 
@@ -35,7 +35,9 @@ window    = "1h"
 
 async fn region_node(global_url: &str) -> TestNode {
     let patience = Duration::from_secs(5);
-    let global = RedisStore::connect(global_url, patience).await.expect("global redis");
+    let global = RedisStore::connect(global_url, RedisOptions::new(patience))
+        .await
+        .expect("global redis");
     let region = Region::new(Store::Redis(Box::new(global)), RegionConfig::default());
     TestNode::start_in_region(
         Store::Memory(MemoryStore::new(1_000)),

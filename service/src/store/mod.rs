@@ -51,6 +51,9 @@ pub enum StoreError {
     /// The store answered something this node cannot read.
     #[error("store returned an unexpected reply: {0}")]
     Protocol(String),
+    /// The store cannot be used as configured (an address or a file the operator gave).
+    #[error("store misconfigured: {0}")]
+    Config(String),
 }
 
 /// The rule set published to every node, and its version (1 for the first).

@@ -12,34 +12,43 @@
 //! Connections are multiplexed and reconnect on their own; every call is bounded by a
 //! response timeout. A node that starts while Redis is down connects in the background
 //! ([`RedisStore::start`]) and answers `Unavailable` meanwhile, so each rule's failure
-//! policy applies. The published rules change by compare-and-set in one script and are
+//! policy applies. The address forms are in [`address`]; TLS, credentials, Sentinel and
+//! reconnecting in [`link`]; the one place a Redis error becomes a store error in
+//! `connection`. The published rules change by compare-and-set in one script and are
 //! announced by pub/sub; the violations log is a capped stream.
 
-use std::sync::{Arc, OnceLock};
+mod address;
+mod connection;
+mod link;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
 
 use futures_util::future::join_all;
 use futures_util::StreamExt;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 use sluice_core::algorithm::{passes, Part};
 use sluice_core::lease::Grant;
 use sluice_core::{Algorithm, Decision, Limit, Micros};
 
+pub use self::address::{redact, Address, AddressError, Deployment};
+use self::connection::{Connection, Kind};
+use self::link::Link;
+pub use self::link::RedisOptions;
 use super::{keys, Item, Publish, Published, Stamped, StoreError, Violation};
 
 /// The check script: the shared helpers, each algorithm, then the driver.
 const CHECK: [&str; 7] = [
-    include_str!("lua/common.lua"),
-    include_str!("lua/token_bucket.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window_log.lua"),
-    include_str!("lua/sliding_window_counter.lua"),
-    include_str!("lua/check.lua"),
+    include_str!("../lua/common.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/gcra.lua"),
+    include_str!("../lua/fixed_window.lua"),
+    include_str!("../lua/sliding_window_log.lua"),
+    include_str!("../lua/sliding_window_counter.lua"),
+    include_str!("../lua/check.lua"),
 ];
 
 /// Publishes a rule set if the version is the expected one, and announces it.
@@ -76,109 +85,49 @@ impl Scripts {
     }
 }
 
-#[derive(Clone)]
-enum Connection {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// A Redis or Redis Cluster store.
+/// A Redis, Redis Cluster or Sentinel-managed store.
 pub struct RedisStore {
-    /// Set once the first connection is up.
-    connection: Arc<OnceLock<Connection>>,
+    /// The connection, once the first one is up; replaced when Sentinel names a new master.
+    live: Arc<ArcSwapOption<Connection>>,
+    /// Why there is no connection yet, for `/readyz` and every call meanwhile.
+    not_yet: Arc<Mutex<String>>,
+    link: Arc<Link>,
     scripts: Scripts,
-    /// A plain `redis://` address of the (first) node, for pub/sub.
-    pubsub_url: String,
-}
-
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
-
-/// Where to connect: a single node or a cluster's seed nodes.
-enum Target {
-    Single(String),
-    Cluster(Vec<String>),
-}
-
-impl Target {
-    fn parse(url: &str) -> Result<Target, StoreError> {
-        if let Some(nodes) = url.strip_prefix("redis+cluster://") {
-            Ok(Target::Cluster(
-                nodes.split(',').map(|n| format!("redis://{}", n.trim())).collect(),
-            ))
-        } else if url.starts_with("redis://") {
-            Ok(Target::Single(url.to_owned()))
-        } else {
-            Err(StoreError::Unavailable(format!(
-                "{url:?} is not a Redis address: use redis://HOST:PORT or redis+cluster://H1:P1,H2:P2"
-            )))
-        }
-    }
-
-    async fn open(&self, timeout: Duration) -> Result<Connection, StoreError> {
-        match self {
-            Target::Cluster(nodes) => {
-                let client = ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(unavailable)?;
-                Ok(Connection::Cluster(
-                    client.get_async_connection().await.map_err(unavailable)?,
-                ))
-            }
-            Target::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(timeout)
-                    .set_response_timeout(timeout)
-                    .set_number_of_retries(1);
-                Ok(Connection::Single(
-                    ConnectionManager::new_with_config(client, config)
-                        .await
-                        .map_err(unavailable)?,
-                ))
-            }
-        }
-    }
 }
 
 impl RedisStore {
-    /// Connects to `redis://HOST:PORT` or `redis+cluster://H1:P1,H2:P2,...` now: an error if
-    /// Redis does not answer.
-    ///
-    /// `timeout` bounds connecting and every reply, so a dead Redis costs at most that.
-    pub async fn connect(url: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
-        let target = Target::parse(url)?;
-        let connection = target.open(timeout).await?;
-        let store = RedisStore::new(&target, url);
-        let _ = store.connection.set(connection);
+    /// Connects to `url` (see [`address`] for the forms) now: an error if Redis does not
+    /// answer.
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisStore, StoreError> {
+        let store = RedisStore::new(url, options)?;
+        let connection = store.link.open().await?;
+        store.connected(connection);
         Ok(store)
     }
 
     /// Like [`RedisStore::connect`], but returns at once and connects in the background,
-    /// retrying with backoff (each failure logged) until Redis answers; meanwhile every call
-    /// is `Unavailable`. Only a malformed address is an error.
-    pub fn start(url: &str, timeout: Duration) -> Result<RedisStore, StoreError> {
-        let target = Target::parse(url)?;
-        let store = RedisStore::new(&target, url);
-        let cell = store.connection.clone();
-        let url = url.to_owned();
+    /// retrying on a jittered backoff (each failure logged, the last one given by every
+    /// call meanwhile as `Unavailable`) until Redis answers. A malformed address, a TLS
+    /// file that cannot be read, or a missing password file is an error now.
+    pub fn start(url: &str, options: RedisOptions) -> Result<RedisStore, StoreError> {
+        let store = RedisStore::new(url, options)?;
+        let (link, live, not_yet) = (store.link.clone(), store.live.clone(), store.not_yet.clone());
         tokio::spawn(async move {
-            let mut wait = Duration::from_millis(100);
+            let (mut backoff, mut rng) = link::reconnect_backoff();
             loop {
-                match target.open(timeout).await {
+                match link.open().await {
                     Ok(connection) => {
-                        let _ = cell.set(connection);
-                        tracing::info!(store = %url, "connected to Redis");
+                        install(&link, &live, connection);
+                        tracing::info!(store = %link.address, "connected to Redis");
                         return;
                     }
                     Err(e) => {
-                        tracing::warn!(store = %url, retry_in = ?wait, "cannot connect to Redis yet: {e}");
+                        let wait = Duration::from_millis(backoff.next_delay(0, None, &mut rng).unwrap_or(5_000));
+                        tracing::warn!(store = %link.address, retry_in = ?wait, "cannot connect to Redis yet: {e}");
+                        if let Ok(mut reason) = not_yet.lock() {
+                            *reason = e.to_string();
+                        }
                         tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(5));
                     }
                 }
             }
@@ -186,28 +135,36 @@ impl RedisStore {
         Ok(store)
     }
 
-    fn new(target: &Target, url: &str) -> RedisStore {
-        let pubsub_url = match target {
-            Target::Single(u) => u.clone(),
-            Target::Cluster(nodes) => nodes.first().cloned().unwrap_or_else(|| url.to_owned()),
-        };
-        RedisStore {
-            connection: Arc::new(OnceLock::new()),
+    fn new(url: &str, options: RedisOptions) -> Result<RedisStore, StoreError> {
+        let address = Address::parse(url).map_err(|e| StoreError::Config(e.to_string()))?;
+        let link = Link::new(address, options)?;
+        Ok(RedisStore {
+            live: Arc::new(ArcSwapOption::empty()),
+            not_yet: Arc::new(Mutex::new("connecting in the background".into())),
+            link: Arc::new(link),
             scripts: Scripts::new(),
-            pubsub_url,
-        }
+        })
+    }
+
+    fn connected(&self, connection: Connection) {
+        install(&self.link, &self.live, connection);
+    }
+
+    /// The address, password hidden.
+    pub fn address(&self) -> &Address {
+        &self.link.address
     }
 
     /// Whether the first connection is up.
     pub fn is_connected(&self) -> bool {
-        self.connection.get().is_some()
+        self.live.load().is_some()
     }
 
-    fn connection(&self) -> Result<Connection, StoreError> {
-        self.connection
-            .get()
-            .cloned()
-            .ok_or_else(|| StoreError::Unavailable("not connected to Redis yet (connecting in the background)".into()))
+    fn connection(&self) -> Result<Arc<Connection>, StoreError> {
+        self.live.load_full().ok_or_else(|| {
+            let reason = self.not_yet.lock().map(|r| r.clone()).unwrap_or_default();
+            StoreError::Unavailable(format!("not connected to Redis yet: {reason}"))
+        })
     }
 
     /// Decides one request against every item, all-or-nothing, at Redis's clock.
@@ -219,9 +176,9 @@ impl RedisStore {
     /// one script per cluster slot involved, run concurrently.
     pub async fn decide_all_at(&self, items: &[Item<'_>], now: Option<Micros>) -> Result<Vec<Stamped>, StoreError> {
         let connection = self.connection()?;
-        let groups: Vec<Vec<Item<'_>>> = match connection {
-            Connection::Single(_) => vec![items.to_vec()],
-            Connection::Cluster(_) => by_slot(items)
+        let groups: Vec<Vec<Item<'_>>> = match connection.kind {
+            Kind::Single(_) => vec![items.to_vec()],
+            Kind::Cluster(_) => by_slot(items)
                 .iter()
                 .map(|g| g.iter().map(|&i| items[i]).collect())
                 .collect(),
@@ -291,7 +248,8 @@ impl RedisStore {
     pub async fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) -> Result<(), StoreError> {
         let item = single(key, limit, cost);
         let invocation = check_invocation(&self.scripts.check, &[item], "refund", Some(at), at);
-        run::<Value>(&self.connection()?, &invocation).await.map(drop)
+        let connection = self.connection()?;
+        connection.decide::<Value>(&invocation, keys::slot(key)).await.map(drop)
     }
 
     /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`, at
@@ -308,7 +266,7 @@ impl RedisStore {
         let item = single(key, limit, want.max(1));
         let mut invocation = check_invocation(&self.scripts.check, &[item], "grant", now, ttl);
         invocation.key(keys::lease(key, id));
-        let reply: Vec<i64> = run(&self.connection()?, &invocation).await?;
+        let reply: Vec<i64> = self.connection()?.decide(&invocation, keys::slot(key)).await?;
         let n = |v: &i64| u64::try_from(*v).unwrap_or(0);
         let [at, units, ends, allowed, remaining, reset, retry, delay] = reply[..] else {
             return Err(StoreError::Protocol(format!("grant script returned {reply:?}")));
@@ -344,7 +302,7 @@ impl RedisStore {
         let item = single(key, limit, unspent);
         let mut invocation = check_invocation(&self.scripts.check, &[item], "giveback", now, 0);
         invocation.key(keys::lease(key, id));
-        let back: i64 = run(&self.connection()?, &invocation).await?;
+        let back: i64 = self.connection()?.decide(&invocation, keys::slot(key)).await?;
         Ok(u64::try_from(back).unwrap_or(0))
     }
 
@@ -356,7 +314,8 @@ impl RedisStore {
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
         let invocation = check_invocation(&self.scripts.check, group, "decide", now, 0);
-        let reply: Vec<i64> = run(connection, &invocation).await?;
+        let slot = group.first().map_or(0, |i| keys::slot(i.key));
+        let reply: Vec<i64> = connection.decide(&invocation, slot).await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
             return Err(StoreError::Protocol(format!("script returned {reply:?}")));
@@ -387,14 +346,7 @@ impl RedisStore {
     }
 
     async fn command<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        match self.connection()? {
-            Connection::Single(mut c) => cmd.query_async(&mut c).await,
-            Connection::Cluster(mut c) => cmd.query_async(&mut c).await,
-        }
-        .map_err(|e| match e.kind() {
-            redis::ErrorKind::TypeError | redis::ErrorKind::ResponseError => StoreError::Protocol(e.to_string()),
-            _ => unavailable(e),
-        })
+        self.connection()?.query(cmd).await
     }
 
     /// The published rule set, if any.
@@ -415,10 +367,7 @@ impl RedisStore {
             .arg(text)
             .arg(expected.map_or(String::new(), |v| v.to_string()))
             .arg(keys::RULES_CHANNEL);
-        let (done, version): (u8, u64) = match self.connection()? {
-            Connection::Single(mut c) => invoke(&invocation, &mut c).await?,
-            Connection::Cluster(mut c) => invoke(&invocation, &mut c).await?,
-        };
+        let (done, version): (u8, u64) = self.connection()?.run(&invocation).await?;
         Ok(if done == 1 {
             Publish::Done(version)
         } else {
@@ -429,19 +378,19 @@ impl RedisStore {
     /// Subscribes to the rules channel in the background and wakes `notify` on every
     /// message; resubscribes after a lost connection.
     pub fn notify_rule_changes(&self, notify: Arc<tokio::sync::Notify>) {
-        let url = self.pubsub_url.clone();
+        let link = self.link.clone();
         tokio::spawn(async move {
             loop {
-                match subscribe(&url).await {
+                match subscribe(&link).await {
                     Ok(mut pubsub) => {
-                        tracing::debug!(store = %url, "subscribed to rule changes");
+                        tracing::debug!(store = %link.address, "subscribed to rule changes");
                         let mut messages = pubsub.on_message();
                         while messages.next().await.is_some() {
                             notify.notify_one();
                         }
-                        tracing::debug!(store = %url, "rule change subscription lost; resubscribing");
+                        tracing::debug!(store = %link.address, "rule change subscription lost; resubscribing");
                     }
-                    Err(e) => tracing::debug!(store = %url, "cannot subscribe to rule changes: {e}"),
+                    Err(e) => tracing::debug!(store = %link.address, "cannot subscribe to rule changes: {e}"),
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -490,7 +439,7 @@ struct Refund {
 }
 
 /// Gives back what every refund's items took, one script call per slot, concurrently.
-async fn refund_all(script: Script, connection: Connection, refunds: Vec<Refund>) {
+async fn refund_all(script: Script, connection: Arc<Connection>, refunds: Vec<Refund>) {
     let (script, connection) = (&script, &connection);
     let calls = refunds.iter().map(|refund| async move {
         let items: Vec<Item<'_>> = refund
@@ -506,7 +455,8 @@ async fn refund_all(script: Script, connection: Connection, refunds: Vec<Refund>
             })
             .collect();
         let invocation = check_invocation(script, &items, "refund", Some(refund.at), refund.at);
-        run::<Value>(connection, &invocation).await
+        let slot = refund.items.first().map_or(0, |(key, _, _)| keys::slot(key));
+        connection.decide::<Value>(&invocation, slot).await
     });
     for failed in join_all(calls).await.into_iter().filter_map(Result::err) {
         tracing::debug!(error = %failed, "refund failed; quota stays spent");
@@ -586,30 +536,23 @@ fn group_passes(group: &[Item<'_>], stamps: &[Stamped]) -> bool {
     passes(&parts, &decisions)
 }
 
-async fn run<T: redis::FromRedisValue>(
-    connection: &Connection,
-    invocation: &redis::ScriptInvocation<'_>,
-) -> Result<T, StoreError> {
-    match connection.clone() {
-        Connection::Single(mut c) => invoke(invocation, &mut c).await,
-        Connection::Cluster(mut c) => invoke(invocation, &mut c).await,
+/// Makes `connection` the live one; with Sentinel, starts following the master.
+fn install(link: &Arc<Link>, live: &Arc<ArcSwapOption<Connection>>, connection: Connection) {
+    if matches!(link.address.deployment, Deployment::Sentinel { .. }) {
+        let failed = Arc::new(tokio::sync::Notify::new());
+        live.store(Some(Arc::new(connection.reporting_to(failed.clone()))));
+        tokio::spawn(link::follow(link.clone(), live.clone(), failed));
+    } else {
+        live.store(Some(Arc::new(connection)));
     }
 }
 
-async fn invoke<T: redis::FromRedisValue, C: ConnectionLike + Send>(
-    invocation: &redis::ScriptInvocation<'_>,
-    connection: &mut C,
-) -> Result<T, StoreError> {
-    invocation.invoke_async(connection).await.map_err(|e| match e.kind() {
-        redis::ErrorKind::TypeError | redis::ErrorKind::ResponseError => StoreError::Protocol(e.to_string()),
-        _ => unavailable(e),
-    })
-}
-
-/// A pub/sub connection to `url` subscribed to the rules channel.
-async fn subscribe(url: &str) -> redis::RedisResult<redis::aio::PubSub> {
-    let client = redis::Client::open(url)?;
-    let mut pubsub = client.get_async_pubsub().await?;
-    pubsub.subscribe(keys::RULES_CHANNEL).await?;
+/// A pub/sub connection subscribed to the rules channel.
+async fn subscribe(link: &Link) -> Result<redis::aio::PubSub, StoreError> {
+    let mut pubsub = link.pubsub().await?;
+    pubsub
+        .subscribe(keys::RULES_CHANNEL)
+        .await
+        .map_err(|e| link.explain(&e))?;
     Ok(pubsub)
 }
