@@ -1,16 +1,21 @@
 //! Test fixtures: free loopback ports, child processes killed when the fixture drops (even
-//! when a test panics), real `redis-server` instances and clusters on loopback, and the
+//! when a test panics), real `redis-server` instances, clusters and Sentinel sets on loopback
+//! (in plain text or TLS, open or behind an ACL user) with the TLS material they need, the
 //! workspace's wasm modules built for the tests that load them, scratch directories, and a
 //! WAN link (a delaying TCP relay that can be cut).
 
 mod process;
 mod redis;
 mod scratch;
+mod sentinel;
+mod tls;
 mod wan;
 mod wasm;
 
 pub use process::{free_port, wait_for_port, Child, Stopped};
-pub use redis::{evalsha_calls, reset_stats, script_calls, RedisCluster, RedisServer};
+pub use redis::{evalsha_calls, reset_stats, script_calls, RedisCluster, RedisOptions, RedisServer};
 pub use scratch::ScratchDir;
+pub use sentinel::RedisSentinel;
+pub use tls::TlsFiles;
 pub use wan::WanLink;
 pub use wasm::{wasm_module, wasm_module_bytes};

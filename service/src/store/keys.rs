@@ -25,6 +25,8 @@ pub const RULES_VERSION: &str = "sluice:{rules}:version";
 pub const RULES_CHANNEL: &str = "sluice:rules:changed";
 /// The capped stream of violations.
 pub const VIOLATIONS: &str = "sluice:violations";
+/// Written before each `WAIT` of `--store-wait-replicas` (see `redis::connection`).
+pub const WAIT_BARRIER: &str = "sluice:wait-barrier";
 
 /// What the lease `id` of the limit `limit_key` still holds: `<limit key>:lease:<id>`, in
 /// the limit's slot.

@@ -1,15 +1,15 @@
-//! One live connection to the store, and the only place a Redis error becomes a
-//! [`StoreError`].
+//! One live connection to the store, the `WAIT` its decisions may share, and the only
+//! place a Redis error becomes a [`StoreError`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ScriptInvocation};
+use tokio::sync::oneshot;
 
-use crate::store::StoreError;
+use crate::store::{keys, StoreError};
 
 /// The connection itself: multiplexed, reconnecting on its own.
 #[derive(Clone)]
@@ -24,22 +24,31 @@ pub(super) enum Kind {
 #[derive(Clone)]
 pub(super) struct Connection {
     pub(super) kind: Kind,
-    /// `WAIT` for this many replicas after each decision (0: do not).
-    wait_replicas: u32,
-    /// `WAIT`'s own timeout.
-    wait_timeout: Duration,
+    /// With `--store-wait-replicas` (one server or Sentinel).
+    replicas: Option<Arc<Replicas>>,
     /// Woken when a call finds the store unreachable or read-only (Sentinel follows).
     failed: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Connection {
-    pub(super) fn new(kind: Kind, wait_replicas: u32, wait_timeout: Duration) -> Connection {
+    pub(super) fn new(kind: Kind) -> Connection {
         Connection {
             kind,
-            wait_replicas,
-            wait_timeout,
+            replicas: None,
             failed: None,
         }
+    }
+
+    /// Makes every decision wait until `wanted` replicas have it, each wait bounded by
+    /// `timeout`, through `barrier`: a second connection to the same server.
+    pub(super) fn waiting_for(mut self, wanted: u32, timeout: Duration, barrier: ConnectionManager) -> Connection {
+        self.replicas = Some(Arc::new(Replicas {
+            wanted,
+            timeout,
+            barrier,
+            waiting: Mutex::new(Waiting::default()),
+        }));
+        self
     }
 
     /// Tells `failed` of every call that finds the store unreachable or read-only.
@@ -48,7 +57,7 @@ impl Connection {
         self
     }
 
-    /// Runs a script that reads and writes nothing a failover could lose (or tests).
+    /// Runs a script that writes nothing a failover could lose (or tests).
     pub(super) async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> Result<T, StoreError> {
         let reply = match self.kind.clone() {
             Kind::Single(mut c) => invocation.invoke_async(&mut c).await,
@@ -57,37 +66,13 @@ impl Connection {
         reply.map_err(|e| self.failure(e))
     }
 
-    /// Runs a decision script whose keys live in `slot`, then, with `--store-wait-replicas`,
-    /// waits until that many replicas have its writes: a decision they do not acknowledge
-    /// in time is a store failure (the rule's failure policy answers), since a failover
-    /// could lose it.
-    pub(super) async fn decide<T: FromRedisValue>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-        slot: u16,
-    ) -> Result<T, StoreError> {
+    /// Runs a decision script; with `--store-wait-replicas`, then waits until that many
+    /// replicas have its writes. A decision they do not acknowledge in time is a store
+    /// failure (the rule's failure policy answers), since a failover could lose it.
+    pub(super) async fn decide<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> Result<T, StoreError> {
         let reply = self.run(invocation).await?;
-        if self.wait_replicas > 0 {
-            let mut wait = redis::cmd("WAIT");
-            let timeout_ms = u64::try_from(self.wait_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
-            wait.arg(self.wait_replicas).arg(timeout_ms);
-            let acknowledged: u32 = match self.kind.clone() {
-                Kind::Single(mut c) => wait.query_async(&mut c).await.map_err(|e| self.failure(e))?,
-                Kind::Cluster(mut c) => {
-                    let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                        slot,
-                        SlotAddr::Master,
-                    )));
-                    let value = c.route_command(&wait, to).await.map_err(|e| self.failure(e))?;
-                    redis::from_redis_value(&value).map_err(|e| self.failure(e))?
-                }
-            };
-            if acknowledged < self.wait_replicas {
-                return Err(StoreError::Unavailable(format!(
-                    "{acknowledged} of {} replicas acknowledged the decision within {:?}",
-                    self.wait_replicas, self.wait_timeout
-                )));
-            }
+        if let Some(replicas) = &self.replicas {
+            replicas.acknowledged().await?;
         }
         Ok(reply)
     }
@@ -112,6 +97,85 @@ impl Connection {
                     failed.notify_one();
                 }
                 StoreError::Unavailable(e.to_string())
+            }
+        }
+    }
+}
+
+/// `WAIT` shared by concurrent decisions, a group commit. `WAIT` only counts its own
+/// connection's writes and blocks that whole connection meanwhile, so it is not sent on the
+/// connection the decisions use: a second connection writes a barrier key and waits for
+/// that write, which Redis runs after every decision that had already answered. Each round
+/// covers every decision that asked before it began: a burst waits for one replication
+/// round trip or two, and decisions keep flowing meanwhile.
+struct Replicas {
+    wanted: u32,
+    timeout: Duration,
+    barrier: ConnectionManager,
+    waiting: Mutex<Waiting>,
+}
+
+/// Decisions waiting for the next round, and whether a round is under way.
+#[derive(Default)]
+struct Waiting {
+    next: Vec<oneshot::Sender<Result<u32, String>>>,
+    running: bool,
+}
+
+impl Replicas {
+    /// Returns once a barrier written after the call began has reached `wanted` replicas.
+    async fn acknowledged(self: &Arc<Self>) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            waiting.next.push(tx);
+            !std::mem::replace(&mut waiting.running, true)
+        };
+        if start {
+            tokio::spawn(self.clone().rounds());
+        }
+        let acknowledged = rx
+            .await
+            .map_err(|_| StoreError::Unavailable("the wait for replicas was given up".into()))?
+            .map_err(StoreError::Unavailable)?;
+        if acknowledged < self.wanted {
+            return Err(StoreError::Unavailable(format!(
+                "{acknowledged} of {} replicas acknowledged the decision within {:?}",
+                self.wanted, self.timeout
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs rounds for everyone waiting, then for whoever came meanwhile, until no one
+    /// waits.
+    async fn rounds(self: Arc<Self>) {
+        let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+        loop {
+            let batch = {
+                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                if waiting.next.is_empty() {
+                    waiting.running = false;
+                    return;
+                }
+                std::mem::take(&mut waiting.next)
+            };
+            let mut round = redis::pipe();
+            round
+                .cmd("SET")
+                .arg(keys::WAIT_BARRIER)
+                .arg(1)
+                .arg("PX")
+                .arg(60_000)
+                .ignore()
+                .cmd("WAIT")
+                .arg(self.wanted)
+                .arg(timeout_ms);
+            let mut barrier = self.barrier.clone();
+            let reply: Result<(u32,), String> = round.query_async(&mut barrier).await.map_err(|e| e.to_string());
+            let reply = reply.map(|(acknowledged,)| acknowledged);
+            for tx in batch {
+                let _ = tx.send(reply.clone());
             }
         }
     }

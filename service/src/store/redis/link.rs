@@ -160,11 +160,11 @@ impl Link {
 
     /// Connects: to the server, to the cluster, or to the master the sentinels name.
     pub(super) async fn open(&self) -> Result<Connection, StoreError> {
-        let kind = match &self.address.deployment {
+        let connection = match &self.address.deployment {
             Deployment::Single { .. } => {
                 let first = self.address.hosts.first();
                 let node = first.ok_or_else(|| StoreError::Config("no host".into()))?;
-                Kind::Single(self.manager(self.client(self.node(node, self.password()?))?).await?)
+                self.single(self.client(self.node(node, self.password()?))?).await?
             }
             Deployment::Cluster => {
                 let password = self.password()?;
@@ -182,11 +182,25 @@ impl Link {
                     builder = builder.tls(TlsMode::Secure).certs(certs.clone());
                 }
                 let client = builder.build().map_err(|e| self.explain(&e))?;
-                Kind::Cluster(client.get_async_connection().await.map_err(|e| self.explain(&e))?)
+                let cluster = client.get_async_connection().await.map_err(|e| self.explain(&e))?;
+                Connection::new(Kind::Cluster(cluster))
             }
-            Deployment::Sentinel { .. } => Kind::Single(self.manager(self.sentinel_master().await?).await?),
+            Deployment::Sentinel { .. } => self.single(self.sentinel_master().await?).await?,
         };
-        Ok(Connection::new(kind, self.options.wait_replicas, self.options.timeout))
+        // Connected means usable: a server that lets the connection in but refuses its
+        // commands (no password given, a user without rights) is an error now.
+        let pong: String = connection.query(&redis::cmd("PING")).await.map_err(|e| self.hint(e))?;
+        tracing::debug!(store = %self.address, %pong, "connected");
+        Ok(connection)
+    }
+
+    /// A connection to one server; with `--store-wait-replicas`, a second one for `WAIT`.
+    async fn single(&self, client: redis::Client) -> Result<Connection, StoreError> {
+        let connection = Connection::new(Kind::Single(self.manager(client.clone()).await?));
+        Ok(match self.options.wait_replicas {
+            0 => connection,
+            wanted => connection.waiting_for(wanted, self.options.timeout, self.manager(client).await?),
+        })
     }
 
     async fn manager(&self, client: redis::Client) -> Result<ConnectionManager, StoreError> {
@@ -245,8 +259,16 @@ impl Link {
 
     /// A Redis error as a store error, with a hint when it is one the operator can fix.
     pub(super) fn explain(&self, e: &redis::RedisError) -> StoreError {
-        let text = e.to_string();
-        let hint = if e.kind() == redis::ErrorKind::AuthenticationFailed || text.contains("WRONGPASS") {
+        self.hint(StoreError::Unavailable(e.to_string()))
+    }
+
+    /// `e` with the address and a hint when it is an error the operator can fix.
+    fn hint(&self, e: StoreError) -> StoreError {
+        let text = match &e {
+            StoreError::Unavailable(m) | StoreError::Protocol(m) => m,
+            StoreError::Config(_) => return e,
+        };
+        let hint = if text.contains("uthentication failed") || text.contains("WRONGPASS") {
             " (check the user in the address and --store-password-file)"
         } else if text.contains("NOAUTH") {
             " (Redis asks for a password: give --store-password-file)"
@@ -289,9 +311,11 @@ pub(super) async fn follow(
         Ok(client) => client.get_connection_info().addr.to_string(),
         Err(_) => String::new(),
     };
-    // Ends when the store is gone (only this task holds `live` then).
-    while Arc::strong_count(&live) > 1 {
+    loop {
         let _ = tokio::time::timeout(Duration::from_secs(1), stale.notified()).await;
+        if Arc::strong_count(&live) == 1 {
+            return; // the store is gone
+        }
         let client = match link.sentinel_master().await {
             Ok(client) => client,
             Err(e) => {
@@ -304,12 +328,9 @@ pub(super) async fn follow(
         if named == current {
             continue;
         }
-        match link.manager(client).await {
-            Ok(manager) => {
-                let connection =
-                    Connection::new(Kind::Single(manager), link.options.wait_replicas, link.options.timeout)
-                        .reporting_to(stale.clone());
-                live.store(Some(Arc::new(connection)));
+        match link.single(client).await {
+            Ok(connection) => {
+                live.store(Some(Arc::new(connection.reporting_to(stale.clone()))));
                 tracing::warn!(store = %link.address, master = %named, was = %current, "following Sentinel to a new master");
                 current = named;
             }

@@ -249,7 +249,7 @@ impl RedisStore {
         let item = single(key, limit, cost);
         let invocation = check_invocation(&self.scripts.check, &[item], "refund", Some(at), at);
         let connection = self.connection()?;
-        connection.decide::<Value>(&invocation, keys::slot(key)).await.map(drop)
+        connection.decide::<Value>(&invocation).await.map(drop)
     }
 
     /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`, at
@@ -266,7 +266,7 @@ impl RedisStore {
         let item = single(key, limit, want.max(1));
         let mut invocation = check_invocation(&self.scripts.check, &[item], "grant", now, ttl);
         invocation.key(keys::lease(key, id));
-        let reply: Vec<i64> = self.connection()?.decide(&invocation, keys::slot(key)).await?;
+        let reply: Vec<i64> = self.connection()?.decide(&invocation).await?;
         let n = |v: &i64| u64::try_from(*v).unwrap_or(0);
         let [at, units, ends, allowed, remaining, reset, retry, delay] = reply[..] else {
             return Err(StoreError::Protocol(format!("grant script returned {reply:?}")));
@@ -302,7 +302,7 @@ impl RedisStore {
         let item = single(key, limit, unspent);
         let mut invocation = check_invocation(&self.scripts.check, &[item], "giveback", now, 0);
         invocation.key(keys::lease(key, id));
-        let back: i64 = self.connection()?.decide(&invocation, keys::slot(key)).await?;
+        let back: i64 = self.connection()?.decide(&invocation).await?;
         Ok(u64::try_from(back).unwrap_or(0))
     }
 
@@ -314,8 +314,7 @@ impl RedisStore {
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
         let invocation = check_invocation(&self.scripts.check, group, "decide", now, 0);
-        let slot = group.first().map_or(0, |i| keys::slot(i.key));
-        let reply: Vec<i64> = connection.decide(&invocation, slot).await?;
+        let reply: Vec<i64> = connection.decide(&invocation).await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
             return Err(StoreError::Protocol(format!("script returned {reply:?}")));
@@ -455,8 +454,7 @@ async fn refund_all(script: Script, connection: Arc<Connection>, refunds: Vec<Re
             })
             .collect();
         let invocation = check_invocation(script, &items, "refund", Some(refund.at), refund.at);
-        let slot = refund.items.first().map_or(0, |(key, _, _)| keys::slot(key));
-        connection.decide::<Value>(&invocation, slot).await
+        connection.decide::<Value>(&invocation).await
     });
     for failed in join_all(calls).await.into_iter().filter_map(Result::err) {
         tracing::debug!(error = %failed, "refund failed; quota stays spent");
