@@ -204,3 +204,36 @@ fn the_grpc_api_serves_an_envoyproxy_ratelimit_file_and_stops_gracefully() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("add --grpc-listen"));
 }
+
+#[test]
+fn a_store_password_never_reaches_the_logs_or_the_errors() {
+    let server = sluice_testkit::RedisServer::start_with(
+        &sluice_testkit::RedisOptions::default().with_user("sluice", "the-right-one"),
+    );
+    let dir = ScratchDir::new("store-password");
+    let log = dir.join("service.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let url = format!("redis://sluice:hunter2@127.0.0.1:{}", server.port());
+    let (mut child, port) = start_with(&["--store", &url, "--store-timeout-ms", "200"], file.into());
+    let ready = || curl(&[&format!("http://127.0.0.1:{port}/readyz")]);
+    wait_until("/readyz never said why the login failed", || {
+        String::from_utf8_lossy(&ready()).contains("authentication failed")
+    });
+    let answer = String::from_utf8_lossy(&ready()).into_owned();
+    child.stop(GRACE);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("redis://sluice:***@127.0.0.1"), "{text}");
+    assert!(
+        !text.contains("hunter2") && !answer.contains("hunter2"),
+        "{text}\n{answer}"
+    );
+
+    // A malformed address is refused at start, its password hidden in the error too.
+    let out = Command::new(BIN)
+        .args(["--store", "redis://sluice:hunter2@host:port"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("is not HOST:PORT"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}

@@ -145,6 +145,13 @@ fn password_file(scratch: &ScratchDir, password: &str) -> PathBuf {
 async fn an_acl_user_logs_in_with_a_password_file_and_a_wrong_one_is_fixed_without_a_restart() {
     let tls = TlsFiles::generate("store-acl");
     let server = RedisServer::start_with(&ServerOptions::tls(&tls).with_user("sluice", "right-horse"));
+    // The user keeps the rights docs/redis.md lists, no more.
+    let rights = "resetkeys ~sluice:* resetchannels &sluice:* -@all +@read +@write +@scripting +@pubsub +@stream +ping +wait +time";
+    let setuser: Vec<&str> = ["acl", "setuser", "sluice"]
+        .into_iter()
+        .chain(rights.split(' '))
+        .collect();
+    assert_eq!(server.cli(&setuser).trim(), "OK");
     let url = server.url().replacen("rediss://", "rediss://sluice@", 1);
     let scratch = ScratchDir::new("store-acl");
     let file = password_file(&scratch, "wrong-horse");
@@ -181,6 +188,13 @@ async fn an_acl_user_logs_in_with_a_password_file_and_a_wrong_one_is_fixed_witho
     })
     .await;
     assert_eq!(n.admitted(json!({"ip": "10.2.2.3"}), "/", 7).await, 5);
+    // Those rights cover the rules' publication and the violations log too.
+    let rules = n.admin_get("/v1/admin/rules").await;
+    assert_eq!(rules.status(), 200);
+    eventually("the two refusals were not logged", async || {
+        n.violations("10.2.2.3").await.len() == 2
+    })
+    .await;
 
     // Without a password Redis's disabled default user is refused, with a hint.
     let Err(StoreError::Unavailable(e)) = RedisStore::connect(&server.url(), trusting(&tls)).await else {

@@ -1,13 +1,14 @@
 //! Regions on loopback: each its own `redis-server` and `sluice-service` node, one global
-//! `redis-server`, and a [`WanLink`] between each region's node and the global store — the
-//! fixture of `tests/tests/regions.rs`. And a keep-alive check client, so a measured
+//! `redis-server` (over TLS, behind an ACL user whose password the nodes read from a file, as
+//! a store across a WAN should be), and a [`WanLink`] between each region's node and the
+//! global store — the fixture of `tests/tests/regions.rs`. And a keep-alive check client, so a measured
 //! latency is the check's, not a TCP handshake's.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_testkit::{free_port, wait_for_port, Child, RedisServer, ScratchDir, WanLink};
+use sluice_testkit::{free_port, wait_for_port, Child, RedisOptions, RedisServer, ScratchDir, TlsFiles, WanLink};
 
 use crate::chain::node_command;
 
@@ -30,6 +31,7 @@ pub struct Regions {
     /// The global store.
     pub global: RedisServer,
     _dir: ScratchDir,
+    _tls: TlsFiles,
 }
 
 impl Regions {
@@ -38,7 +40,9 @@ impl Regions {
     pub fn start(rules: &str, one_way: &[Duration]) -> Regions {
         let dir = ScratchDir::new("regions");
         std::fs::write(dir.join("rules.toml"), rules).expect("rules file");
-        let global = RedisServer::start();
+        let tls = TlsFiles::generate("regions");
+        let global = RedisServer::start_with(&RedisOptions::tls(&tls).with_user("sluice", "global-pass"));
+        std::fs::write(dir.join("global-password"), "global-pass\n").expect("password file");
         let global_addr = ([127, 0, 0, 1], global.port()).into();
         let regions: Vec<Region> = one_way
             .iter()
@@ -50,7 +54,11 @@ impl Regions {
                 let node = Child::spawn(
                     "sluice-service (region)",
                     node_command(port, &dir.join("rules.toml"), &redis.url(), 500)
-                        .args(["--global-store", &format!("redis://127.0.0.1:{}", link.port())])
+                        .args(["--global-store", &format!("rediss://sluice@127.0.0.1:{}", link.port())])
+                        .arg("--global-store-ca-file")
+                        .arg(tls.ca())
+                        .arg("--global-store-password-file")
+                        .arg(dir.join("global-password"))
                         .args(["--region", &format!("r{i}")]),
                 );
                 Region {
@@ -68,6 +76,7 @@ impl Regions {
             regions,
             global,
             _dir: dir,
+            _tls: tls,
         }
     }
 
