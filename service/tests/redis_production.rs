@@ -203,6 +203,35 @@ async fn an_acl_user_logs_in_with_a_password_file_and_a_wrong_one_is_fixed_witho
     assert!(e.contains("--store-password-file"), "{e}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_over_tls_with_a_password_of_their_own_name_a_master_behind_an_acl_user() {
+    let tls = TlsFiles::generate("sentinel-tls");
+    let sentinel = RedisSentinel::start(&ServerOptions::tls(&tls).with_user("sluice", "data-pass"));
+    for &p in sentinel.sentinel_ports() {
+        let reply = sentinel.cli_sentinel(p, &["acl", "setuser", "default", "resetpass", ">sentinel-pass"]);
+        assert_eq!(reply.trim(), "OK", "sentinel {p}");
+    }
+    let url = sentinel.url().replacen("://", "://sluice@", 1);
+    assert!(url.starts_with("rediss+sentinel://sluice@"), "{url}");
+    let scratch = ScratchDir::new("sentinel-tls");
+    std::fs::write(scratch.join("data"), "data-pass\n").unwrap();
+    std::fs::write(scratch.join("sentinel"), "sentinel-pass\n").unwrap();
+    let options = RedisOptions {
+        password_file: Some(scratch.join("data")),
+        ..trusting(&tls)
+    };
+    assert!(
+        RedisStore::connect(&url, options.clone()).await.is_err(),
+        "the sentinels answered without their password"
+    );
+    let options = RedisOptions {
+        sentinel_password_file: Some(scratch.join("sentinel")),
+        ..options
+    };
+    let n = node(&url, options).await;
+    assert_eq!(n.admitted(json!({"ip": "10.3.3.3"}), "/", 7).await, 5);
+}
+
 /// What one run of steady load across a failover saw.
 #[derive(Debug, Default)]
 struct Failover {

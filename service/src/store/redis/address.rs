@@ -33,7 +33,13 @@ pub enum Deployment {
     },
 }
 
-/// A parsed store address.
+/// A parsed store address, in one of these forms (`rediss` for TLS):
+///
+/// ```text
+/// redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]
+/// redis+cluster://[USER[:PASSWORD]@]H1[:P1],H2[:P2],...
+/// redis+sentinel://[USER[:PASSWORD]@]S1[:P1],S2[:P2]/MASTER
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Address {
     /// Single server, cluster or Sentinel.

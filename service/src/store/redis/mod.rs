@@ -12,8 +12,8 @@
 //! Connections are multiplexed and reconnect on their own; every call is bounded by a
 //! response timeout. A node that starts while Redis is down connects in the background
 //! ([`RedisStore::start`]) and answers `Unavailable` meanwhile, so each rule's failure
-//! policy applies. The address forms are in [`address`]; TLS, credentials, Sentinel and
-//! reconnecting in [`link`]; the one place a Redis error becomes a store error in
+//! policy applies. The address forms are in `address.rs` ([`Address`]); TLS, credentials, Sentinel and
+//! reconnecting in `link.rs`; the one place a Redis error becomes a store error in
 //! `connection`. The published rules change by compare-and-set in one script and are
 //! announced by pub/sub; the violations log is a capped stream.
 
@@ -96,7 +96,7 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to `url` (see [`address`] for the forms) now: an error if Redis does not
+    /// Connects to `url` (see [`Address`] for the forms) now: an error if Redis does not
     /// answer.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisStore, StoreError> {
         let store = RedisStore::new(url, options)?;
