@@ -232,6 +232,47 @@ async fn sentinels_over_tls_with_a_password_of_their_own_name_a_master_behind_an
     assert_eq!(n.admitted(json!({"ip": "10.3.3.3"}), "/", 7).await, 5);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_rotated_on_the_server_is_read_again_from_the_file() {
+    let server = RedisServer::start_with(&ServerOptions::default().with_user("sluice", "old-pass"));
+    let scratch = ScratchDir::new("store-rotation");
+    let file = password_file(&scratch, "old-pass");
+    let options = RedisOptions {
+        password_file: Some(file.clone()),
+        ..RedisOptions::new(Duration::from_secs(1))
+    };
+    let url = server.url().replacen("redis://", "redis://sluice@", 1);
+    let n = node(&url, options).await;
+    assert_eq!(n.admitted(json!({"ip": "10.4.4.4"}), "/", 7).await, 5);
+
+    // Rotate: the server's password, then the file; then the node's connections drop.
+    assert_eq!(
+        server
+            .cli(&["acl", "setuser", "sluice", "resetpass", ">new-pass"])
+            .trim(),
+        "OK"
+    );
+    std::fs::write(&file, "new-pass\n").unwrap();
+    let kill = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port().to_string(),
+            "--user",
+            "sluice",
+            "--pass",
+            "new-pass",
+            "--no-auth-warning",
+        ])
+        .args(["client", "kill", "user", "sluice"])
+        .output()
+        .unwrap();
+    assert!(kill.status.success(), "{kill:?}");
+    eventually("the node never logged in with the rotated password", async || {
+        n.check(json!({"ip": "10.4.4.5"}), "/").await["degraded"] == false
+    })
+    .await;
+}
+
 /// What one run of steady load across a failover saw.
 #[derive(Debug, Default)]
 struct Failover {

@@ -12,7 +12,8 @@
 //! - **Reconnecting**: the first connection is retried on `sluice_core`'s jittered
 //!   backoff, so nodes restarted together do not knock on Redis in step. Once connected,
 //!   the redis crate's connection manager reconnects a lost connection itself (its backoff
-//!   is jittered too).
+//!   is jittered too), with the credentials it was built with; when calls keep failing,
+//!   [`renew`] builds a new connection, reading the password file again.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -298,6 +299,43 @@ pub(super) fn reconnect_backoff() -> (Backoff, SplitMix64) {
         Backoff::new(policy),
         SplitMix64(nanos ^ u64::from(std::process::id()).rotate_left(32)),
     )
+}
+
+/// Rebuilds `live` when calls keep failing on it: woken by a failed call, it waits (the
+/// jittered backoff, growing while the store stays down), and if the connection still does not answer `PING`, opens a new one (reading the
+/// password file again: a rotated password is picked up without a restart; the redis
+/// crate's own reconnects reuse the credentials it was built with).
+pub(super) async fn renew(
+    link: Arc<Link>,
+    live: Arc<arc_swap::ArcSwapOption<Connection>>,
+    failed: Arc<tokio::sync::Notify>,
+) {
+    let (mut backoff, mut rng) = reconnect_backoff();
+    loop {
+        failed.notified().await;
+        let wait = backoff.next_delay(0, None, &mut rng).unwrap_or(5_000);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        if Arc::strong_count(&live) == 1 {
+            return; // the store is gone
+        }
+        let current = live.load_full();
+        let ping = match &current {
+            Some(c) => c.query::<String>(&redis::cmd("PING")).await.map(drop),
+            None => Err(StoreError::Unavailable("no connection".into())),
+        };
+        if ping.is_ok() {
+            backoff.reset();
+            continue;
+        }
+        match link.open().await {
+            Ok(connection) => {
+                live.store(Some(Arc::new(connection.reporting_to(failed.clone()))));
+                backoff.reset();
+                tracing::warn!(store = %link.address, "the connection kept failing; reconnected with a new one");
+            }
+            Err(e) => tracing::debug!(store = %link.address, "cannot reconnect yet: {e}"),
+        }
+    }
 }
 
 /// Keeps `live` on the master the sentinels name: asks every second, and as soon as a call

@@ -12,7 +12,8 @@
 //! Connections are multiplexed and reconnect on their own; every call is bounded by a
 //! response timeout. A node that starts while Redis is down connects in the background
 //! ([`RedisStore::start`]) and answers `Unavailable` meanwhile, so each rule's failure
-//! policy applies. The address forms are in `address.rs` ([`Address`]); TLS, credentials, Sentinel and
+//! policy applies. A connection that keeps failing is rebuilt (a password rotated: the file
+//! is read again), and with Sentinel the master is followed. The address forms are in `address.rs` ([`Address`]); TLS, credentials, Sentinel and
 //! reconnecting in `link.rs`; the one place a Redis error becomes a store error in
 //! `connection`. The published rules change by compare-and-set in one script and are
 //! announced by pub/sub; the violations log is a capped stream.
@@ -536,12 +537,19 @@ fn group_passes(group: &[Item<'_>], stamps: &[Stamped]) -> bool {
 
 /// Makes `connection` the live one; with Sentinel, starts following the master.
 fn install(link: &Arc<Link>, live: &Arc<ArcSwapOption<Connection>>, connection: Connection) {
-    if matches!(link.address.deployment, Deployment::Sentinel { .. }) {
-        let failed = Arc::new(tokio::sync::Notify::new());
-        live.store(Some(Arc::new(connection.reporting_to(failed.clone()))));
-        tokio::spawn(link::follow(link.clone(), live.clone(), failed));
-    } else {
-        live.store(Some(Arc::new(connection)));
+    match link.address.deployment {
+        Deployment::Sentinel { .. } => {
+            let failed = Arc::new(tokio::sync::Notify::new());
+            live.store(Some(Arc::new(connection.reporting_to(failed.clone()))));
+            tokio::spawn(link::follow(link.clone(), live.clone(), failed));
+        }
+        Deployment::Single { .. } => {
+            let failed = Arc::new(tokio::sync::Notify::new());
+            live.store(Some(Arc::new(connection.reporting_to(failed.clone()))));
+            tokio::spawn(link::renew(link.clone(), live.clone(), failed));
+        }
+        // The cluster client rediscovers nodes and reconnects on its own.
+        Deployment::Cluster => live.store(Some(Arc::new(connection))),
     }
 }
 
