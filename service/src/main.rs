@@ -43,6 +43,13 @@ struct Args {
     /// and the gRPC health service on this address (HTTP/2, plaintext).
     #[arg(long, value_name = "HOST:PORT")]
     grpc_listen: Option<SocketAddr>,
+    /// Which gRPC answers carry Sluice's rate-limit headers (`RateLimit`, `RateLimit-Policy`,
+    /// `X-RateLimit-*`, `Retry-After`) for Envoy to add to the response: `refusals` (where
+    /// `Retry-After` matters), `always`, or `never`. The descriptor statuses carry the
+    /// limit and what remains either way; Envoy's `enable_x_ratelimit_headers` turns them
+    /// into `X-RateLimit-*` headers itself.
+    #[arg(long, value_enum, default_value_t = grpc::AnswerHeaders::Refusals, requires = "grpc_listen")]
+    grpc_headers: grpc::AnswerHeaders,
     /// envoyproxy/ratelimit configuration (YAML, one domain per file; repeat for more) that
     /// the gRPC API matches descriptors against; read at start.
     #[arg(long, value_name = "FILE.yaml")]
@@ -348,7 +355,8 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<Descri
         Some(addr) => {
             let grpc_listener = bind(addr).await?;
             tracing::info!(grpc_listen = %grpc_listener.local_addr()?, "Envoy rate limit service API");
-            let serving = grpc::serve(grpc_listener, node.clone(), descriptors, edge.clone(), stop.subscribe());
+            let limiter = grpc::RateLimiter::new(node.clone(), descriptors, args.grpc_headers);
+            let serving = grpc::serve(grpc_listener, limiter, edge.clone(), stop.subscribe());
             Some(tokio::spawn(serving))
         }
         None => None,

@@ -16,7 +16,7 @@ use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::ra
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_service::grpc::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use sluice_service::grpc::{self, config};
+use sluice_service::grpc::{self, config, AnswerHeaders, RateLimiter};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{RedisOptions, RedisStore};
@@ -42,8 +42,18 @@ async fn serve(store: Store, configs: &[&str]) -> (Client, Arc<Node>) {
     serve_with(store, configs, config).await
 }
 
-/// [`serve`] with the node's `config`.
+/// [`serve`] with the node's `config`, headers on every answer.
 async fn serve_with(store: Store, configs: &[&str], config: NodeConfig) -> (Client, Arc<Node>) {
+    serve_headers(store, configs, config, AnswerHeaders::Always).await
+}
+
+/// [`serve_with`], the answers carrying headers as `headers` says.
+async fn serve_headers(
+    store: Store,
+    configs: &[&str],
+    config: NodeConfig,
+    headers: AnswerHeaders,
+) -> (Client, Arc<Node>) {
     let parsed = configs
         .iter()
         .map(|c| config::parse(c).expect("test YAML parses"))
@@ -52,13 +62,8 @@ async fn serve_with(store: Store, configs: &[&str], config: NodeConfig) -> (Clie
     let node = Node::new(store, RuleSet::default(), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(grpc::serve(
-        listener,
-        node.clone(),
-        descriptors,
-        Edge::default(),
-        never_stop(),
-    ));
+    let limiter = RateLimiter::new(node.clone(), descriptors, headers);
+    tokio::spawn(grpc::serve(listener, limiter, Edge::default(), never_stop()));
     let client = RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -493,6 +498,32 @@ async fn statuses_headers_and_hits_addend() {
     }
 }
 
+/// By default only a refusal carries headers (`Retry-After` and the quota); `never` leaves
+/// them to Envoy (the statuses still carry the limit and what remains).
+#[tokio::test]
+async fn answers_carry_headers_as_configured() {
+    for (headers, on_ok, on_refusal) in [
+        (AnswerHeaders::Refusals, false, true),
+        (AnswerHeaders::Never, false, false),
+        (AnswerHeaders::Always, true, true),
+    ] {
+        let (mut client, _) = serve_headers(memory(), &[EXAMPLE_2], NodeConfig::default(), headers).await;
+        let mut req = request("messaging", &[&[("to_number", "1")]]);
+        req.hits_addend = 100;
+        let ok = ask(&mut client, req.clone()).await;
+        assert_eq!((code(&ok), ok.statuses[0].limit_remaining), (Code::Ok, 0));
+        let refused = ask(&mut client, req).await;
+        assert_eq!(code(&refused), Code::OverLimit);
+        let has = |r: &RateLimitResponse, name: &str| {
+            r.response_headers_to_add
+                .iter()
+                .any(|h| h.key.eq_ignore_ascii_case(name))
+        };
+        assert_eq!(has(&ok, "RateLimit"), on_ok, "{headers:?}");
+        assert_eq!(has(&refused, "Retry-After"), on_refusal, "{headers:?}");
+    }
+}
+
 /// `unit: week` (any case, as every unit): Envoy's WEEK (7) in the answer, a week-long window
 /// that starts on a Thursday at 00:00 UTC (aligned to the Unix epoch), and its headers.
 #[tokio::test]
@@ -633,7 +664,8 @@ async fn health_is_serving() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let set = Arc::new(DescriptorSet::new(parsed).expect("valid"));
-    tokio::spawn(grpc::serve(listener, node, set, Edge::default(), never_stop()));
+    let limiter = RateLimiter::new(node, set, AnswerHeaders::default());
+    tokio::spawn(grpc::serve(listener, limiter, Edge::default(), never_stop()));
     let channel = Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect()

@@ -12,14 +12,13 @@ mod rls;
 
 use std::sync::Arc;
 
-use sluice_core::descriptors::DescriptorSet;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::edge::Edge;
 use crate::node::Node;
 
-pub use rls::RateLimiter;
+pub use rls::{AnswerHeaders, RateLimiter};
 
 /// The messages of Envoy's API (compiled from `service/proto` by `build.rs`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -61,33 +60,29 @@ pub mod envoy {
 
 use envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
-/// Serves the rate limit and health services on `listener` through `edge` until `stop`
-/// says so. With a data token set, a rate limit call without it is `UNAUTHENTICATED` and
-/// decides nothing (the health service answers anyone).
+/// Serves `limiter` and the health service on `listener` through `edge` until `stop` says
+/// so. With a data token set, a rate limit call without it is `UNAUTHENTICATED` and decides
+/// nothing (the health service answers anyone).
 pub async fn serve(
     listener: TcpListener,
-    node: Arc<Node>,
-    descriptors: Arc<DescriptorSet>,
+    limiter: RateLimiter,
     edge: Edge,
     stop: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<RateLimiter>>().await;
     let keep_alive = Some(edge.header_timeout);
-    let gate = node.clone();
-    let rate_limits = RateLimitServiceServer::with_interceptor(
-        RateLimiter::new(node, descriptors),
-        move |call: tonic::Request<()>| {
-            let given = call.metadata().get(gate.config.token_header.as_str());
-            if gate.authenticated(given.map(|v| v.as_bytes())) {
-                Ok(call)
-            } else {
-                Err(tonic::Status::unauthenticated(
-                    "missing or wrong credential: send the token of the node's --data-token-file",
-                ))
-            }
-        },
-    );
+    let gate: Arc<Node> = limiter.node().clone();
+    let rate_limits = RateLimitServiceServer::with_interceptor(limiter, move |call: tonic::Request<()>| {
+        let given = call.metadata().get(gate.config.token_header.as_str());
+        if gate.authenticated(given.map(|v| v.as_bytes())) {
+            Ok(call)
+        } else {
+            Err(tonic::Status::unauthenticated(
+                "missing or wrong credential: send the token of the node's --data-token-file",
+            ))
+        }
+    });
     let mut stopped = stop.clone();
     tonic::transport::Server::builder()
         .http2_keepalive_interval(keep_alive)

@@ -28,16 +28,44 @@ const MAX_ENTRIES: usize = 32;
 /// Bytes of one entry's key or value accepted at most.
 const MAX_ENTRY_BYTES: usize = 1_024;
 
+/// Which answers carry Sluice's rate-limit headers in `response_headers_to_add`.
+///
+/// The descriptor statuses always carry the limit, what remains and the reset; Envoy can
+/// turn them into `X-RateLimit-*` headers itself (`enable_x_ratelimit_headers`). What only
+/// Sluice adds is the IETF `RateLimit`/`RateLimit-Policy` pair and `Retry-After`, and
+/// formatting them on every answer costs a tenth of a call's CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AnswerHeaders {
+    /// None: the statuses alone (envoyproxy/ratelimit's default).
+    Never,
+    /// On an OVER_LIMIT answer only, where `Retry-After` tells the client when to come back.
+    #[default]
+    Refusals,
+    /// On every answer.
+    Always,
+}
+
 /// The rate limit service.
 pub struct RateLimiter {
     node: Arc<Node>,
     descriptors: Arc<DescriptorSet>,
+    headers: AnswerHeaders,
 }
 
 impl RateLimiter {
-    /// A service deciding over `node`'s store by `descriptors`.
-    pub fn new(node: Arc<Node>, descriptors: Arc<DescriptorSet>) -> RateLimiter {
-        RateLimiter { node, descriptors }
+    /// A service deciding over `node`'s store by `descriptors`, adding headers to the
+    /// answers `headers` names.
+    pub fn new(node: Arc<Node>, descriptors: Arc<DescriptorSet>, headers: AnswerHeaders) -> RateLimiter {
+        RateLimiter {
+            node,
+            descriptors,
+            headers,
+        }
+    }
+
+    /// The node it decides over.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 }
 
@@ -146,7 +174,15 @@ impl RateLimitService for RateLimiter {
                 shown = Some((l, d));
             }
         }
-        let response_headers_to_add = shown.map(|(l, d)| headers(l.limit, d, now_ms)).unwrap_or_default();
+        let wanted = match self.headers {
+            AnswerHeaders::Never => false,
+            AnswerHeaders::Refusals => overall == Code::OverLimit,
+            AnswerHeaders::Always => true,
+        };
+        let response_headers_to_add = shown
+            .filter(|_| wanted)
+            .map(|(l, d)| headers(l.limit, d, now_ms))
+            .unwrap_or_default();
         Ok(Response::new(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
