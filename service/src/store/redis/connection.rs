@@ -57,7 +57,8 @@ impl Connection {
         self
     }
 
-    /// Runs a script that writes nothing a failover could lose (or tests).
+    /// Runs a script whose writes need no replica's acknowledgement (the rules'
+    /// publication; [`Connection::decide`] for decisions).
     pub(super) async fn run<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> Result<T, StoreError> {
         let reply = match self.kind.clone() {
             Kind::Single(mut c) => invocation.invoke_async(&mut c).await,

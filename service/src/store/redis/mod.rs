@@ -537,20 +537,15 @@ fn group_passes(group: &[Item<'_>], stamps: &[Stamped]) -> bool {
 
 /// Makes `connection` the live one; with Sentinel, starts following the master.
 fn install(link: &Arc<Link>, live: &Arc<ArcSwapOption<Connection>>, connection: Connection) {
+    let failed = Arc::new(tokio::sync::Notify::new());
+    let (link, watched, notify) = (link.clone(), live.clone(), failed.clone());
     match link.address.deployment {
-        Deployment::Sentinel { .. } => {
-            let failed = Arc::new(tokio::sync::Notify::new());
-            live.store(Some(Arc::new(connection.reporting_to(failed.clone()))));
-            tokio::spawn(link::follow(link.clone(), live.clone(), failed));
-        }
-        Deployment::Single { .. } => {
-            let failed = Arc::new(tokio::sync::Notify::new());
-            live.store(Some(Arc::new(connection.reporting_to(failed.clone()))));
-            tokio::spawn(link::renew(link.clone(), live.clone(), failed));
-        }
         // The cluster client rediscovers nodes and reconnects on its own.
-        Deployment::Cluster => live.store(Some(Arc::new(connection))),
-    }
+        Deployment::Cluster => return live.store(Some(Arc::new(connection))),
+        Deployment::Sentinel { .. } => tokio::spawn(link::follow(link, watched, notify)),
+        Deployment::Single { .. } => tokio::spawn(link::renew(link, watched, notify)),
+    };
+    live.store(Some(Arc::new(connection.reporting_to(failed))));
 }
 
 /// A pub/sub connection subscribed to the rules channel.
