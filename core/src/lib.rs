@@ -27,8 +27,9 @@
 //! - [`backoff`]: jittered exponential backoff after a failure;
 //! - [`retry`]: what is retried, after how long, and the retry budget.
 //!
-//! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges) and
-//! [`text`] (UTF-8-safe truncation).
+//! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges),
+//! [`text`] (UTF-8-safe truncation) and [`json`] (the small JSON reader and writer with which
+//! the filter reads its configuration and the service's answers, and writes its calls).
 
 // Deciding.
 pub mod algorithm;
@@ -49,6 +50,7 @@ pub mod pacing;
 pub mod retry;
 
 // Basics.
+pub mod json;
 pub mod text;
 pub mod time;
 

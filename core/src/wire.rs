@@ -7,6 +7,7 @@ use thiserror::Error;
 
 use crate::algorithm::Decision;
 use crate::headers::Quota;
+use crate::json::{self, Fields, Json, JsonError};
 use crate::text::truncate;
 use crate::time::wait_ms;
 
@@ -78,7 +79,7 @@ mod named {
 /// `POST /v1/check` request body.
 ///
 /// `{"identities": {"ip": "203.0.113.9", "user": "42"}, "method": "GET", "path": "/api/search", "cost": 1}`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckRequest {
     /// Identity name (`ip`, `user`, `api_key`, `tier`, `header:<name>`) → value; at most
@@ -110,6 +111,28 @@ impl CheckRequest {
             serde_json::from_slice(body).map_err(|e| WireError(format!("invalid check request: {e}")))?;
         req.validate()?;
         Ok(req)
+    }
+
+    /// The request as JSON, for the service's [`CheckRequest::from_json`].
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(96 + self.path.len());
+        out.push_str("{\"identities\":{");
+        for (i, (k, v)) in self.identities.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            json::write_str(&mut out, k);
+            out.push(':');
+            json::write_str(&mut out, v);
+        }
+        out.push_str("},\"method\":");
+        json::write_str(&mut out, &self.method);
+        out.push_str(",\"path\":");
+        json::write_str(&mut out, &self.path);
+        out.push_str(",\"cost\":");
+        out.push_str(&self.cost.to_string());
+        out.push('}');
+        out
     }
 
     /// Checks the limits on sizes and ranges: at most [`MAX_IDENTITIES`] identities, keys 1
@@ -165,8 +188,7 @@ impl CheckRequest {
 const SHOWN_BYTES: usize = 40;
 
 /// One rule's part in a decision.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RuleResult {
     /// The rule's name.
     pub name: String,
@@ -181,8 +203,7 @@ pub struct RuleResult {
 }
 
 /// `POST /v1/check` response body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckResponse {
     /// Whether the request may pass.
     pub allowed: bool,
@@ -325,14 +346,45 @@ impl CheckResponse {
     /// default, except the verdict. A body without `allowed` (`{}`, or whatever a proxy in
     /// between answers) is an error for the caller's failure policy, never an allow.
     pub fn from_json(body: &[u8]) -> Result<CheckResponse, WireError> {
-        #[derive(Deserialize)]
-        struct Verdict {
-            #[allow(dead_code)] // read only to require it
-            allowed: bool,
-        }
-        let invalid = |e: serde_json::Error| WireError(format!("invalid check response: {e}"));
-        serde_json::from_slice::<Verdict>(body).map_err(invalid)?;
-        serde_json::from_slice(body).map_err(invalid)
+        let read = |doc: &Json| {
+            let mut f = doc.object()?;
+            let answer = CheckResponse {
+                allowed: f.req("allowed", Json::bool),
+                limit: number(&mut f, "limit"),
+                remaining: number(&mut f, "remaining"),
+                reset_after_ms: number(&mut f, "reset_after_ms"),
+                retry_after_ms: number(&mut f, "retry_after_ms"),
+                reset_at: number(&mut f, "reset_at"),
+                policy: f.opt("policy", Json::string),
+                window_ms: number(&mut f, "window_ms"),
+                rules: f.opt("rules", |v| v.each(RuleResult::read)).unwrap_or_default(),
+                delay_ms: number(&mut f, "delay_ms"),
+                degraded: f.opt("degraded", Json::bool).unwrap_or(false),
+            };
+            f.finish_lenient().map(|()| answer)
+        };
+        json::parse(body)
+            .and_then(|doc| read(&doc))
+            .map_err(|e| WireError(format!("invalid check response: {e}")))
+    }
+}
+
+/// A number field of an answer, 0 when absent.
+fn number(f: &mut Fields<'_, '_>, name: &str) -> u64 {
+    f.opt(name, Json::u64).unwrap_or(0)
+}
+
+impl RuleResult {
+    fn read(v: &Json<'_>) -> Result<RuleResult, JsonError> {
+        let mut f = v.object()?;
+        let result = RuleResult {
+            name: f.opt("name", Json::string).unwrap_or_default(),
+            allowed: f.opt("allowed", Json::bool).unwrap_or(false),
+            limit: number(&mut f, "limit"),
+            remaining: number(&mut f, "remaining"),
+            reset_after_ms: number(&mut f, "reset_after_ms"),
+        };
+        f.finish_lenient().map(|()| result)
     }
 }
 

@@ -351,3 +351,45 @@ fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
     );
     assert!(err(&log).contains("global = true"), "{}", err(&log));
 }
+
+#[test]
+fn every_field_serde_writes_is_read_back_from_json() {
+    use sluice_core::rules::{OverrideSpec, RuleFile, RuleSpec};
+    let spec = RuleSpec {
+        name: "n".into(),
+        by: "header:x-team".into(),
+        path: "/api/*".into(),
+        methods: vec!["GET".into(), "PUT".into()],
+        case_insensitive_paths: true,
+        when_missing: Some("deny".into()),
+        tier: Some("free".into()),
+        algorithm: "leaky_bucket".into(),
+        limit: 7,
+        window: "1m".into(),
+        burst: 3,
+        failure: "closed".into(),
+        shaping: true,
+        max_delay: "2s".into(),
+        shadow: true,
+        lease: true,
+        lease_ttl: Some("3s".into()),
+        global: true,
+        global_ttl: Some("4s".into()),
+        on_global_unreachable: Some("share".into()),
+        global_share: Some(40),
+    };
+    let file = RuleFile {
+        rules: vec![spec],
+        overrides: vec![OverrideSpec {
+            rule: "n".into(),
+            identity: "a\"b".into(),
+            limit: 9,
+            until: "2030-01-01T00:00:00Z".into(),
+        }],
+    };
+    let text = serde_json::to_string(&file).unwrap();
+    let doc = sluice_core::json::parse(text.as_bytes()).unwrap();
+    assert_eq!(RuleFile::read(&doc).unwrap(), file, "{text}");
+    let toml = toml::to_string(&file).unwrap();
+    assert_eq!(toml::from_str::<RuleFile>(&toml).unwrap(), file);
+}

@@ -19,7 +19,7 @@ fn design_example_parses_and_round_trips() {
     .unwrap();
     assert_eq!((r.method.as_str(), r.path.as_str(), r.cost), ("GET", "/api/search", 1));
     assert_eq!(r.identities.len(), 3);
-    let again = CheckRequest::from_json(&serde_json::to_vec(&r).unwrap()).unwrap();
+    let again = CheckRequest::from_json(r.to_json().as_bytes()).unwrap();
     assert_eq!(again, r);
     let no_cost = req(r#"{"identities":{},"method":"GET","path":"/"}"#).unwrap();
     assert_eq!(no_cost.cost, 1, "cost defaults to 1");
@@ -343,7 +343,7 @@ fn responses_round_trip_and_parse_leniently() {
     assert!(!lenient.allowed);
     assert_eq!(lenient.rules[0].name, "a");
     let empty = CheckResponse::from_json(b"{}").unwrap_err().to_string();
-    assert!(empty.contains("missing field `allowed`"), "{empty}");
+    assert_eq!(empty, "invalid check response: allowed: required but missing");
     assert!(CheckResponse::from_json(b"[1]")
         .unwrap_err()
         .to_string()
@@ -369,13 +369,15 @@ proptest! {
 
     #[test]
     fn valid_requests_round_trip(
-        identities in prop::collection::btree_map("[a-z_:]{1,12}", "[ -~]{0,20}", 0..16),
+        identities in prop::collection::btree_map("(?s).{1,12}", "(?s).{0,20}", 0..16),
         method in "[A-Z]{1,16}",
-        path in "/[ -~]{0,60}",
+        path in "/(?s).{0,60}",
         cost in 1u64..=1_000_000,
     ) {
+        // Written by the filter's encoder, read by the service's serde decoder: any text,
+        // quotes, backslashes and control characters included.
         let r = CheckRequest { identities, method, path, cost };
-        let parsed = CheckRequest::from_json(&serde_json::to_vec(&r).unwrap());
+        let parsed = CheckRequest::from_json(r.to_json().as_bytes());
         prop_assert_eq!(parsed, Ok(r));
     }
 

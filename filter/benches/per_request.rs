@@ -4,7 +4,8 @@
 //! without a call), and on the leased path (a lease held in the filter admits it, headers
 //! added, no call).
 //!
-//! `cargo bench -p sluice-filter --bench per_request`
+//! `cargo bench -p sluice-filter --bench per_request`; with `SLUICE_FILTER_WASM=old.wasm`
+//! it measures that module instead (an earlier build, for a before and after in one sitting).
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -138,20 +138,17 @@ impl Leasing {
             let given = (returns.len() as u64, unspent);
             if !grants.is_empty() || !returns.is_empty() {
                 let request = LeaseRequest { grants, returns };
-                match serde_json::to_vec(&request) {
-                    Ok(body) => out.push(Out {
-                        method: "POST",
-                        path: self.config.lease_path.clone(),
-                        body: Some(body),
-                        etag: None,
-                        pending: Pending::Lease {
-                            asks: request.grants,
-                            sent_ms: now_ms,
-                            returns: given,
-                        },
-                    }),
-                    Err(_) => self.gave_back(given, false),
-                }
+                out.push(Out {
+                    method: "POST",
+                    path: self.config.lease_path.clone(),
+                    body: Some(request.to_json().into_bytes()),
+                    etag: None,
+                    pending: Pending::Lease {
+                        asks: request.grants,
+                        sent_ms: now_ms,
+                        returns: given,
+                    },
+                });
             }
         }
         out
@@ -182,7 +179,7 @@ impl Leasing {
                 }
             }
             Pending::Lease { asks, sent_ms, returns } => {
-                let answer = serde_json::from_slice::<LeaseResponse>(body);
+                let answer = LeaseResponse::from_json(body);
                 self.gave_back(returns, status == 200 && answer.is_ok());
                 match answer {
                     Ok(answer) if status == 200 && answer.grants.len() == asks.len() => {

@@ -285,9 +285,7 @@ impl HttpContext for Stream {
             path,
             cost: 1,
         };
-        let Ok(body) = serde_json::to_vec(&request) else {
-            return self.fail_headers(now, "cannot encode the check");
-        };
+        let body = request.to_json().into_bytes();
         let (path, timeout) = {
             let c = &self.shared.borrow().config.check;
             (c.path.clone(), c.timeout_ms)

@@ -526,11 +526,11 @@ fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
         (r#"{"check": {"cluster": "c", "timeout_ms": 0}}"#, "check.timeout_ms"),
         (
             r#"{"check": {"cluster": "c"}, "failure": {"mode": "maybe"}}"#,
-            "at \"mode\": unknown variant `maybe`",
+            "failure.mode: \"maybe\" is not one of open or closed",
         ),
         (
             r#"{"check": {"cluster": "c"}, "local": {"by": "ip", "rate_per_s": -5}}"#,
-            "at \"rate_per_s\": invalid value",
+            "local.rate_per_s: expected an unsigned integer, found -5",
         ),
         ("not json", "configuration refused"),
     ] {

@@ -5,8 +5,7 @@ use crate::lease::book::Left;
 use crate::time::wait_ms;
 
 /// Which header families to send; the filter's `"headers"` setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderMode {
     /// `X-RateLimit-*` and the IETF `RateLimit`/`RateLimit-Policy`.
     #[default]
@@ -17,6 +16,19 @@ pub enum HeaderMode {
     Ietf,
     /// No quota headers (a 429 still carries `Retry-After`).
     None,
+}
+
+impl HeaderMode {
+    /// The mode called `name` (`all`, `legacy`, `ietf` or `none`).
+    pub fn from_name(name: &str) -> Option<HeaderMode> {
+        Some(match name {
+            "all" => HeaderMode::All,
+            "legacy" => HeaderMode::Legacy,
+            "ietf" => HeaderMode::Ietf,
+            "none" => HeaderMode::None,
+            _ => return None,
+        })
+    }
 }
 
 /// The quota to advertise: the most restrictive rule of a check.

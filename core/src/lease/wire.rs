@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::json::{self, Json, JsonError};
 use crate::wire::{WireError, MAX_IDENTITY_BYTES};
 
 /// Grants and returns per call, each, at most.
@@ -12,7 +13,7 @@ pub const MAX_WANT: u64 = 1_000_000;
 
 /// `{"grants": [{"rule": "per-ip", "identity": "203.0.113.9", "want": 50}],
 ///   "returns": [{"rule": "per-ip", "identity": "203.0.113.9", "lease": 7, "unspent": 12}]}`
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseRequest {
     /// Leases asked for.
@@ -24,7 +25,7 @@ pub struct LeaseRequest {
 }
 
 /// One lease asked for: up to `want` units of `rule`'s quota for `identity`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseAsk {
     /// The rule's name.
@@ -36,7 +37,7 @@ pub struct LeaseAsk {
 }
 
 /// What a lease did not spend.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseReturn {
     /// The rule's name.
@@ -52,7 +53,7 @@ pub struct LeaseReturn {
 /// The answer: the leases granted (in the order asked; `units` 0 when none was left) and
 /// the units each return took back (never more than its lease still held, nothing once it
 /// ended), and the rules' version, so that a proxy knows when to fetch them again.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct LeaseResponse {
     /// The version of the rules the service decided with.
     pub rules_version: u64,
@@ -63,7 +64,7 @@ pub struct LeaseResponse {
 }
 
 /// A lease granted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaseGranted {
     /// The lease's id, for its return.
     pub lease: u64,
@@ -88,6 +89,28 @@ impl LeaseRequest {
             serde_json::from_slice(body).map_err(|e| WireError(format!("invalid lease request: {e}")))?;
         req.validate()?;
         Ok(req)
+    }
+
+    /// The request as JSON, for the service's [`LeaseRequest::from_json`].
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{\"grants\":[");
+        for (i, g) in self.grants.iter().enumerate() {
+            out.push_str(if i == 0 { "{\"rule\":" } else { ",{\"rule\":" });
+            json::write_str(&mut out, &g.rule);
+            out.push_str(",\"identity\":");
+            json::write_str(&mut out, &g.identity);
+            out.push_str(&format!(",\"want\":{}}}", g.want));
+        }
+        out.push_str("],\"returns\":[");
+        for (i, r) in self.returns.iter().enumerate() {
+            out.push_str(if i == 0 { "{\"rule\":" } else { ",{\"rule\":" });
+            json::write_str(&mut out, &r.rule);
+            out.push_str(",\"identity\":");
+            json::write_str(&mut out, &r.identity);
+            out.push_str(&format!(",\"lease\":{},\"unspent\":{}}}", r.lease, r.unspent));
+        }
+        out.push_str("]}");
+        out
     }
 
     /// At most [`MAX_LEASE_ITEMS`] grants and returns; names and identities 1 to
@@ -122,9 +145,80 @@ impl LeaseRequest {
     }
 }
 
+impl LeaseResponse {
+    /// Parses the service's answer (unknown fields ignored, for answers from a newer
+    /// service); the error names what is wrong.
+    pub fn from_json(body: &[u8]) -> Result<LeaseResponse, WireError> {
+        let read = |doc: &Json| {
+            let mut f = doc.object()?;
+            let answer = LeaseResponse {
+                rules_version: f.req("rules_version", Json::u64),
+                grants: f.opt("grants", |v| v.each(LeaseGranted::read)).unwrap_or_default(),
+                returned: f.opt("returned", |v| v.each(Json::u64)).unwrap_or_default(),
+            };
+            f.finish_lenient().map(|()| answer)
+        };
+        json::parse(body)
+            .and_then(|doc| read(&doc))
+            .map_err(|e| WireError(format!("invalid lease response: {e}")))
+    }
+}
+
+impl LeaseGranted {
+    fn read(v: &Json<'_>) -> Result<LeaseGranted, JsonError> {
+        let mut f = v.object()?;
+        let granted = LeaseGranted {
+            lease: f.req("lease", Json::u64),
+            units: f.req("units", Json::u64),
+            expires_in_ms: f.req("expires_in_ms", Json::u64),
+            limit: f.req("limit", Json::u64),
+            remaining: f.req("remaining", Json::u64),
+            reset_after_ms: f.req("reset_after_ms", Json::u64),
+            window_ms: f.req("window_ms", Json::u64),
+        };
+        f.finish_lenient().map(|()| granted)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// What the filter writes the service reads, and what the service answers the
+        /// filter reads: each side's codec against the other's.
+        #[test]
+        fn both_directions_round_trip(
+            asks in prop::collection::vec(("(?s).{1,20}", "(?s).{1,20}", 1..=MAX_WANT), 0..4),
+            returns in prop::collection::vec(("(?s).{1,20}", "(?s).{1,20}", any::<u64>(), any::<u64>()), 0..4),
+            granted in prop::collection::vec(any::<[u64; 7]>(), 0..4),
+            returned in prop::collection::vec(any::<u64>(), 0..4),
+            rules_version in any::<u64>(),
+        ) {
+            let request = LeaseRequest {
+                grants: asks.into_iter().map(|(rule, identity, want)| LeaseAsk { rule, identity, want }).collect(),
+                returns: returns
+                    .into_iter()
+                    .map(|(rule, identity, lease, unspent)| LeaseReturn { rule, identity, lease, unspent })
+                    .collect(),
+            };
+            prop_assert_eq!(LeaseRequest::from_json(request.to_json().as_bytes()), Ok(request));
+            let answer = LeaseResponse {
+                rules_version,
+                grants: granted
+                    .into_iter()
+                    .map(|[lease, units, expires_in_ms, limit, remaining, reset_after_ms, window_ms]| LeaseGranted {
+                        lease, units, expires_in_ms, limit, remaining, reset_after_ms, window_ms,
+                    })
+                    .collect(),
+                returned,
+            };
+            let text = serde_json::to_vec(&answer).unwrap();
+            prop_assert_eq!(LeaseResponse::from_json(&text), Ok(answer));
+        }
+    }
 
     #[test]
     fn bad_requests_name_what_is_wrong() {

@@ -1,6 +1,13 @@
 //! The rule file as written: TOML (or JSON) with `[[rule]]` and `[[override]]` tables.
+//!
+//! TOML is read through serde (its errors carry the line); JSON, which proxies fetch from
+//! `GET /v1/rules`, through [`RuleFile::read`], so that the filter carries no serde
+//! deserializer. Both read the same fields with the same defaults: the tests read every
+//! field written one way back the other way.
 
 use serde::{Deserialize, Serialize};
+
+use crate::json::{Json, JsonError};
 
 /// The whole file, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,4 +126,86 @@ pub struct OverrideSpec {
     pub limit: u64,
     /// RFC 3339 end, e.g. `2026-12-31T00:00:00Z`.
     pub until: String,
+}
+
+/// The JSON names of a rule's fields, for the error on an unknown one.
+const RULE_FIELDS: [&str; 21] = [
+    "name",
+    "by",
+    "path",
+    "methods",
+    "case_insensitive_paths",
+    "when_missing",
+    "tier",
+    "algorithm",
+    "limit",
+    "window",
+    "burst",
+    "failure",
+    "shaping",
+    "max_delay",
+    "shadow",
+    "lease",
+    "lease_ttl",
+    "global",
+    "global_ttl",
+    "on_global_unreachable",
+    "global_share",
+];
+
+impl RuleFile {
+    /// Reads the JSON form, `{"rule": [...], "override": [...]}`, field for field as the
+    /// TOML form is read.
+    pub fn read(doc: &Json<'_>) -> Result<RuleFile, JsonError> {
+        let mut f = doc.object()?;
+        let file = RuleFile {
+            rules: f.opt("rule", |v| v.each(RuleSpec::read)).unwrap_or_default(),
+            overrides: f.opt("override", |v| v.each(OverrideSpec::read)).unwrap_or_default(),
+        };
+        f.finish(&["rule", "override"]).map(|()| file)
+    }
+}
+
+impl RuleSpec {
+    fn read(v: &Json<'_>) -> Result<RuleSpec, JsonError> {
+        let mut f = v.object()?;
+        let flag = |f: &mut crate::json::Fields<'_, '_>, name| f.opt(name, Json::bool).unwrap_or(false);
+        let spec = RuleSpec {
+            name: f.req("name", Json::string),
+            by: f.req("by", Json::string),
+            path: f.opt("path", Json::string).unwrap_or_else(star),
+            methods: f.opt("methods", |v| v.each(Json::string)).unwrap_or_default(),
+            case_insensitive_paths: flag(&mut f, "case_insensitive_paths"),
+            when_missing: f.opt("when_missing", Json::string),
+            tier: f.opt("tier", Json::string),
+            algorithm: f.req("algorithm", Json::string),
+            limit: f.req("limit", Json::u64),
+            window: f.req("window", Json::string),
+            burst: f.opt("burst", Json::u64).unwrap_or(0),
+            failure: f.opt("failure", Json::string).unwrap_or_else(open),
+            shaping: flag(&mut f, "shaping"),
+            max_delay: f.opt("max_delay", Json::string).unwrap_or_else(zero_duration),
+            shadow: flag(&mut f, "shadow"),
+            lease: flag(&mut f, "lease"),
+            lease_ttl: f.opt("lease_ttl", Json::string),
+            global: flag(&mut f, "global"),
+            global_ttl: f.opt("global_ttl", Json::string),
+            on_global_unreachable: f.opt("on_global_unreachable", Json::string),
+            global_share: f.opt("global_share", Json::u64),
+        };
+        f.finish(&RULE_FIELDS).map(|()| spec)
+    }
+}
+
+impl OverrideSpec {
+    fn read(v: &Json<'_>) -> Result<OverrideSpec, JsonError> {
+        let mut f = v.object()?;
+        let spec = OverrideSpec {
+            rule: f.req("rule", Json::string),
+            identity: f.req("identity", Json::string),
+            limit: f.req("limit", Json::u64),
+            until: f.req("until", Json::string),
+        };
+        f.finish(&["rule", "identity", "limit", "until"]).map(|()| spec)
+    }
 }

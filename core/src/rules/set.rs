@@ -80,10 +80,12 @@ impl RuleSet {
     /// Parses and validates the same structure as JSON:
     /// `{"rule": [{...}, ...], "override": [{...}, ...]}`, with the same field names and values.
     pub fn from_json(text: &str) -> Result<RuleSet, RulesError> {
-        let file: RuleFile = serde_json::from_str(text).map_err(|e| RulesError::Syntax {
-            line: e.line().max(1),
-            message: e.to_string(),
-        })?;
+        let file = crate::json::parse(text.as_bytes())
+            .and_then(|doc| RuleFile::read(&doc))
+            .map_err(|e| RulesError::Syntax {
+                line: e.offset().map_or(1, |at| line_of(text, at)),
+                message: e.to_string(),
+            })?;
         RuleSet::from_file(file)
     }
 

@@ -87,6 +87,17 @@ pub enum FailureMode {
     Closed,
 }
 
+impl FailureMode {
+    /// The mode called `name` (`open` or `closed`).
+    pub fn from_name(name: &str) -> Option<FailureMode> {
+        match name {
+            "open" => Some(FailureMode::Open),
+            "closed" => Some(FailureMode::Closed),
+            _ => None,
+        }
+    }
+}
+
 /// What a rule does with a request that lacks its identity (`when_missing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WhenMissing {
@@ -245,10 +256,11 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
             format!("{algorithm} has no burst; only token_bucket, gcra and leaky_bucket do (leave it out or 0)"),
         ));
     }
-    let failure = match spec.failure.as_str() {
-        "open" => FailureMode::Open,
-        "closed" => FailureMode::Closed,
-        other => return Err(fail("failure", format!("{other:?} is not \"open\" or \"closed\""))),
+    let Some(failure) = FailureMode::from_name(&spec.failure) else {
+        return Err(fail(
+            "failure",
+            format!("{:?} is not \"open\" or \"closed\"", spec.failure),
+        ));
     };
     if spec.shaping && algorithm != Algorithm::LeakyBucket {
         return Err(fail("shaping", format!("only leaky_bucket can shape, not {algorithm}")));

@@ -25,10 +25,14 @@ macro_rules! on_both_hosts {
     )*};
 }
 
-/// The filter module's bytes, built once per test process ([`wasm_module_bytes`]).
+/// The filter module's bytes, built once per test process ([`wasm_module_bytes`]), or the
+/// module at `SLUICE_FILTER_WASM` (to bench another build beside this one).
 pub fn wasm() -> &'static [u8] {
     static WASM: OnceLock<Vec<u8>> = OnceLock::new();
-    WASM.get_or_init(|| wasm_module_bytes("sluice-filter"))
+    WASM.get_or_init(|| match std::env::var_os("SLUICE_FILTER_WASM") {
+        Some(path) => std::fs::read(&path).unwrap_or_else(|e| panic!("SLUICE_FILTER_WASM {path:?}: {e}")),
+        None => wasm_module_bytes("sluice-filter"),
+    })
 }
 
 /// A configuration like docs/design.md's, as JSON.

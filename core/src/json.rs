@@ -1,0 +1,517 @@
+//! A small JSON reader and writer for what the filter reads and sends.
+//!
+//! The filter is a WebAssembly module loaded into every proxy worker; serde_json's
+//! generic deserializers were a third of it. This reader parses a document into a [`Json`]
+//! tree (strings borrowed from the input unless they hold escapes), and [`Fields`] reads an
+//! object field by field, so that each type's decoder is a short function and every error
+//! names the field's whole path (`failure.breaker.cooldown_ms: expected an unsigned
+//! integer, found a string`). Depth is bounded: no input can exhaust the stack.
+//!
+//! The service reads what proxies send with serde (its own types derive `Deserialize`);
+//! what it sends, the filter reads with this module, and the tests of each type read one
+//! side with the other.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// Deepest nesting of arrays and objects accepted.
+pub const MAX_DEPTH: usize = 32;
+/// Most members of an object read with [`Fields`] (the parser itself takes any number).
+pub const MAX_FIELDS: usize = 64;
+
+/// A parsed JSON value. Numbers keep their text: [`Json::u64`] reads them exactly.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json<'a> {
+    /// `null`.
+    Null,
+    /// `true` or `false`.
+    Bool(bool),
+    /// A number, as written.
+    Number(&'a str),
+    /// A string, unescaped.
+    String(Cow<'a, str>),
+    /// An array.
+    Array(Vec<Json<'a>>),
+    /// An object's members in document order (keys are unique: a repeated key is refused).
+    Object(Vec<(Cow<'a, str>, Json<'a>)>),
+}
+
+/// What is wrong with a document, and where: the path of the field (`a.b[2].c`) or the
+/// byte offset of a syntax error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonError {
+    path: String,
+    message: String,
+    offset: Option<usize>,
+}
+
+impl JsonError {
+    /// An error about the value being read; the caller's [`Fields`] adds its path.
+    pub fn new(message: impl Into<String>) -> JsonError {
+        JsonError {
+            path: String::new(),
+            message: message.into(),
+            offset: None,
+        }
+    }
+
+    /// This error, found inside the member `name` of an object.
+    pub fn within(mut self, name: &str) -> JsonError {
+        let sep = if self.path.is_empty() || self.path.starts_with('[') {
+            ""
+        } else {
+            "."
+        };
+        self.path = format!("{name}{sep}{}", self.path);
+        self
+    }
+
+    fn at_index(mut self, i: usize) -> JsonError {
+        let sep = if self.path.is_empty() || self.path.starts_with('[') {
+            ""
+        } else {
+            "."
+        };
+        self.path = format!("[{i}]{sep}{}", self.path);
+        self
+    }
+
+    /// The field's path, empty for the document itself.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Where in the text a syntax error is, in bytes.
+    pub fn offset(&self) -> Option<usize> {
+        self.offset
+    }
+}
+
+impl fmt::Display for JsonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(at) = self.offset {
+            write!(f, "{} at byte {at}", self.message)
+        } else if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+impl std::error::Error for JsonError {}
+
+/// Parses one JSON document (whitespace around it allowed, nothing else).
+pub fn parse(text: &[u8]) -> Result<Json<'_>, JsonError> {
+    let text = std::str::from_utf8(text).map_err(|e| JsonError {
+        offset: Some(e.valid_up_to()),
+        ..JsonError::new("not UTF-8")
+    })?;
+    let mut p = Parser { text, at: 0 };
+    let value = p.value(0)?;
+    p.space();
+    if p.at < text.len() {
+        return Err(p.fail("trailing characters after the document"));
+    }
+    Ok(value)
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn fail(&self, what: &str) -> JsonError {
+        JsonError {
+            offset: Some(self.at),
+            ..JsonError::new(what)
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, word: &str) -> bool {
+        let found = self.text[self.at..].starts_with(word);
+        if found {
+            self.at += word.len();
+        }
+        found
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Json<'a>, JsonError> {
+        self.space();
+        match self.peek() {
+            Some(b'{') | Some(b'[') if depth >= MAX_DEPTH => Err(self.fail("nested too deeply")),
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => Ok(Json::String(self.string()?)),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ if self.eat("true") => Ok(Json::Bool(true)),
+            _ if self.eat("false") => Ok(Json::Bool(false)),
+            _ if self.eat("null") => Ok(Json::Null),
+            None => Err(self.fail("expected a value, found the end")),
+            _ => Err(self.fail("expected a value")),
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Json<'a>, JsonError> {
+        self.at += 1;
+        let mut members: Vec<(Cow<'a, str>, Json<'a>)> = Vec::new();
+        self.space();
+        if self.eat("}") {
+            return Ok(Json::Object(members));
+        }
+        loop {
+            self.space();
+            if self.peek() != Some(b'"') {
+                return Err(self.fail("expected a member name"));
+            }
+            let key = self.string()?;
+            if members.iter().any(|(k, _)| *k == key) {
+                return Err(self.fail(&format!("member {key:?} repeated")));
+            }
+            self.space();
+            if !self.eat(":") {
+                return Err(self.fail("expected `:`"));
+            }
+            let value = self.value(depth)?;
+            members.push((key, value));
+            self.space();
+            if self.eat("}") {
+                return Ok(Json::Object(members));
+            }
+            if !self.eat(",") {
+                return Err(self.fail("expected `,` or `}`"));
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Json<'a>, JsonError> {
+        self.at += 1;
+        let mut items = Vec::new();
+        self.space();
+        if self.eat("]") {
+            return Ok(Json::Array(items));
+        }
+        loop {
+            items.push(self.value(depth)?);
+            self.space();
+            if self.eat("]") {
+                return Ok(Json::Array(items));
+            }
+            if !self.eat(",") {
+                return Err(self.fail("expected `,` or `]`"));
+            }
+        }
+    }
+
+    fn bad_number(&mut self, start: usize) -> JsonError {
+        self.at = start;
+        self.fail("invalid number")
+    }
+
+    fn number(&mut self) -> Result<Json<'a>, JsonError> {
+        let start = self.at;
+        self.eat("-");
+        let digits = |p: &mut Parser<'a>| {
+            let from = p.at;
+            while matches!(p.peek(), Some(b'0'..=b'9')) {
+                p.at += 1;
+            }
+            p.at - from
+        };
+        let first = self.peek();
+        let whole = digits(self);
+        if whole == 0 || (first == Some(b'0') && whole > 1) {
+            return Err(self.bad_number(start));
+        }
+        if self.eat(".") && digits(self) == 0 {
+            return Err(self.bad_number(start));
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.at += 1;
+            if !self.eat("+") {
+                self.eat("-");
+            }
+            if digits(self) == 0 {
+                return Err(self.bad_number(start));
+            }
+        }
+        Ok(Json::Number(&self.text[start..self.at]))
+    }
+
+    fn string(&mut self) -> Result<Cow<'a, str>, JsonError> {
+        self.at += 1;
+        let start = self.at;
+        let bytes = self.text.as_bytes();
+        while let Some(&b) = bytes.get(self.at) {
+            match b {
+                b'"' => {
+                    self.at += 1;
+                    return Ok(Cow::Borrowed(&self.text[start..self.at - 1]));
+                }
+                b'\\' => return self.escaped(start).map(Cow::Owned),
+                0..=0x1f => return Err(self.fail("control character in a string")),
+                _ => self.at += 1,
+            }
+        }
+        Err(self.fail("unterminated string"))
+    }
+
+    /// The rest of a string that holds escapes, from its first backslash.
+    fn escaped(&mut self, start: usize) -> Result<String, JsonError> {
+        let mut out = String::from(&self.text[start..self.at]);
+        loop {
+            let rest = &self.text[self.at..];
+            let Some(c) = rest.chars().next() else {
+                return Err(self.fail("unterminated string"));
+            };
+            self.at += c.len_utf8();
+            match c {
+                '"' => return Ok(out),
+                '\\' => {
+                    let e = self.peek().ok_or_else(|| self.fail("unterminated string"))?;
+                    self.at += 1;
+                    out.push(match e {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => self.unicode()?,
+                        _ => return Err(self.fail("invalid escape")),
+                    });
+                }
+                '\0'..='\u{1f}' => return Err(self.fail("control character in a string")),
+                c => out.push(c),
+            }
+        }
+    }
+
+    /// The code point of a `\u` escape (after the `u`), joining a surrogate pair.
+    fn unicode(&mut self) -> Result<char, JsonError> {
+        let hex = |p: &mut Parser<'a>| {
+            let digits = p
+                .text
+                .get(p.at..p.at + 4)
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+            let v = digits.and_then(|h| u32::from_str_radix(h, 16).ok());
+            p.at += 4;
+            v.ok_or_else(|| p.fail("invalid \\u escape"))
+        };
+        let first = hex(self)?;
+        let code = if (0xD800..0xDC00).contains(&first) {
+            if !self.eat("\\u") {
+                return Err(self.fail("unpaired surrogate"));
+            }
+            let low = hex(self)?;
+            if !(0xDC00..0xE000).contains(&low) {
+                return Err(self.fail("unpaired surrogate"));
+            }
+            0x10000 + ((first - 0xD800) << 10) + (low - 0xDC00)
+        } else {
+            first
+        };
+        char::from_u32(code).ok_or_else(|| self.fail("unpaired surrogate"))
+    }
+}
+
+impl<'a> Json<'a> {
+    fn kind(&self) -> &'static str {
+        match self {
+            Json::Null => "null",
+            Json::Bool(_) => "a boolean",
+            Json::Number(_) => "a number",
+            Json::String(_) => "a string",
+            Json::Array(_) => "an array",
+            Json::Object(_) => "an object",
+        }
+    }
+
+    fn expected(&self, what: &str) -> JsonError {
+        JsonError::new(format!("expected {what}, found {}", self.kind()))
+    }
+
+    /// An object, to read field by field.
+    pub fn object(&self) -> Result<Fields<'_, 'a>, JsonError> {
+        match self {
+            Json::Object(members) if members.len() > MAX_FIELDS => Err(JsonError::new(format!(
+                "an object of {} members; the most read is {MAX_FIELDS}",
+                members.len()
+            ))),
+            Json::Object(members) => Ok(Fields {
+                members,
+                taken: 0,
+                error: None,
+            }),
+            other => Err(other.expected("an object")),
+        }
+    }
+
+    /// An array's items.
+    pub fn array(&self) -> Result<&[Json<'a>], JsonError> {
+        match self {
+            Json::Array(items) => Ok(items),
+            other => Err(other.expected("an array")),
+        }
+    }
+
+    /// Each item of an array read by `read`; an error names the item's index.
+    pub fn each<T>(&self, mut read: impl FnMut(&Json<'a>) -> Result<T, JsonError>) -> Result<Vec<T>, JsonError> {
+        let items = self.array()?;
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            out.push(read(item).map_err(|e| e.at_index(i))?);
+        }
+        Ok(out)
+    }
+
+    /// A string's text.
+    pub fn str(&self) -> Result<&str, JsonError> {
+        match self {
+            Json::String(s) => Ok(s),
+            other => Err(other.expected("a string")),
+        }
+    }
+
+    /// A string, owned.
+    pub fn string(&self) -> Result<String, JsonError> {
+        self.str().map(str::to_owned)
+    }
+
+    /// `true` or `false`.
+    pub fn bool(&self) -> Result<bool, JsonError> {
+        match self {
+            Json::Bool(b) => Ok(*b),
+            other => Err(other.expected("true or false")),
+        }
+    }
+
+    /// A whole number from 0 to `u64::MAX`, exactly.
+    pub fn u64(&self) -> Result<u64, JsonError> {
+        match self {
+            Json::Number(n) => n
+                .parse::<u64>()
+                .map_err(|_| JsonError::new(format!("expected an unsigned integer, found {n}"))),
+            other => Err(other.expected("an unsigned integer")),
+        }
+    }
+
+    /// A whole number that fits `T` (`u32`, `u8`, `usize`...).
+    pub fn uint<T: TryFrom<u64>>(&self) -> Result<T, JsonError> {
+        let n = self.u64()?;
+        T::try_from(n).map_err(|_| JsonError::new(format!("{n} is too large")))
+    }
+}
+
+/// An object being read field by field. A decoder reads every field, then [`Fields::finish`]
+/// refuses a field nobody took or gives the first error met (a field of the wrong type, a
+/// required one missing). Reading on after an error keeps each decoder one straight list of
+/// fields, and the filter small: an early return from the middle of a struct literal
+/// costs a copy of its clean-up code per field.
+pub struct Fields<'j, 'a> {
+    members: &'j [(Cow<'a, str>, Json<'a>)],
+    /// Bit `i`: member `i` was taken.
+    taken: u64,
+    error: Option<JsonError>,
+}
+
+impl<'j, 'a> Fields<'j, 'a> {
+    /// The field `name`, if present (`null` counts as absent).
+    pub fn take(&mut self, name: &str) -> Option<&'j Json<'a>> {
+        let i = self.members.iter().position(|(k, _)| k == name)?;
+        self.taken |= 1 << i;
+        Some(&self.members[i].1).filter(|v| **v != Json::Null)
+    }
+
+    fn failed(&mut self, name: &str, e: JsonError) {
+        if self.error.is_none() {
+            self.error = Some(e.within(name));
+        }
+    }
+
+    /// The field `name` read by `read`, or `None` when absent or unreadable (the error is
+    /// kept for [`Fields::finish`]).
+    pub fn opt<T>(&mut self, name: &str, read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>) -> Option<T> {
+        match read(self.take(name)?) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.failed(name, e);
+                None
+            }
+        }
+    }
+
+    /// The field `name` read by `read`; when absent, an error for [`Fields::finish`] and
+    /// a placeholder.
+    pub fn req<T: Default>(&mut self, name: &str, read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>) -> T {
+        if self.take(name).is_none() {
+            self.failed(name, JsonError::new("required but missing"));
+            return T::default();
+        }
+        self.opt(name, read).unwrap_or_default()
+    }
+
+    /// An error for a field nobody took (naming the ones `expected`: a misspelt field is
+    /// likelier the cause than the required one it leaves missing), else the first error met.
+    pub fn finish(self, expected: &[&str]) -> Result<(), JsonError> {
+        match (0..self.members.len()).find(|i| self.taken & (1 << i) == 0) {
+            Some(i) => Err(JsonError::new(format!(
+                "unknown field `{}`, expected one of {}",
+                self.members[i].0,
+                expected.join(", ")
+            ))),
+            None => self.finish_lenient(),
+        }
+    }
+
+    /// Like [`Fields::finish`], but fields nobody took are ignored (an answer from a newer
+    /// service may carry more).
+    pub fn finish_lenient(self) -> Result<(), JsonError> {
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+/// Appends `s` to `out` as a JSON string, quoted and escaped.
+pub fn write_str(out: &mut String, s: &str) {
+    out.push('"');
+    let mut plain = 0; // start of the run not yet copied
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[plain..i]);
+        plain = i + 1;
+        if escape.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            out.push_str(escape);
+        }
+    }
+    out.push_str(&s[plain..]);
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests;
