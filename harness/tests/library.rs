@@ -396,22 +396,27 @@ fn nginx_flavor_traps_on_the_calls_ngx_wasm_module_refuses_where_envoy_answers()
 }
 
 #[test]
-fn nginx_flavor_dispatches_to_host_port_and_traps_on_what_it_cannot_parse() {
+fn nginx_flavor_dispatches_to_host_port_or_a_unix_socket_and_traps_on_what_it_cannot_parse() {
     let mut host = nginx("");
-    for upstream in ["127.0.0.1:8081", "[::1]:8081", "check.internal", "localhost:80"] {
+    let upstreams = [
+        "127.0.0.1:8081",
+        "[::1]:8081",
+        "check.internal",
+        "localhost:80",
+        "unix:/run/check.sock",
+    ];
+    for upstream in upstreams {
         let (_, outcome) = try_request(&mut host, "dispatch-to", &[("x-upstream", upstream)]).expect(upstream);
         assert_eq!(outcome, Outcome::Pause, "{upstream}");
     }
     let calls: Vec<String> = host.pending_calls().into_iter().map(|c| c.upstream).collect();
-    assert_eq!(
-        calls,
-        ["127.0.0.1:8081", "[::1]:8081", "check.internal", "localhost:80"]
-    );
+    assert_eq!(calls, upstreams);
     for (upstream, omit, problem) in [
         (":80", "", "no host"),
         ("127.0.0.1:66000", "", "invalid port"),
         ("localhost:http", "", "invalid port"),
         ("[::1", "", "invalid host"),
+        ("unix:", "", "no path in the unix domain socket"),
         ("127.0.0.1:8081", ":method", "no :method"),
         ("127.0.0.1:8081", ":path", "no :path"),
     ] {

@@ -21,9 +21,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
+
+use crate::listen::{Io, Listener};
 
 /// How a node's listeners meet their clients.
 #[derive(Clone)]
@@ -143,9 +144,6 @@ impl Conn {
     }
 }
 
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
@@ -194,7 +192,7 @@ impl Edge {
     /// under the cap and, with TLS, a finished handshake, and hands them to `each`.
     async fn accept(
         &self,
-        listener: TcpListener,
+        listener: Listener,
         mut stop: watch::Receiver<bool>,
         each: impl Fn(Conn) + Clone + Send + 'static,
     ) {
@@ -207,9 +205,9 @@ impl Edge {
                 },
                 () = until_stopped(&mut stop) => return,
             };
-            let tcp = tokio::select! {
+            let io = tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((tcp, _)) => tcp,
+                    Ok(io) => io,
                     Err(e) => {
                         // Out of file descriptors, say: wait a little rather than spin.
                         tracing::warn!(error = %e, "cannot accept a connection");
@@ -219,14 +217,13 @@ impl Edge {
                 },
                 () = until_stopped(&mut stop) => return,
             };
-            let _ = tcp.set_nodelay(true);
             match &self.tls {
-                None => each(Conn::new(Box::new(tcp), place, self.header_timeout)),
+                None => each(Conn::new(io, place, self.header_timeout)),
                 Some(tls) => {
                     // The handshake in a task of its own: a slow client holds its place, not the loop.
                     let (tls, timeout, each) = (tls.clone(), self.header_timeout, each.clone());
                     tokio::spawn(async move {
-                        if let Some(io) = handshake(&tls, tcp, timeout).await {
+                        if let Some(io) = handshake(&tls, io, timeout).await {
                             each(Conn::new(io, place, timeout));
                         }
                     });
@@ -237,7 +234,7 @@ impl Edge {
 
     /// Serves `router` over HTTP/1.1 and HTTP/2 on `listener` until `shutdown` completes;
     /// connections then finish the requests they are on (a few seconds at most).
-    pub async fn serve_http(&self, listener: TcpListener, router: Router, shutdown: impl Future<Output = ()>) {
+    pub async fn serve_http(&self, listener: impl Into<Listener>, router: Router, shutdown: impl Future<Output = ()>) {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -274,7 +271,7 @@ impl Edge {
                 });
             }
         };
-        let accepting = self.accept(listener, stop, serve_one);
+        let accepting = self.accept(listener.into(), stop, serve_one);
         tokio::pin!(accepting);
         tokio::select! {
             () = &mut accepting => {},
@@ -295,9 +292,10 @@ impl Edge {
     /// until `stop` says so.
     pub fn incoming(
         self,
-        listener: TcpListener,
+        listener: impl Into<Listener>,
         stop: watch::Receiver<bool>,
     ) -> impl futures_util::Stream<Item = io::Result<Conn>> {
+        let listener = listener.into();
         let (tx, rx) = mpsc::channel::<io::Result<Conn>>(64);
         tokio::spawn(async move {
             self.accept(listener, stop, move |conn| {
@@ -315,8 +313,8 @@ impl Edge {
 /// How long a stopping listener waits for its connections' requests in flight.
 const GRACE: Duration = Duration::from_secs(2);
 
-async fn handshake(tls: &TlsAcceptor, tcp: TcpStream, timeout: Duration) -> Option<Box<dyn Io>> {
-    match tokio::time::timeout(timeout, tls.accept(tcp)).await {
+async fn handshake(tls: &TlsAcceptor, io: Box<dyn Io>, timeout: Duration) -> Option<Box<dyn Io>> {
+    match tokio::time::timeout(timeout, tls.accept(io)).await {
         Ok(Ok(stream)) => Some(Box::new(stream)),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "TLS handshake failed");

@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod housekeeping;
 pub mod http;
 pub mod lease;
+pub mod listen;
 pub mod metrics;
 pub mod node;
 pub mod region;

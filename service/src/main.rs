@@ -1,7 +1,6 @@
 //! `sluice-service`: the check service binary.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +11,7 @@ use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use sluice_service::breaker::BreakerState;
 use sluice_service::edge::{self, Edge};
+use sluice_service::listen::{ListenAddr, Listener};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{Region, RegionConfig};
 use sluice_service::store::memory::MemoryStore;
@@ -30,9 +30,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
-    /// Address to serve HTTP on.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    listen: SocketAddr,
+    /// Address to serve HTTP on: HOST:PORT, or unix:PATH for a Unix domain socket (for a
+    /// proxy on the same machine: Nginx's ngx_wasm_module opens a connection per call, and
+    /// one over a Unix socket costs less; the file's permissions say who may call).
+    #[arg(long, default_value = "127.0.0.1:8081", value_name = "HOST:PORT|unix:PATH")]
+    listen: ListenAddr,
     /// Rule file (TOML, see examples/rules.toml); watched and reloaded on change.
     /// Without it the node starts with no rules: every request is allowed. A `.yaml`/`.yml`
     /// file is an envoyproxy/ratelimit configuration instead, for the gRPC API (as
@@ -40,9 +42,9 @@ struct Args {
     #[arg(long, value_name = "FILE.toml")]
     rules: Option<PathBuf>,
     /// Serve Envoy's rate limit service API (`envoy.service.ratelimit.v3.RateLimitService`)
-    /// and the gRPC health service on this address (HTTP/2, plaintext).
-    #[arg(long, value_name = "HOST:PORT")]
-    grpc_listen: Option<SocketAddr>,
+    /// and the gRPC health service on this address (HTTP/2; HOST:PORT or unix:PATH).
+    #[arg(long, value_name = "HOST:PORT|unix:PATH")]
+    grpc_listen: Option<ListenAddr>,
     /// Which gRPC answers carry Sluice's rate-limit headers (`RateLimit`, `RateLimit-Policy`,
     /// `X-RateLimit-*`, `Retry-After`) for Envoy to add to the response: `refusals` (where
     /// `Retry-After` matters), `always`, or `never`. The descriptor statuses carry the
@@ -86,9 +88,9 @@ struct Args {
     store_wait_replicas: u32,
     /// Serve the admin API (rules, overrides, violations), health and metrics on this
     /// address, apart from the data API; keep it reachable by operators only. Without it
-    /// the node has no admin API.
-    #[arg(long, value_name = "HOST:PORT")]
-    admin_listen: Option<SocketAddr>,
+    /// the node has no admin API. HOST:PORT or unix:PATH.
+    #[arg(long, value_name = "HOST:PORT|unix:PATH")]
+    admin_listen: Option<ListenAddr>,
     /// File holding the admin API's bearer token; without it the admin API answers 401.
     #[arg(long, value_name = "FILE", requires = "admin_listen")]
     admin_token_file: Option<PathBuf>,
@@ -339,8 +341,8 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<Descri
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let listener = bind(args.listen).await?;
-    let admin = match args.admin_listen {
+    let listener = bind(&args.listen).await?;
+    let admin = match &args.admin_listen {
         Some(addr) => {
             let admin_listener = bind(addr).await?;
             tracing::info!(admin_listen = %admin_listener.local_addr()?, token = node.config.admin_token.is_some(), "admin API");
@@ -351,7 +353,7 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<Descri
         }
         None => None,
     };
-    let grpc_server = match args.grpc_listen {
+    let grpc_server = match &args.grpc_listen {
         Some(addr) => {
             let grpc_listener = bind(addr).await?;
             tracing::info!(grpc_listen = %grpc_listener.local_addr()?, "Envoy rate limit service API");
@@ -409,10 +411,13 @@ fn secret(path: &std::path::Path, what: &str) -> anyhow::Result<String> {
 /// How long a stopping node waits for gRPC calls in flight once HTTP has stopped.
 const GRPC_GRACE: Duration = Duration::from_secs(2);
 
-async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}; is another process using it?"))
+async fn bind(addr: &ListenAddr) -> anyhow::Result<Listener> {
+    Listener::bind(addr).await.with_context(|| match addr {
+        ListenAddr::Tcp(_) => format!("cannot listen on {addr}; is another process using it?"),
+        ListenAddr::Unix(_) => {
+            format!("cannot listen on {addr}; does its directory exist and may this user write there?")
+        }
+    })
 }
 
 /// Whether `store` answers a ping within `timeout` (it connects in the background).

@@ -228,3 +228,82 @@ fn a_tls_file_that_cannot_be_used_is_refused_at_start_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("server.key") && err.contains("certificate"), "{err}");
 }
+
+/// Sends one HTTP/1.1 request over the Unix socket at `path`, once it accepts (20 s at
+/// most), and returns the whole answer.
+fn over_unix_socket(path: &std::path::Path, request: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut conn = loop {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(conn) => break conn,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{} never accepted: {e}", path.display()),
+        }
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    conn.write_all(request.as_bytes()).expect("write");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("read");
+    answer
+}
+
+#[test]
+fn a_unix_socket_serves_checks_and_replaces_only_a_stale_socket() {
+    let dir = ScratchDir::new("unix-listen");
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nname = \"one\"\nby = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n",
+    )
+    .expect("rules");
+    let socket = dir.join("check.sock");
+    let listen = format!("unix:{}", socket.display());
+    let body = r#"{"identities": {"ip": "203.0.113.9"}, "method": "GET", "path": "/"}"#;
+    let check = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: sluice-check\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let start = || {
+        Child::spawn(
+            "sluice-service",
+            Command::new(BIN).args(["--listen", &listen, "--rules"]).arg(&rules),
+        )
+    };
+    let mut node = start();
+    let first = over_unix_socket(&socket, &check);
+    assert!(
+        first.starts_with("HTTP/1.1 200") && first.contains(r#""allowed":true"#),
+        "{first}"
+    );
+    let second = over_unix_socket(&socket, &check);
+    assert!(
+        second.contains(r#""allowed":false"#),
+        "the limit of one holds: {second}"
+    );
+    node.kill();
+    assert!(socket.exists(), "a killed node leaves its socket file");
+
+    // A node started again takes the stale socket's place.
+    let _node = start();
+    let again = over_unix_socket(&socket, &check);
+    assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+
+    // Any other file at the path is never removed: the node refuses to start, naming it.
+    let not_a_socket = dir.join("rules-copy.toml");
+    std::fs::copy(&rules, &not_a_socket).expect("copy");
+    let out = Command::new(BIN)
+        .args(["--listen", &format!("unix:{}", not_a_socket.display())])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on unix:{}", not_a_socket.display()))
+            && stderr.contains("not a socket"),
+        "{stderr}"
+    );
+    assert!(not_a_socket.exists(), "the file is left alone");
+}

@@ -18,4 +18,4 @@ pub use scratch::ScratchDir;
 pub use sentinel::RedisSentinel;
 pub use tls::TlsFiles;
 pub use wan::WanLink;
-pub use wasm::{wasm_module, wasm_module_bytes};
+pub use wasm::{cargo_env, wasm_module, wasm_module_bytes};

@@ -22,6 +22,8 @@ pub fn wasm_module(package: &str) -> PathBuf {
         .args(["build", "-p", package, "--target", "wasm32-wasip1", "--release"])
         .arg("--target-dir")
         .arg(&target)
+        .env_clear()
+        .envs(cargo_env())
         .status()
         .expect("cannot run cargo");
     assert!(
@@ -30,6 +32,27 @@ pub fn wasm_module(package: &str) -> PathBuf {
     );
     let file = format!("{}.wasm", package.replace('-', "_"));
     target.join("wasm32-wasip1").join("release").join(file)
+}
+
+/// The environment for a cargo run from a test: the test's own, less what cargo set for the
+/// test's package (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`...). Build scripts watch some of
+/// those (ring's does): left in, every build from a test differs from the test runner's
+/// own build, and from one test crate to the next, and compiles the crates under them
+/// again.
+pub fn cargo_env() -> impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)> {
+    const PER_PACKAGE: [&str; 7] = [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_",
+        "CARGO_BIN_",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+    ];
+    std::env::vars_os().filter(|(k, _)| {
+        let k = k.to_string_lossy();
+        !PER_PACKAGE.iter().any(|p| k.starts_with(p))
+    })
 }
 
 /// The bytes of [`wasm_module`]`(package)`.

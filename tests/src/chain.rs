@@ -74,7 +74,9 @@ pub fn binary(name: &str) -> PathBuf {
         // them are reused as they stand instead of compiled again with other features.
         cargo
             .current_dir(root())
-            .args(["build", "--workspace", "--bins", "--tests", "--examples"]);
+            .args(["build", "--workspace", "--bins", "--tests", "--examples"])
+            .env_clear()
+            .envs(sluice_testkit::cargo_env());
         if dir.file_name().is_some_and(|profile| profile == "release") {
             cargo.arg("--release");
         }
@@ -100,10 +102,11 @@ pub fn upstream_command(port: u16) -> Command {
     c
 }
 
-/// `sluice-service` on `port` with the rules file `rules`, over the store at `store_url`.
-pub fn node_command(port: u16, rules: &Path, store_url: &str, store_timeout_ms: u64) -> Command {
+/// `sluice-service` listening on `listen` (`HOST:PORT` or `unix:PATH`) with the rules file
+/// `rules`, over the store at `store_url`.
+pub fn node_command(listen: &str, rules: &Path, store_url: &str, store_timeout_ms: u64) -> Command {
     let mut c = Command::new(binary("sluice-service"));
-    c.args(["--listen", &format!("127.0.0.1:{port}")])
+    c.args(["--listen", listen])
         .arg("--rules")
         .arg(rules)
         .args(["--store", store_url])
@@ -130,6 +133,12 @@ pub fn proxy_command(port: u16, config: &Path, upstream: u16, checks: &[u16]) ->
     c
 }
 
+/// Where the node that would have listened on `port` listens instead with
+/// [`ProxyHost::NginxUnixSocket`].
+fn node_socket(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!("node-{port}.sock"))
+}
+
 /// The filter configuration `filter` with `check.cluster` set to `address`.
 pub fn with_check_address(filter: &str, address: &str) -> String {
     let mut config: serde_json::Value = serde_json::from_str(filter).expect("filter configuration is JSON");
@@ -152,6 +161,9 @@ pub enum ProxyHost {
     Envoy,
     /// Nginx with ngx_wasm_module: each proxy's filter calls one node at its `host:port`.
     Nginx,
+    /// Nginx calling each node over a Unix socket (`unix:PATH`), the node's `--listen`:
+    /// a connection per call, as ngx_wasm_module makes them.
+    NginxUnixSocket,
 }
 
 /// How to build a chain.
@@ -249,7 +261,11 @@ impl Chain {
             .iter()
             .zip(&admin_ports)
             .map(|(port, admin)| {
-                let mut c = node_command(*port, &dir.join("rules.toml"), &store_url, options.store_timeout_ms);
+                let listen = match options.host {
+                    ProxyHost::NginxUnixSocket => format!("unix:{}", node_socket(&dir, *port).display()),
+                    _ => format!("127.0.0.1:{port}"),
+                };
+                let mut c = node_command(&listen, &dir.join("rules.toml"), &store_url, options.store_timeout_ms);
                 c.args(["--admin-listen", &format!("127.0.0.1:{admin}")])
                     .arg("--admin-token-file")
                     .arg(dir.join("admin-token"));
@@ -266,9 +282,14 @@ impl Chain {
             .map(|i| {
                 let mut command = match options.host {
                     ProxyHost::Envoy => proxy_command(proxies[i], &dir.join("filter.json"), upstream, &node_ports),
-                    ProxyHost::Nginx => {
+                    ProxyHost::Nginx | ProxyHost::NginxUnixSocket => {
                         let config = dir.join(format!("filter-{i}.json"));
-                        let check = format!("127.0.0.1:{}", node_ports[i]);
+                        let check = match options.host {
+                            ProxyHost::NginxUnixSocket => {
+                                format!("unix:{}", node_socket(&dir, node_ports[i]).display())
+                            }
+                            _ => format!("127.0.0.1:{}", node_ports[i]),
+                        };
                         std::fs::write(&config, with_check_address(&filter, &check)).expect("filter config");
                         let mut c = proxy_command(proxies[i], &config, upstream, &[]);
                         c.args(["--host-flavor", "nginx"]);
@@ -281,9 +302,15 @@ impl Chain {
                 )
             })
             .collect();
+        // A node binds its data listener before its admin one: with the data API on a Unix
+        // socket, its admin port says it is up.
+        let data_ports: &[u16] = match options.host {
+            ProxyHost::NginxUnixSocket => &[],
+            _ => &node_ports,
+        };
         for port in [upstream]
             .iter()
-            .chain(&node_ports)
+            .chain(data_ports)
             .chain(&admin_ports)
             .chain(&proxies)
             .chain(&proxy_admins)
@@ -344,7 +371,8 @@ impl Chain {
     /// A counter of node `i`'s `/metrics`, by its full series name (labels included);
     /// `None` when the node does not export that series.
     pub fn node_metric(&self, i: usize, series: &str) -> Option<f64> {
-        let r = http(self.node_ports[i], "GET", "/metrics", &[]);
+        // From the admin listener, which every chain's nodes have on TCP.
+        let r = http(self.admin_ports[i], "GET", "/metrics", &[]);
         let value = r
             .body
             .lines()
@@ -369,7 +397,8 @@ impl Chain {
     pub fn assert_nodes_up(&mut self) {
         for (i, node) in self.nodes.iter_mut().enumerate() {
             assert!(node.is_running(), "service node {i} is not running");
-            let r = http(self.node_ports[i], "GET", "/metrics", &[]);
+            // From the admin listener, which every chain's nodes have on TCP.
+            let r = http(self.admin_ports[i], "GET", "/metrics", &[]);
             assert_eq!(r.status, 200, "service node {i} does not answer: {}", r.body);
         }
     }

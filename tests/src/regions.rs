@@ -53,7 +53,7 @@ impl Regions {
                 let port = free_port();
                 let node = Child::spawn(
                     "sluice-service (region)",
-                    node_command(port, &dir.join("rules.toml"), &redis.url(), 500)
+                    node_command(&format!("127.0.0.1:{port}"), &dir.join("rules.toml"), &redis.url(), 500)
                         .args(["--global-store", &format!("rediss://sluice@127.0.0.1:{}", link.port())])
                         .arg("--global-store-ca-file")
                         .arg(tls.ca())

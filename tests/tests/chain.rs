@@ -26,11 +26,24 @@ fn now_ms() -> u64 {
 
 #[test]
 fn a_global_limit_holds_across_both_proxies_and_both_nodes() {
-    let chain = Chain::start();
+    global_limit_holds(Chain::start(), "Envoy");
+}
+
+/// As above, with Nginx's filters calling their nodes over Unix sockets (`--listen unix:`).
+#[test]
+fn a_global_limit_holds_with_nginx_calling_the_nodes_over_unix_sockets() {
+    let chain = Chain::with(Options {
+        host: ProxyHost::NginxUnixSocket,
+        ..Options::default()
+    });
+    global_limit_holds(chain, "Nginx over Unix sockets");
+}
+
+fn global_limit_holds(chain: Chain, host: &str) {
     let mut statuses = Vec::new();
     for i in 0..30 {
         let r = http(chain.proxies[i % 2], "GET", "/api/hello", &[]);
-        assert_eq!(policy(&r), Some("\"global-ip\";q=10;w=60"));
+        assert_eq!(policy(&r), Some("\"global-ip\";q=10;w=60"), "{host}");
         if r.status == 429 {
             assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
             assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
@@ -41,21 +54,24 @@ fn a_global_limit_holds_across_both_proxies_and_both_nodes() {
     }
     let allowed = statuses.iter().filter(|&&s| s == 200).count();
     let denied = statuses.iter().filter(|&&s| s == 429).count();
-    assert_eq!((allowed, denied), (10, 20), "statuses: {statuses:?}");
+    assert_eq!((allowed, denied), (10, 20), "{host}: statuses: {statuses:?}");
     assert!(
         statuses[..10].iter().all(|&s| s == 200),
-        "the first ten pass: {statuses:?}"
+        "{host}: the first ten pass: {statuses:?}"
     );
-    assert_eq!(chain.upstream_count(), 10, "the upstream saw exactly the limit");
-    // Both nodes decided: the proxies take them in turn.
+    assert_eq!(chain.upstream_count(), 10, "{host}: the upstream saw exactly the limit");
+    // Both nodes decided: the proxies take them in turn (Envoy) or one each (Nginx).
     for node in 0..2 {
         let count = |decision: &str| {
             let series = format!("sluice_checks_total{{rule=\"global-ip\",decision=\"{decision}\"}}");
             chain
                 .node_metric(node, &series)
-                .unwrap_or_else(|| panic!("node {node} has no {series}: it decided nothing"))
+                .unwrap_or_else(|| panic!("{host}: node {node} has no {series}: it decided nothing"))
         };
-        assert!(count("allowed") + count("denied") > 0.0, "node {node} decided nothing");
+        assert!(
+            count("allowed") + count("denied") > 0.0,
+            "{host}: node {node} decided nothing"
+        );
     }
 }
 

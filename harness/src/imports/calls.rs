@@ -66,8 +66,13 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
 }
 
 /// Why ngx_wasm_module's `ngx_wasm_socket_tcp_init` refuses `upstream` (`host[:port]`, port
-/// 80 by default, IPv6 in brackets), if it does.
+/// 80 by default, IPv6 in brackets, or `unix:PATH`), if it does.
 pub(crate) fn nginx_upstream_problem(upstream: &str) -> Option<String> {
+    if let Some(path) = upstream.strip_prefix("unix:") {
+        return path
+            .is_empty()
+            .then(|| "tcp socket - no path in the unix domain socket".into());
+    }
     let (host, port) = match upstream.strip_prefix('[') {
         Some(rest) => match rest.split_once(']') {
             Some((host, tail)) => (host, tail.strip_prefix(':')),

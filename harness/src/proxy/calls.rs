@@ -8,12 +8,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::Request;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::{CallResponse, PendingCall};
 
 /// A call to make: the module's request and, for Envoy, its cluster's endpoints in the
-/// order to try them (`None`: an ngx_wasm_module `host:port`, resolved for the call).
+/// order to try them (`None`: an ngx_wasm_module `host:port`, resolved for the call, or
+/// `unix:PATH`).
 pub struct Call {
     pub call: PendingCall,
     pub endpoints: Option<Vec<SocketAddr>>,
@@ -35,7 +36,10 @@ pub async fn make(client: &CallClient, call: Call) -> Option<CallResponse> {
     let call_out = async {
         let endpoints = match endpoints {
             Some(endpoints) => endpoints,
-            None => resolve(&call.upstream).await,
+            None => match call.upstream.strip_prefix("unix:") {
+                Some(path) => return over_unix_socket(path, &call.headers, call.body).await,
+                None => resolve(&call.upstream).await,
+            },
         };
         perform(client, &endpoints, &call.headers, call.body).await
     };
@@ -77,14 +81,42 @@ async fn perform(
                 return None;
             }
         };
-        let mut out = vec![(":status".to_owned(), resp.status().as_u16().to_string())];
-        for (k, v) in resp.headers() {
-            out.push((k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()));
-        }
-        let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
-        return Some(CallResponse { headers: out, body });
+        return answer(resp).await;
     }
     None
+}
+
+/// A call to an ngx_wasm_module `unix:PATH` upstream, as the module makes it: a new
+/// connection, `Connection: close`, closed once answered.
+async fn over_unix_socket(path: &str, headers: &[(String, String)], body: Vec<u8>) -> Option<CallResponse> {
+    let stream = tokio::net::UnixStream::connect(path)
+        .await
+        .map_err(|e| tracing::debug!(%path, "cannot connect to the call's socket: {e}"))
+        .ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(conn);
+    let mut builder = Request::builder().header("connection", "close");
+    for (k, v) in headers {
+        builder = match k.as_str() {
+            ":method" => builder.method(v.as_str()),
+            ":path" => builder.uri(v.as_str()),
+            ":authority" => builder.header("host", v.as_str()),
+            _ => builder.header(k.as_str(), v.as_str()),
+        };
+    }
+    let request = builder.body(Full::new(Bytes::from(body))).ok()?;
+    let resp = sender.send_request(request).await.ok()?;
+    answer(resp).await
+}
+
+/// A call's answer as the module reads it.
+async fn answer(resp: hyper::Response<hyper::body::Incoming>) -> Option<CallResponse> {
+    let mut out = vec![(":status".to_owned(), resp.status().as_u16().to_string())];
+    for (k, v) in resp.headers() {
+        out.push((k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()));
+    }
+    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
+    Some(CallResponse { headers: out, body })
 }
 
 /// An ngx_wasm_module upstream, `host[:port]` (port 80 when none is given), resolved as

@@ -12,7 +12,6 @@ mod rls;
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::edge::Edge;
@@ -64,7 +63,7 @@ use envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceSe
 /// so. With a data token set, a rate limit call without it is `UNAUTHENTICATED` and decides
 /// nothing (the health service answers anyone).
 pub async fn serve(
-    listener: TcpListener,
+    listener: impl Into<crate::listen::Listener>,
     limiter: RateLimiter,
     edge: Edge,
     stop: watch::Receiver<bool>,
