@@ -5,10 +5,11 @@ Not part of CI (the Nginx build needs sources CI cannot reach): build Nginx by
 docs/real-nginx.md into $RH (default /tmp/rh), build the project's debug binaries
 (`cargo build --workspace --bins`) and the filter (`cargo build -p sluice-filter --target
 wasm32-wasip1 --profile wasm`), then run `python3 scripts/real-nginx-check.py`. It starts
-the demo upstream, two check services (examples/rules.toml; a leased rule), a fake service
-that answers `{}`, and Nginx with three servers (checked, leased, fake), sends hostile and
-ordinary traffic, and prints one PASS/FAIL line per check and a count. Ports 28080-28092
-and 29000 on 127.0.0.1; source addresses 127.0.x.y stand for clients.
+the demo upstream, check services (examples/rules.toml, over TCP and over a Unix socket; a
+leased rule; the step-around rules), a fake service that answers `{}`, and Nginx with a
+server for each, sends hostile and ordinary traffic, and prints one PASS/FAIL line per
+check and a count. Ports 28080-28093 and 29000 on 127.0.0.1; source addresses 127.0.x.y
+stand for clients.
 """
 import json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -106,8 +107,12 @@ lease_ttl = "5s"
     start([f"{T}/debug/sluice-service", "--rules", f"{RUN}/conf/rules-leased.toml", "--listen", "127.0.0.1:28082"])
     start([f"{T}/debug/sluice-service", "--rules", f"{RUN}/conf/rules-around.toml", "--listen", "127.0.0.1:28084",
            "--data-token-file", f"{RUN}/conf/data-token"])
+    start([f"{T}/debug/sluice-service", "--rules", f"{P}/examples/rules.toml", "--listen", f"unix:{SOCKET}",
+           "--admin-listen", "127.0.0.1:28085"])
     threading.Thread(target=HTTPServer(("127.0.0.1", 28083), Empty).serve_forever, daemon=True).start()
-    for p in (29000, 28081, 28082, 28084): wait_port(p)
+    for p in (29000, 28081, 28082, 28084, 28085): wait_port(p)
+    # Nginx's workers run as nobody when it starts as root: let them reach the socket.
+    os.chmod(RUN, 0o755); os.chmod(SOCKET, 0o666)
     base = json.load(open(f"{P}/examples/filter.json"))
     base["check"]["cluster"] = "127.0.0.1:28081"
     base["check"]["timeout_ms"] = 500  # debug service binaries
@@ -119,7 +124,8 @@ lease_ttl = "5s"
     around["check"]["token"] = DATA_TOKEN
     around["identities"]["ip"] = {"header": "x-forwarded-for", "trusted_hops": 1}
     around["identities"]["api_key"] = {"header": "x-api-key"}
-    for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around)):
+    unix = json.loads(json.dumps(base)); unix["check"]["cluster"] = f"unix:{SOCKET}"
+    for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around), ("unix", unix)):
         open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
         r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
                             "--config", f"{RUN}/conf/{name}.json", "--host-flavor", "nginx"], capture_output=True, text=True)
@@ -133,6 +139,7 @@ lease_ttl = "5s"
     conf = conf.replace("__CONFIG__", json.dumps(base)).replace("__LEASECONFIG__", json.dumps(lease))
     conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28091;\n        location / {\n            proxy_wasm sluice '" + json.dumps(empty) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28092;\n        location / {\n            proxy_wasm sluice '" + json.dumps(around) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
+    conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28093;\n        location / {\n            proxy_wasm sluice '" + json.dumps(unix) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     open(f"{RUN}/conf/nginx.conf", "w").write(conf)
     subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf"], check=True)
     wait_port(28080); time.sleep(0.5)
@@ -151,6 +158,7 @@ lease_ttl = "5s"
         print(f"\n{sum(ok for _, ok in results)} passed, {sum(not ok for _, ok in results)} failed")
 
 DATA_TOKEN = "real-nginx-data-token"
+SOCKET = f"{RUN}/check.sock"
 AROUND_RULES = open(f"{P}/tests/step-around.toml").read()
 
 def around_checks():
@@ -181,6 +189,11 @@ def run_checks():
     # 1. the basic limit: per-ip 5 per 10 s
     codes = [get(28080, src="127.0.0.10")[0] for _ in range(8)]
     check("per-ip limit: 5 admitted then 429", codes == [200]*5 + [429]*3, str(codes))
+    before = metric(28085, "sluice_checks_total")
+    codes = [get(28093, src="127.0.0.10")[0] for _ in range(8)]
+    after = metric(28085, "sluice_checks_total")
+    check("checks over a Unix socket (unix:PATH): 5 admitted then 429, decided by that service",
+          codes == [200]*5 + [429]*3 and after > before, f"{codes}, rule evaluations {before:.0f} -> {after:.0f}")
     st, data = get(28080, src="127.0.0.10")
     heads = data.split(b"\r\n\r\n")[0].decode(errors="replace").lower()
     want = ["retry-after:", "x-ratelimit-limit:", "x-ratelimit-remaining:", "ratelimit-policy:", "\nratelimit:"]
