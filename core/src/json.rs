@@ -445,23 +445,29 @@ impl<'j, 'a> Fields<'j, 'a> {
     /// The field `name` read by `read`, or `None` when absent or unreadable (the error is
     /// kept for [`Fields::finish`]).
     pub fn opt<T>(&mut self, name: &str, read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>) -> Option<T> {
-        match read(self.take(name)?) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.failed(name, e);
-                None
-            }
-        }
+        let value = self.take(name)?;
+        self.read(name, value, read)
+    }
+
+    fn read<T>(
+        &mut self,
+        name: &str,
+        value: &'j Json<'a>,
+        read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>,
+    ) -> Option<T> {
+        read(value).map_err(|e| self.failed(name, e)).ok()
     }
 
     /// The field `name` read by `read`; when absent, an error for [`Fields::finish`] and
     /// a placeholder.
     pub fn req<T: Default>(&mut self, name: &str, read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>) -> T {
-        if self.take(name).is_none() {
-            self.failed(name, JsonError::new("required but missing"));
-            return T::default();
+        match self.take(name) {
+            Some(value) => self.read(name, value, read).unwrap_or_default(),
+            None => {
+                self.failed(name, JsonError::new("required but missing"));
+                T::default()
+            }
         }
-        self.opt(name, read).unwrap_or_default()
     }
 
     /// An error for a field nobody took (naming the ones `expected`: a misspelt field is
