@@ -52,6 +52,18 @@ struct Args {
     /// into `X-RateLimit-*` headers itself.
     #[arg(long, value_enum, default_value_t = grpc::AnswerHeaders::Refusals, requires = "grpc_listen")]
     grpc_headers: grpc::AnswerHeaders,
+    /// Also serve Envoy's rate limit quota service (RLQS,
+    /// `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`) on --grpc-listen: Envoy's
+    /// `rate_limit_quota` filter gets assignments (token buckets it enforces itself), each a
+    /// lease of a leased rule's quota. A bucket id's `rule` entry (or the stream's domain)
+    /// names the rule; the entry keyed by the rule's `by` gives the identity. See
+    /// examples/envoy-rlqs.yaml.
+    #[arg(long, requires = "grpc_listen")]
+    rlqs: bool,
+    /// What RLQS tells a bucket no leased rule matches: `abandon` (Envoy's own
+    /// no_assignment_behavior decides it), `allow` or `deny` (30 s at a time).
+    #[arg(long, value_enum, default_value_t = grpc::rlqs::UnknownBuckets::Abandon, requires = "rlqs")]
+    rlqs_unknown: grpc::rlqs::UnknownBuckets,
     /// envoyproxy/ratelimit configuration (YAML, one domain per file; repeat for more) that
     /// the gRPC API matches descriptors against; read at start.
     #[arg(long, value_name = "FILE.yaml")]
@@ -358,7 +370,12 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<Descri
             let grpc_listener = bind(addr).await?;
             tracing::info!(grpc_listen = %grpc_listener.local_addr()?, "Envoy rate limit service API");
             let limiter = grpc::RateLimiter::new(node.clone(), descriptors, args.grpc_headers);
-            let serving = grpc::serve(grpc_listener, limiter, edge.clone(), stop.subscribe());
+            let quota = args.rlqs.then(|| {
+                tracing::info!("Envoy rate limit quota service (RLQS)");
+                let limits = grpc::rlqs::Limits::default();
+                grpc::rlqs::QuotaService::start(node.clone(), limits, args.rlqs_unknown, stop.subscribe())
+            });
+            let serving = grpc::serve(grpc_listener, limiter, quota, edge.clone(), stop.subscribe());
             Some(tokio::spawn(serving))
         }
         None => None,

@@ -41,6 +41,8 @@ pub struct Metrics {
     reloads_error: AtomicU64,
     unauthenticated: AtomicU64,
     waits_refused: AtomicU64,
+    /// The rate limit quota service's counters.
+    pub rlqs: RlqsStats,
 }
 
 impl Metrics {
@@ -202,6 +204,7 @@ impl Metrics {
                 v.load(Ordering::Relaxed)
             );
         }
+        self.rlqs.render(&mut out);
         let _ = writeln!(
             out,
             "# HELP sluice_rules_reloads_total Rule reloads by result.\n# TYPE sluice_rules_reloads_total counter\nsluice_rules_reloads_total{{result=\"ok\"}} {}\nsluice_rules_reloads_total{{result=\"error\"}} {}",
@@ -209,5 +212,88 @@ impl Metrics {
             self.reloads_error.load(Ordering::Relaxed)
         );
         out
+    }
+}
+
+/// Counters of the RLQS service .
+#[derive(Default)]
+pub struct RlqsStats {
+    /// Bucket usages read from reports.
+    pub reports: AtomicU64,
+    /// Usages ignored, and why.
+    pub ignored: AtomicU64,
+    /// Assignments sent (token buckets and blankets).
+    pub assignments: AtomicU64,
+    /// Of them, `DENY_ALL` for want of units.
+    pub denials: AtomicU64,
+    /// Buckets abandoned (idle, unknown, or their rule gone).
+    pub abandoned: AtomicU64,
+    /// Store exchanges, and the grants they carried.
+    pub exchanges: AtomicU64,
+    /// See [`RlqsStats::exchanges`].
+    pub grants: AtomicU64,
+    /// Streams and buckets held now.
+    pub streams: AtomicU64,
+    /// See [`RlqsStats::streams`].
+    pub buckets: AtomicU64,
+}
+
+impl RlqsStats {
+    fn render(&self, out: &mut String) {
+        let counters = [
+            (
+                "sluice_rlqs_usages_total",
+                "Bucket usages read from RLQS reports.",
+                &self.reports,
+            ),
+            (
+                "sluice_rlqs_usages_ignored_total",
+                "Bucket usages ignored: ill-formed, or past the bucket limits.",
+                &self.ignored,
+            ),
+            (
+                "sluice_rlqs_assignments_total",
+                "RLQS assignments sent.",
+                &self.assignments,
+            ),
+            (
+                "sluice_rlqs_denials_total",
+                "RLQS assignments that were DENY_ALL for want of units.",
+                &self.denials,
+            ),
+            (
+                "sluice_rlqs_abandoned_total",
+                "RLQS buckets abandoned (idle, unknown, or their rule gone).",
+                &self.abandoned,
+            ),
+            (
+                "sluice_rlqs_exchanges_total",
+                "RLQS store exchanges (one per tick with grants due).",
+                &self.exchanges,
+            ),
+            (
+                "sluice_rlqs_grants_total",
+                "Grants asked for in RLQS store exchanges.",
+                &self.grants,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        let gauges = [
+            ("sluice_rlqs_streams", "RLQS streams open.", &self.streams),
+            ("sluice_rlqs_buckets", "RLQS buckets followed.", &self.buckets),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
     }
 }

@@ -63,7 +63,7 @@ async fn serve_headers(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let limiter = RateLimiter::new(node.clone(), descriptors, headers);
-    tokio::spawn(grpc::serve(listener, limiter, Edge::default(), never_stop()));
+    tokio::spawn(grpc::serve(listener, limiter, None, Edge::default(), never_stop()));
     let client = RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -665,7 +665,7 @@ async fn health_is_serving() {
     let addr = listener.local_addr().expect("addr");
     let set = Arc::new(DescriptorSet::new(parsed).expect("valid"));
     let limiter = RateLimiter::new(node, set, AnswerHeaders::default());
-    tokio::spawn(grpc::serve(listener, limiter, Edge::default(), never_stop()));
+    tokio::spawn(grpc::serve(listener, limiter, None, Edge::default(), never_stop()));
     let channel = Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect()

@@ -1,0 +1,418 @@
+//! Envoy's rate limit quota service (RLQS) driven by a tonic client built from the official
+//! protos, over the memory store, a real `redis-server` and a real Redis Cluster: a first
+//! report gets an assignment, reports move it toward demand, a spent quota is `DENY_ALL`,
+//! a rule change re-assigns or abandons, hostile reports are skipped and the stream lives
+//! on; and a fleet of 50 simulated Envoys on two nodes over one Redis keeps the rule's
+//! bound in every second while their shares follow their demand.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_core::descriptors::DescriptorSet;
+use sluice_core::rules::RuleSet;
+use sluice_service::edge::Edge;
+use sluice_service::grpc::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use sluice_service::grpc::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
+use sluice_service::grpc::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use sluice_service::grpc::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use sluice_service::grpc::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use sluice_service::grpc::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use sluice_service::grpc::rlqs::{Limits, QuotaService, UnknownBuckets};
+use sluice_service::grpc::{self, AnswerHeaders, RateLimiter};
+use sluice_service::node::{Node, NodeConfig};
+use sluice_service::store::memory::MemoryStore;
+use sluice_service::store::redis::{RedisOptions, RedisStore};
+use sluice_service::store::Store;
+use sluice_testkit::{RedisCluster, RedisServer};
+use tokio::sync::mpsc;
+use tonic::{Code, Streaming};
+
+const RULES: &str = r#"
+[[rule]]
+name = "per-user"
+by = "user"
+algorithm = "token_bucket"
+limit = 100
+window = "1s"
+lease = true
+
+[[rule]]
+name = "scarce"
+by = "user"
+algorithm = "token_bucket"
+limit = 10
+window = "1h"
+lease = true
+
+[[rule]]
+name = "exact"
+by = "user"
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+"#;
+
+fn never_stop() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    std::mem::forget(tx);
+    rx
+}
+
+/// A node serving RLQS over `store` with `rules`, and its address.
+async fn serve(store: Store, rules: &str, limits: Limits) -> (Arc<Node>, SocketAddr) {
+    let config = NodeConfig {
+        store_timeout: Duration::from_secs(5),
+        ..NodeConfig::default()
+    };
+    let node = Node::new(store, RuleSet::from_toml(rules).expect("rules"), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let descriptors = Arc::new(DescriptorSet::new(Vec::new()).expect("no descriptors"));
+    let limiter = RateLimiter::new(node.clone(), descriptors, AnswerHeaders::Never);
+    let quota = QuotaService::start(node.clone(), limits, UnknownBuckets::Abandon, never_stop());
+    tokio::spawn(grpc::serve(
+        listener,
+        limiter,
+        Some(quota),
+        Edge::default(),
+        never_stop(),
+    ));
+    (node, addr)
+}
+
+async fn redis_store(url: &str) -> Store {
+    let redis = RedisStore::connect(url, RedisOptions::new(Duration::from_secs(5)))
+        .await
+        .expect("redis");
+    Store::Redis(Box::new(redis))
+}
+
+fn memory() -> Store {
+    Store::Memory(MemoryStore::new(100_000))
+}
+
+fn id(entries: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: entries.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+fn usage(bucket: BucketId, allowed: u64, denied: u64, elapsed_s: i64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(bucket),
+        time_elapsed: Some(prost_types::Duration {
+            seconds: elapsed_s,
+            nanos: 0,
+        }),
+        num_requests_allowed: allowed,
+        num_requests_denied: denied,
+    }
+}
+
+fn reports(domain: &str, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.into(),
+        bucket_quota_usages: usages,
+    }
+}
+
+/// One RLQS stream, as Envoy's filter opens it.
+struct Envoy {
+    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+    answers: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Envoy {
+    /// Opens a stream whose first message is `first`.
+    async fn open(addr: SocketAddr, first: RateLimitQuotaUsageReports) -> Result<Envoy, tonic::Status> {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect");
+        let (reports, rx) = mpsc::channel(64);
+        reports.send(first).await.expect("queued");
+        let answers = client
+            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Envoy { reports, answers })
+    }
+
+    async fn report(&self, message: RateLimitQuotaUsageReports) {
+        self.reports.send(message).await.expect("the stream is open");
+    }
+
+    /// The next action (within 5 s).
+    async fn action(&mut self) -> BucketAction {
+        let message = tokio::time::timeout(Duration::from_secs(5), self.answers.message())
+            .await
+            .expect("an answer within 5 s")
+            .expect("no error")
+            .expect("the stream is open");
+        message.bucket_action.into_iter().next().expect("an action")
+    }
+
+    /// The next action for `bucket`, skipping renewals of others.
+    async fn action_for(&mut self, bucket: &BucketId) -> BucketAction {
+        loop {
+            let a = self.action().await;
+            if a.bucket_id.as_ref() == Some(bucket) {
+                return a;
+            }
+        }
+    }
+}
+
+/// An action's token bucket `(max_tokens, tokens_per_fill, fill_interval_s)` and TTL, or
+/// the blanket rule.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Bucket {
+        burst: u32,
+        per_s: u32,
+        fill_s: i64,
+        ttl_s: i64,
+    },
+    Blanket(BlanketRule, i64),
+    Abandon,
+}
+
+fn seen(a: &BucketAction) -> Seen {
+    match a.bucket_action.as_ref().expect("an action") {
+        Kind::AbandonAction(_) => Seen::Abandon,
+        Kind::QuotaAssignmentAction(q) => {
+            let ttl_s = q.assignment_time_to_live.expect("a TTL").seconds;
+            match q
+                .rate_limit_strategy
+                .as_ref()
+                .and_then(|s| s.strategy.as_ref())
+                .expect("a strategy")
+            {
+                Strategy::TokenBucket(tb) => Seen::Bucket {
+                    burst: tb.max_tokens,
+                    per_s: tb.tokens_per_fill.expect("tokens_per_fill"),
+                    fill_s: tb.fill_interval.expect("fill_interval").seconds,
+                    ttl_s,
+                },
+                Strategy::BlanketRule(b) => Seen::Blanket(BlanketRule::try_from(*b).expect("known"), ttl_s),
+                Strategy::RequestsPerTimeUnit(_) => panic!("Envoy's filter ignores requests_per_time_unit"),
+            }
+        }
+    }
+}
+
+/// The first report subscribes; a report showing demand moves the bucket toward it.
+async fn assignments_follow_demand(store: Store) {
+    let (_node, addr) = serve(store, RULES, Limits::default()).await;
+    let ann = id(&[("rule", "per-user"), ("user", "ann")]);
+    let mut envoy = Envoy::open(addr, reports("envoy", vec![usage(ann.clone(), 1, 0, 0)]))
+        .await
+        .expect("stream");
+    // The first is sized for an eighth of the rule's rate (100/s): 12 → 15 a second.
+    let first = Seen::Bucket {
+        burst: 7,
+        per_s: 15,
+        fill_s: 1,
+        ttl_s: 1,
+    };
+    assert_eq!(seen(&envoy.action().await), first);
+    // 40 a second over 5 s: a quarter more, 50.
+    envoy.report(reports("", vec![usage(ann.clone(), 150, 50, 5)])).await;
+    let moved = Seen::Bucket {
+        burst: 25,
+        per_s: 50,
+        fill_s: 1,
+        ttl_s: 1,
+    };
+    let mut next = seen(&envoy.action_for(&ann).await);
+    if next == first {
+        next = seen(&envoy.action_for(&ann).await); // a renewal was on its way
+    }
+    assert_eq!(next, moved);
+    // Renewed before it ends, unchanged (Envoy keeps its bucket and extends it).
+    let started = Instant::now();
+    assert_eq!(seen(&envoy.action_for(&ann).await), moved);
+    assert!(started.elapsed() < Duration::from_secs(1), "renewed before the end");
+    // A demand past what one grant of a 100-token bucket can pay for (66 a second and a
+    // burst of 33): it gets what the bucket holds, never more than that.
+    envoy.report(reports("", vec![usage(ann.clone(), 5_000, 0, 1)])).await;
+    for _ in 0..6 {
+        let Seen::Bucket { burst, per_s, .. } = seen(&envoy.action_for(&ann).await) else {
+            panic!("a bucket")
+        };
+        assert!(per_s <= 66 && burst + per_s <= 100, "{burst} + {per_s}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_follow_demand_on_memory_redis_and_a_cluster() {
+    assignments_follow_demand(memory()).await;
+    let server = RedisServer::start();
+    assignments_follow_demand(redis_store(&server.url()).await).await;
+    let cluster = RedisCluster::start(3, 0);
+    assignments_follow_demand(redis_store(&cluster.url()).await).await;
+}
+
+/// A spent quota is `DENY_ALL`; what was granted never exceeds the quota.
+async fn a_spent_quota_is_deny_all(store: Store) {
+    let (_node, addr) = serve(store, RULES, Limits::default()).await;
+    let bob = id(&[("rule", "scarce"), ("user", "bob")]);
+    // A demand of 1,000 a second against 10 an hour: the first lease takes all 10.
+    let mut envoy = Envoy::open(addr, reports("envoy", vec![usage(bob.clone(), 1_000, 0, 1)]))
+        .await
+        .expect("stream");
+    // 10 an hour: one a second at most, leased a second at a time, until none is left.
+    assert_eq!(
+        seen(&envoy.action().await),
+        Seen::Bucket {
+            burst: 1,
+            per_s: 1,
+            fill_s: 1,
+            ttl_s: 1
+        }
+    );
+    let started = Instant::now();
+    loop {
+        match seen(&envoy.action_for(&bob).await) {
+            Seen::Blanket(BlanketRule::DenyAll, ttl_s) => break assert_eq!(ttl_s, 1),
+            Seen::Bucket { .. } => assert!(started.elapsed() < Duration::from_secs(8), "spent within 8 s"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Ten units were there: two for the first second, one per half-second renewal after.
+    assert!(started.elapsed() >= Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_quota_is_deny_all_on_memory_and_redis() {
+    a_spent_quota_is_deny_all(memory()).await;
+    let server = RedisServer::start();
+    a_spent_quota_is_deny_all(redis_store(&server.url()).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_change_reassigns_or_abandons() {
+    let (node, addr) = serve(memory(), RULES, Limits::default()).await;
+    let ann = id(&[("rule", "per-user"), ("user", "ann")]);
+    let mut envoy = Envoy::open(addr, reports("envoy", vec![usage(ann.clone(), 1, 0, 0)]))
+        .await
+        .expect("stream");
+    assert!(matches!(seen(&envoy.action().await), Seen::Bucket { per_s: 15, .. }));
+    // The rule's limit drops to 16 a second: a new assignment under it (what one grant of
+    // a 16-token bucket pays for: 10 a second and a burst of 5).
+    node.set_rules(RuleSet::from_toml(&RULES.replace("limit = 100", "limit = 16")).expect("rules"));
+    let Seen::Bucket { burst, per_s, .. } = seen(&envoy.action_for(&ann).await) else {
+        panic!("a bucket")
+    };
+    assert!(per_s <= 10 && burst + per_s <= 16, "{burst} + {per_s}");
+    // The rule goes: the bucket is abandoned and forgotten.
+    node.set_rules(RuleSet::from_toml(&RULES.replace("name = \"per-user\"", "name = \"renamed\"")).expect("rules"));
+    assert_eq!(seen(&envoy.action_for(&ann).await), Seen::Abandon);
+    assert_eq!(node.metrics.rlqs.buckets.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_refused_and_unleased_buckets() {
+    let (_node, addr) = serve(memory(), RULES, Limits::default()).await;
+    // No rule named "nope", and a rule that is not leased: abandoned.
+    for bucket in [
+        id(&[("rule", "nope"), ("user", "a")]),
+        id(&[("rule", "exact"), ("user", "a")]),
+    ] {
+        let mut envoy = Envoy::open(addr, reports("envoy", vec![usage(bucket.clone(), 1, 0, 0)]))
+            .await
+            .expect("stream");
+        assert_eq!(seen(&envoy.action().await), Seen::Abandon, "{bucket:?}");
+    }
+    // The domain names the rule when no entry does.
+    let mut envoy = Envoy::open(addr, reports("per-user", vec![usage(id(&[("user", "cy")]), 1, 0, 0)]))
+        .await
+        .expect("stream");
+    assert!(matches!(seen(&envoy.action().await), Seen::Bucket { per_s: 15, .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_reports_are_skipped_and_the_stream_and_node_live_on() {
+    let limits = Limits {
+        buckets_per_stream: 1_000,
+        ..Limits::default()
+    };
+    let (node, addr) = serve(memory(), RULES, limits).await;
+    // No domain: a clear status, the node lives on.
+    let refused = Envoy::open(addr, reports("", vec![usage(id(&[("user", "a")]), 1, 0, 0)])).await;
+    assert_eq!(refused.err().map(|s| s.code()), Some(Code::InvalidArgument));
+
+    let good = id(&[("rule", "per-user"), ("user", "dee")]);
+    let hostile = vec![
+        BucketQuotaUsage::default(),                                   // no bucket id
+        usage(BucketId::default(), 1, 0, 0),                           // an empty one
+        usage(id(&[("rule", "")]), 1, 0, 0),                           // an empty value
+        usage(id(&[("rule", &"x".repeat(5_000))]), 1, 0, 0),           // a huge one
+        usage(good.clone(), u64::MAX, u64::MAX, 0),                    // huge counts over no time
+        usage(id(&[("rule", "per-user"), ("user", "eve")]), 1, 0, -7), // time running backwards
+    ];
+    let mut envoy = Envoy::open(addr, reports("envoy", hostile)).await.expect("stream");
+    // Ten thousand buckets in one message: the first thousand are followed, the rest skipped.
+    let many = (0..10_000)
+        .map(|i| usage(id(&[("rule", "per-user"), ("user", &format!("u{i}"))]), 1, 0, 0))
+        .collect();
+    envoy.report(reports("envoy", many)).await;
+    // The huge demand is capped at what the quota holds, not refused.
+    let a = envoy.action_for(&good).await;
+    assert!(matches!(seen(&a), Seen::Bucket { .. }), "{a:?}");
+    // Another domain on the same stream: a clear status ends the stream.
+    envoy.report(reports("other", vec![usage(good.clone(), 1, 0, 1)])).await;
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(5), envoy.answers.message()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(r) => break r,
+            Err(_) => panic!("the stream did not end"),
+        }
+    };
+    assert_eq!(ended.err().map(|s| s.code()), Some(Code::InvalidArgument));
+    let rlqs = &node.metrics.rlqs;
+    assert_eq!(
+        rlqs.ignored.load(Ordering::Relaxed),
+        4 + 9_002,
+        "4 ill-formed, 9,002 over the limit"
+    );
+    // The node serves a new stream.
+    let mut again = Envoy::open(addr, reports("envoy", vec![usage(good.clone(), 1, 0, 0)]))
+        .await
+        .expect("stream");
+    assert!(matches!(seen(&again.action().await), Seen::Bucket { .. }));
+    // The ended stream's buckets are forgotten.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rlqs.buckets.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_stream_is_forgotten_and_its_buckets_no_longer_renewed() {
+    let (node, addr) = serve(memory(), RULES, Limits::default()).await;
+    let ann = id(&[("rule", "per-user"), ("user", "ann")]);
+    let mut envoy = Envoy::open(addr, reports("envoy", vec![usage(ann.clone(), 1, 0, 0)]))
+        .await
+        .expect("stream");
+    envoy.action().await;
+    assert_eq!(node.metrics.rlqs.streams.load(Ordering::Relaxed), 1);
+    drop(envoy);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rlqs = &node.metrics.rlqs;
+    assert_eq!(
+        (
+            rlqs.streams.load(Ordering::Relaxed),
+            rlqs.buckets.load(Ordering::Relaxed)
+        ),
+        (0, 0)
+    );
+    let grants = rlqs.grants.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        rlqs.grants.load(Ordering::Relaxed),
+        grants,
+        "no renewal after the stream ended"
+    );
+}
