@@ -116,6 +116,18 @@ pub fn extension(strategy: Strategy, paid_until_ms: u64, end_ms: u64) -> u64 {
     }
 }
 
+/// The refills `strategy` adds from `from_ms` to `to_ms`, rounded down: what an assignment
+/// replaced at `from_ms` and paid for until `to_ms` can give back.
+pub fn refills(strategy: Strategy, from_ms: u64, to_ms: u64) -> u64 {
+    match strategy {
+        Strategy::Bucket { per_s, .. } => {
+            let units = u128::from(per_s) * u128::from(to_ms.saturating_sub(from_ms)) / u128::from(SECOND_MS);
+            u64::try_from(units).unwrap_or(u64::MAX)
+        }
+        Strategy::DenyAll | Strategy::AllowAll => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +201,7 @@ mod tests {
         assert_eq!(extension(p, 5_000, 5_050), 1);
         assert_eq!(extension(p, 6_000, 5_000), 0);
         assert_eq!(extension(Strategy::DenyAll, 0, 9_000), 0);
+        assert_eq!(refills(p, 5_000, 5_050), 0);
+        assert_eq!(refills(p, 5_000, 5_450), 4);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sluice_core::lease::lease_end;
-use sluice_core::lease::wire::{LeaseAsk, LeaseRequest};
+use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseReturn};
 use sluice_core::rules::{Rule, RuleSet};
 use sluice_core::time::instant_ms;
 use sluice_core::Micros;
@@ -30,6 +30,9 @@ const DENIED_TTL_S: u64 = 2;
 pub const MAX_ASKS_PER_TICK: usize = 4_096;
 /// After a failed exchange, the tick waits this long before asking again.
 const RETRY_AFTER_FAILURE_MS: u64 = 1_000;
+/// How long an answer may take to reach Envoy: what an old bucket may still spend of its
+/// refills after its replacement is sent.
+const DELIVERY_MS: u64 = 100;
 /// Most units one grant asks for.
 const MAX_WANT: u64 = 1_000_000_000;
 
@@ -49,6 +52,8 @@ struct Bucket {
 #[derive(Debug, Clone, Copy)]
 struct Assigned {
     strategy: Strategy,
+    /// The lease that paid for its last seconds (0: none).
+    lease: u64,
     /// The end its leases paid for (when it was sent plus its TTL).
     paid_until_ms: u64,
     /// When to send the next one.
@@ -80,6 +85,8 @@ struct Due {
     ttl_s: u64,
     /// The assignment it extends, if it keeps the same bucket.
     extends: Option<Assigned>,
+    /// What the assignment it replaces paid for and cannot spend any more.
+    back: Option<LeaseReturn>,
 }
 
 /// The book.
@@ -213,7 +220,7 @@ impl Book {
         if !due.is_empty() {
             let req = LeaseRequest {
                 grants: due.iter().map(|d| d.ask.clone()).collect(),
-                returns: Vec::new(),
+                returns: due.iter().filter_map(|d| d.back.clone()).collect(),
             };
             let timeout = self.node.config.store_timeout;
             let exchanged = crate::lease::exchange(&self.node.store, &rules, now_ms, &req, timeout, |r| {
@@ -249,6 +256,7 @@ impl Book {
                         };
                         b.assigned = Some(Assigned {
                             strategy,
+                            lease: g.lease,
                             paid_until_ms: now_ms + ttl_s * SECOND_MS,
                             renew_at_ms: (now_ms + ttl_s * SECOND_MS).saturating_sub(RENEW_MARGIN_MS),
                         });
@@ -304,6 +312,7 @@ impl Book {
                     if b.assigned.is_none_or(|a| now_ms >= a.renew_at_ms) {
                         b.assigned = Some(Assigned {
                             strategy,
+                            lease: 0,
                             paid_until_ms: now_ms,
                             renew_at_ms: now_ms + BLANKET_TTL_S * SECOND_MS - RENEW_MARGIN_MS,
                         });
@@ -322,7 +331,7 @@ impl Book {
                     },
                     Quota::Refused => blanket(b, Strategy::DenyAll, &mut actions),
                     Quota::Of { rule, identity } if renew && asking && due.len() < MAX_ASKS_PER_TICK => {
-                        if let Some(d) = ask(rules, rule, identity, b, now_us) {
+                        if let Some(d) = ask(rules, rule, identity, b, outgrown, now_us) {
                             due.push(Due {
                                 stream: id,
                                 key: key.clone(),
@@ -372,7 +381,12 @@ impl State {
 
 /// The grant bucket `b` of `rule`/`identity` needs now (`None`: none can be made before its
 /// window turns, or none is needed). Its stream and key are filled in by the caller.
-fn ask(rules: &RuleSet, rule: &str, identity: &str, b: &Bucket, now_us: Micros) -> Option<Due> {
+///
+/// A renewal extends the bucket Envoy has; only a report showing the demand outgrew it
+/// (`outgrown`) replaces it. Were a bucket replaced at every renewal while the quota cannot
+/// pay for the plan at once, each replacement would cost a new burst and a second paid
+/// ahead, and the client would settle well under the rule's rate.
+fn ask(rules: &RuleSet, rule: &str, identity: &str, b: &Bucket, outgrown: bool, now_us: Micros) -> Option<Due> {
     let now_ms = instant_ms(now_us);
     let r = rules.rule(rule)?;
     let limit = rules.limit_for(r, identity, now_ms);
@@ -384,12 +398,26 @@ fn ask(rules: &RuleSet, rule: &str, identity: &str, b: &Bucket, now_us: Micros) 
     let planned = assign::plan(b.demand_per_s, room(r), ttl_s);
     let extends = b
         .assigned
-        .filter(|a| matches!(a.strategy, Strategy::Bucket { .. }) && a.paid_until_ms > now_ms)
-        .filter(|a| assign::fits(a.strategy, planned));
+        .filter(|a| matches!(a.strategy, Strategy::Bucket { per_s, .. } if per_s > 0) && a.paid_until_ms > now_ms)
+        .filter(|a| !outgrown || assign::fits(a.strategy, planned));
     let wanted = extends.map_or(planned, |a| a.strategy);
     let want = match extends {
         Some(a) => assign::extension(a.strategy, a.paid_until_ms, end_ms),
         None => wanted.units(ttl_s),
+    };
+    // A new bucket replaces the old one when Envoy receives it: the refills the old one was
+    // paid for after that go back (its unspent tokens cannot: Envoy may have spent them).
+    let back = match (extends, b.assigned) {
+        (None, Some(a)) if a.lease != 0 => {
+            let unspent = assign::refills(a.strategy, now_ms + DELIVERY_MS, a.paid_until_ms);
+            (unspent > 0).then(|| LeaseReturn {
+                rule: rule.to_owned(),
+                identity: identity.to_owned(),
+                lease: a.lease,
+                unspent,
+            })
+        }
+        _ => None,
     };
     (want > 0).then(|| Due {
         stream: 0,
@@ -402,6 +430,7 @@ fn ask(rules: &RuleSet, rule: &str, identity: &str, b: &Bucket, now_us: Micros) 
         wanted,
         ttl_s,
         extends,
+        back,
     })
 }
 
