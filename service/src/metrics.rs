@@ -232,6 +232,10 @@ pub struct RlqsStats {
     pub exchanges: AtomicU64,
     /// See [`RlqsStats::exchanges`].
     pub grants: AtomicU64,
+    /// Units of quota those grants took, and units replaced buckets gave back.
+    pub units_granted: AtomicU64,
+    /// See [`RlqsStats::units_granted`].
+    pub units_returned: AtomicU64,
     /// Streams and buckets held now.
     pub streams: AtomicU64,
     /// See [`RlqsStats::streams`].

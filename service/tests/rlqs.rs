@@ -124,6 +124,8 @@ fn reports(domain: &str, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageRe
 struct Envoy {
     reports: mpsc::Sender<RateLimitQuotaUsageReports>,
     answers: Streaming<RateLimitQuotaResponse>,
+    /// Actions of messages already read, not yet looked at.
+    pending: std::collections::VecDeque<BucketAction>,
 }
 
 impl Envoy {
@@ -138,7 +140,11 @@ impl Envoy {
             .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await?
             .into_inner();
-        Ok(Envoy { reports, answers })
+        Ok(Envoy {
+            reports,
+            answers,
+            pending: Default::default(),
+        })
     }
 
     async fn report(&self, message: RateLimitQuotaUsageReports) {
@@ -147,12 +153,17 @@ impl Envoy {
 
     /// The next action (within 5 s).
     async fn action(&mut self) -> BucketAction {
-        let message = tokio::time::timeout(Duration::from_secs(5), self.answers.message())
-            .await
-            .expect("an answer within 5 s")
-            .expect("no error")
-            .expect("the stream is open");
-        message.bucket_action.into_iter().next().expect("an action")
+        loop {
+            if let Some(a) = self.pending.pop_front() {
+                return a;
+            }
+            let message = tokio::time::timeout(Duration::from_secs(5), self.answers.message())
+                .await
+                .expect("an answer within 5 s")
+                .expect("no error")
+                .expect("the stream is open");
+            self.pending.extend(message.bucket_action);
+        }
     }
 
     /// The next action for `bucket`, skipping renewals of others.
@@ -420,4 +431,189 @@ async fn a_cut_stream_is_forgotten_and_its_buckets_no_longer_renewed() {
         grants,
         "no renewal after the stream ended"
     );
+}
+
+/// A simulated Envoy: one bucket, enforced as Envoy's `rate_limit_quota` filter enforces an
+/// assignment (a token bucket starting full; one carrying the same bucket extends it; TTL in
+/// whole seconds from receipt), `DENY_ALL` before the first assignment and after one ends.
+struct Enforced {
+    strategy: Option<Strategy>,
+    tokens: f64,
+    refilled: Instant,
+    expires: Instant,
+}
+
+impl Enforced {
+    fn new() -> Enforced {
+        let now = Instant::now();
+        Enforced {
+            strategy: None,
+            tokens: 0.0,
+            refilled: now,
+            expires: now,
+        }
+    }
+
+    fn apply(&mut self, a: &BucketAction) {
+        let Some(Kind::QuotaAssignmentAction(q)) = &a.bucket_action else {
+            return;
+        };
+        let now = Instant::now();
+        let strategy = q.rate_limit_strategy.as_ref().and_then(|s| s.strategy);
+        let same = now < self.expires && strategy == self.strategy;
+        if !same {
+            if let Some(Strategy::TokenBucket(tb)) = &strategy {
+                self.tokens = f64::from(tb.max_tokens);
+            }
+            self.refilled = now;
+        }
+        self.strategy = strategy;
+        let ttl = q.assignment_time_to_live.map_or(0, |d| d.seconds);
+        self.expires = now + Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
+    }
+
+    fn admit(&mut self, now: Instant) -> bool {
+        if now >= self.expires {
+            return false;
+        }
+        match &self.strategy {
+            Some(Strategy::TokenBucket(tb)) => {
+                let fill_s = tb.fill_interval.map_or(1, |d| d.seconds.max(1)) as f64;
+                let per_s = f64::from(tb.tokens_per_fill.unwrap_or(1)) / fill_s;
+                let elapsed = now.duration_since(self.refilled).as_secs_f64();
+                self.tokens = (self.tokens + per_s * elapsed).min(f64::from(tb.max_tokens));
+                self.refilled = now;
+                if self.tokens >= 1.0 {
+                    self.tokens -= 1.0;
+                    true
+                } else {
+                    false
+                }
+            }
+            Some(Strategy::BlanketRule(b)) => *b == BlanketRule::AllowAll as i32,
+            _ => false,
+        }
+    }
+}
+
+/// One simulated Envoy's run: `demand(t)` requests a second, reporting every second; the
+/// times (ms from `start`) of the requests it admitted.
+async fn simulate(addr: SocketAddr, start: Instant, run: Duration, demand: impl Fn(Duration) -> f64) -> Vec<u64> {
+    let bucket = id(&[("rule", "shared")]);
+    let mut envoy = Envoy::open(addr, reports("envoy", vec![usage(bucket.clone(), 0, 1, 0)]))
+        .await
+        .expect("stream");
+    let mut enforced = Enforced::new();
+    let (mut admitted, mut due, mut allowed, mut denied) = (Vec::new(), 0.0, 0, 0);
+    let mut reported = Instant::now();
+    let mut step = tokio::time::interval(Duration::from_millis(10));
+    while start.elapsed() < run {
+        tokio::select! {
+            _ = step.tick() => {
+                let now = Instant::now();
+                due += demand(start.elapsed()) / 100.0;
+                while due >= 1.0 {
+                    due -= 1.0;
+                    if enforced.admit(now) {
+                        allowed += 1;
+                        admitted.push(now.duration_since(start).as_millis() as u64);
+                    } else {
+                        denied += 1;
+                    }
+                }
+                if reported.elapsed() >= Duration::from_secs(1) {
+                    let elapsed = reported.elapsed().as_secs() as i64; // Envoy sends whole seconds
+                    reported = Instant::now();
+                    envoy.report(reports("", vec![usage(bucket.clone(), allowed, denied, elapsed)])).await;
+                    (allowed, denied) = (0, 0);
+                }
+            }
+            message = envoy.answers.message() => {
+                for a in message.expect("no error").expect("open").bucket_action {
+                    enforced.apply(&a);
+                }
+            }
+        }
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_envoys_on_two_nodes_keep_the_bound_and_share_by_demand() {
+    const FLEET_RULES: &str = r#"
+        [[rule]]
+        name = "shared"
+        by = "global"
+        algorithm = "token_bucket"
+        limit = 200
+        window = "1s"
+        lease = true
+    "#;
+    let server = RedisServer::start();
+    let (a, first) = serve(redis_store(&server.url()).await, FLEET_RULES, Limits::default()).await;
+    let (b, second) = serve(redis_store(&server.url()).await, FLEET_RULES, Limits::default()).await;
+    // Ten heavy clients and forty light ones, 400 a second in all (twice the rule's 200):
+    // 80/20 for 6 s, then 20/80.
+    let (run, swap) = (Duration::from_secs(12), Duration::from_secs(6));
+    let start = Instant::now();
+    let clients: Vec<_> = (0..50)
+        .map(|i| {
+            let heavy = i < 10;
+            let addr = if i % 2 == 0 { first } else { second };
+            tokio::spawn(simulate(addr, start, run, move |t| match (heavy, t < swap) {
+                (true, true) => 32.0,
+                (false, true) => 2.0,
+                (true, false) => 8.0,
+                (false, false) => 8.0,
+            }))
+        })
+        .collect();
+    let mut admitted: Vec<Vec<u64>> = Vec::new();
+    for c in clients {
+        admitted.push(c.await.expect("client"));
+    }
+    let all: Vec<u64> = admitted.iter().flatten().copied().collect();
+    let between = |times: &[u64], from: u64, to: u64| times.iter().filter(|t| (from..to).contains(t)).count() as u64;
+    // The bound for a leased token bucket (docs/design.md): over any T, at most
+    // capacity + rate·(T + L), L the lease (1 s) and its delivery (0.2 s allowed).
+    let bound = |t_ms: u64| 200 + 200 * (t_ms + 1_200) / 1_000;
+    for from in (0..11_000).step_by(100) {
+        let n = between(&all, from, from + 1_000);
+        assert!(
+            n <= bound(1_000),
+            "{n} admitted in [{from}, {from}+1000) ms, bound {}",
+            bound(1_000)
+        );
+    }
+    let total = all.len() as u64;
+    assert!(
+        total <= bound(12_000),
+        "{total} admitted in 12 s, bound {}",
+        bound(12_000)
+    );
+    // Shares follow demand within a few reports: the last 2 s of each phase.
+    let share = |from, to| {
+        let heavy: u64 = admitted[..10].iter().map(|t| between(t, from, to)).sum();
+        heavy as f64 / between(&all, from, to).max(1) as f64
+    };
+    let (before, after) = (share(4_000, 6_000), share(10_000, 12_000));
+    let used = |from, to| between(&all, from, to) as f64 / (200.0 * (to - from) as f64 / 1_000.0);
+    eprintln!(
+        "fleet: {total} admitted in 12 s (rate 200/s: {:.0}% of 2,400 + 200 burst); heavy share {before:.2} (demand 0.80) then {after:.2} (demand 0.20); quota used {:.0}% and {:.0}% in those seconds",
+        total as f64 / 26.0,
+        used(4_000, 6_000) * 100.0,
+        used(10_000, 12_000) * 100.0
+    );
+    let units = |n: &Node| {
+        let r = &n.metrics.rlqs;
+        r.units_granted.load(Ordering::Relaxed) as i64 - r.units_returned.load(Ordering::Relaxed) as i64
+    };
+    eprintln!(
+        "fleet: units paid {} (node a {}, node b {})",
+        units(&a) + units(&b),
+        units(&a),
+        units(&b)
+    );
+    assert!(before >= 0.6, "heavy clients' share {before:.2} with 80% of the demand");
+    assert!(after <= 0.4, "heavy clients' share {after:.2} with 20% of the demand");
 }

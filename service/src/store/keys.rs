@@ -34,6 +34,12 @@ pub fn lease(limit_key: &str, id: u64) -> String {
     format!("{limit_key}:lease:{id}")
 }
 
+/// What every node's RLQS buckets of the limit `limit_key` ask for, a second (a hash of node
+/// → `per_s:until_ms`): `<limit key>:demand`, in the limit's slot.
+pub fn demand(limit_key: &str) -> String {
+    format!("{limit_key}:demand")
+}
+
 /// The hash-tagged key prefix of one limit: `sluice:{<identity>}:<rule>`.
 pub fn limit(rule: &str, identity: &str) -> String {
     let mut key = String::with_capacity(rule.len() + identity.len() + 10);

@@ -125,6 +125,16 @@ impl Store {
         }
     }
 
+    /// Records that `member` (a node) wants `per_s` units a second of the limit `key` for the
+    /// next `ttl_ms`, and answers what every member whose record has not expired wants in
+    /// all. The memory store serves one node, so its total is that node's own.
+    pub async fn share_demand(&self, key: &str, member: &str, per_s: u64, ttl_ms: u64) -> Result<u64, StoreError> {
+        match self {
+            Store::Memory(_) => Ok(per_s),
+            Store::Redis(r) => r.share_demand(key, member, per_s, ttl_ms).await,
+        }
+    }
+
     /// The published rule set, if any was published.
     pub async fn published_rules(&self) -> Result<Option<Published>, StoreError> {
         match self {

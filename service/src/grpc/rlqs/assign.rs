@@ -66,15 +66,38 @@ pub fn plan(demand_per_s: u64, room: Room, ttl_s: u64) -> Strategy {
     }
 }
 
-/// Whether `current` still serves where `wanted` is what the demand asks now: no renewal
-/// replaces a bucket between once and twice the rate wanted, so a steady client keeps its
-/// bucket (Envoy then extends it instead of starting a new one).
+/// Whether `current` still serves where `wanted` is what the demand asks now: at least the
+/// rate wanted and at most a quarter more, so a steady client keeps its bucket (Envoy then
+/// extends it instead of starting a new one) and a client holding more than it should gives
+/// it up at its next report.
 pub fn fits(current: Strategy, wanted: Strategy) -> bool {
     match (current, wanted) {
         (Strategy::Bucket { per_s, .. }, Strategy::Bucket { per_s: want, .. }) => {
-            per_s >= want && per_s <= want.saturating_mul(2)
+            per_s >= want && per_s <= want.saturating_add(want / 4 + 1)
         }
         _ => false,
+    }
+}
+
+/// The bucket to plan for a demand of `demand_per_s` when every bucket of its quota (on
+/// every node) wants `total` a second: [`plan`] while the rule's rate covers everyone; else
+/// its part of the rate in proportion to its demand, exactly (no quarter more), so the plans
+/// add up to the rate and no one holds what another is refused.
+pub fn plan_shared(demand_per_s: u64, total: u64, room: Room, ttl_s: u64) -> Strategy {
+    if total <= room.per_s {
+        return plan(demand_per_s, room, ttl_s);
+    }
+    let part = u128::from(demand_per_s) * u128::from(room.per_s) / u128::from(total);
+    let part = u64::try_from(part).unwrap_or(u64::MAX);
+    match plan(part, room, ttl_s) {
+        Strategy::Bucket { per_s, .. } => {
+            let per_s = per_s.min(part).max(1);
+            Strategy::Bucket {
+                burst: (per_s / 2).max(1),
+                per_s,
+            }
+        }
+        other => other,
     }
 }
 
@@ -128,6 +151,17 @@ pub fn refills(strategy: Strategy, from_ms: u64, to_ms: u64) -> u64 {
     }
 }
 
+/// The milliseconds of refills `units` pay for under `strategy`, rounded down.
+pub fn paid_ms(strategy: Strategy, units: u64) -> u64 {
+    match strategy {
+        Strategy::Bucket { per_s, .. } if per_s > 0 => {
+            let ms = u128::from(units) * u128::from(SECOND_MS) / u128::from(per_s);
+            u64::try_from(ms).unwrap_or(u64::MAX)
+        }
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,9 +195,25 @@ mod tests {
     #[test]
     fn a_plan_is_kept_while_the_demand_stays_within_it() {
         let p = plan(100, ROOM, 1);
-        assert!(fits(p, plan(100, ROOM, 1)) && fits(p, plan(63, ROOM, 1)));
-        assert!(!fits(p, plan(101, ROOM, 1)) && !fits(p, plan(49, ROOM, 1)));
+        assert!(fits(p, plan(100, ROOM, 1)) && fits(p, plan(80, ROOM, 1)));
+        assert!(!fits(p, plan(101, ROOM, 1)) && !fits(p, plan(79, ROOM, 1)));
         assert!(!fits(Strategy::DenyAll, plan(1, ROOM, 1)));
+    }
+
+    #[test]
+    fn a_contended_quota_is_shared_in_proportion_to_demand() {
+        let room = Room {
+            per_s: 200,
+            capacity: 200,
+        };
+        // Room for everyone: a quarter more than the demand.
+        assert_eq!(plan_shared(30, 100, room, 1), plan(30, room, 1));
+        // 400 wanted of 200: each gets half its demand, exactly.
+        assert_eq!(plan_shared(32, 400, room, 1), Strategy::Bucket { burst: 8, per_s: 16 });
+        assert_eq!(plan_shared(8, 400, room, 1), Strategy::Bucket { burst: 2, per_s: 4 });
+        assert_eq!(plan_shared(1, 400, room, 1), Strategy::Bucket { burst: 1, per_s: 1 });
+        // Never more than one grant can pay for.
+        assert_eq!(plan_shared(u64::MAX, u64::MAX, room, 1), plan(u64::MAX, room, 1));
     }
 
     #[test]
@@ -203,5 +253,7 @@ mod tests {
         assert_eq!(extension(Strategy::DenyAll, 0, 9_000), 0);
         assert_eq!(refills(p, 5_000, 5_050), 0);
         assert_eq!(refills(p, 5_000, 5_450), 4);
+        assert_eq!(paid_ms(p, 4), 400);
+        assert_eq!(paid_ms(Strategy::Bucket { burst: 1, per_s: 0 }, 4), 0);
     }
 }

@@ -6,11 +6,13 @@
 //! together stays within the bound docs/design.md states for leases.
 //!
 //! [`bucket`] maps a `BucketId` to a rule and an identity, [`assign`] sizes assignments, and
-//! `book` holds every stream's buckets and renews their assignments on a tick.
+//! `book` holds every stream's buckets and renews their assignments on a tick, deciding each
+//! bucket's step in `walk`.
 
 pub mod assign;
 mod book;
 pub mod bucket;
+mod walk;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -251,11 +253,6 @@ mod action {
             bucket_id: id(key),
             bucket_action: Some(Kind::AbandonAction(AbandonAction {})),
         }
-    }
-
-    /// Whether `action` abandons its bucket.
-    pub fn is_abandon(action: &Action) -> bool {
-        matches!(action.bucket_action, Some(Kind::AbandonAction(_)))
     }
 
     /// One message carrying `actions`.

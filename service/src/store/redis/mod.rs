@@ -66,10 +66,32 @@ redis.call('PUBLISH', ARGV[3], version)
 return {1, version}
 "#;
 
+/// Records a member's demand for a limit (`per_s:until_ms`, until by Redis's clock), drops
+/// the expired ones, and answers the total of the rest.
+const SHARE_DEMAND: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. (now + ttl))
+local total = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local per_s, until_ms = string.match(all[i + 1], '^(%d+):(%d+)$')
+  if per_s and tonumber(until_ms) > now then
+    total = total + tonumber(per_s)
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return total
+"#;
+
 /// The loaded scripts.
 struct Scripts {
     check: Script,
     publish_rules: Script,
+    share_demand: Script,
 }
 
 /// The source of the check script, as loaded into Redis (for load tools and tests).
@@ -82,6 +104,7 @@ impl Scripts {
         Scripts {
             check: Script::new(&check_script()),
             publish_rules: Script::new(PUBLISH_RULES),
+            share_demand: Script::new(SHARE_DEMAND),
         }
     }
 }
@@ -373,6 +396,19 @@ impl RedisStore {
         } else {
             Publish::Conflict(version)
         })
+    }
+
+    /// Records `member`'s demand for the limit `key` for `ttl_ms` and answers every live
+    /// member's total (see [`crate::store::Store::share_demand`]), in one script.
+    pub async fn share_demand(&self, key: &str, member: &str, per_s: u64, ttl_ms: u64) -> Result<u64, StoreError> {
+        let mut invocation = self.scripts.share_demand.prepare_invoke();
+        invocation
+            .key(keys::demand(key))
+            .arg(member)
+            .arg(per_s)
+            .arg(ttl_ms.max(1));
+        let total: u64 = self.connection()?.run(&invocation).await?;
+        Ok(total)
     }
 
     /// Subscribes to the rules channel in the background and wakes `notify` on every
