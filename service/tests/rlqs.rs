@@ -68,6 +68,11 @@ async fn serve(store: Store, rules: &str, limits: Limits) -> (Arc<Node>, SocketA
         store_timeout: Duration::from_secs(5),
         ..NodeConfig::default()
     };
+    serve_with(store, rules, limits, config).await
+}
+
+/// [`serve`] with the node's `config`.
+async fn serve_with(store: Store, rules: &str, limits: Limits, config: NodeConfig) -> (Arc<Node>, SocketAddr) {
     let node = Node::new(store, RuleSet::from_toml(rules).expect("rules"), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -616,4 +621,28 @@ async fn fifty_envoys_on_two_nodes_keep_the_bound_and_share_by_demand() {
     );
     assert!(before >= 0.6, "heavy clients' share {before:.2} with 80% of the demand");
     assert!(after <= 0.4, "heavy clients' share {after:.2} with 20% of the demand");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_the_data_token_is_refused() {
+    let config = NodeConfig {
+        data_token: Some("s3cret".into()),
+        ..NodeConfig::default()
+    };
+    let (node, addr) = serve_with(memory(), RULES, Limits::default(), config).await;
+    let ann = id(&[("rule", "per-user"), ("user", "ann")]);
+    let refused = Envoy::open(addr, reports("envoy", vec![usage(ann.clone(), 1, 0, 0)])).await;
+    assert_eq!(refused.err().map(|s| s.code()), Some(Code::Unauthenticated));
+    assert_eq!(node.metrics.rlqs.buckets.load(Ordering::Relaxed), 0, "nothing subscribed");
+    // With it, the stream is served.
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(reports("envoy", vec![usage(ann, 1, 0, 0)])).await.expect("queued");
+    let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    call.metadata_mut().insert("authorization", "Bearer s3cret".parse().expect("ascii"));
+    let mut answers = client.stream_rate_limit_quotas(call).await.expect("served").into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), answers.message()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
 }
