@@ -619,6 +619,11 @@ async fn fifty_envoys_on_two_nodes_keep_the_bound_and_share_by_demand() {
         units(&a),
         units(&b)
     );
+    // Nobody holds what another is refused: in the last 2 s, where every client wants 8 a
+    // second of a rate that gives each 4, nearly every client is served.
+    let served = admitted.iter().filter(|t| between(t, 10_000, 12_000) > 0).count();
+    eprintln!("fleet: {served} of 50 clients served in the last 2 s");
+    assert!(served >= 45, "{served} of 50 clients served in the last 2 s");
     assert!(before >= 0.6, "heavy clients' share {before:.2} with 80% of the demand");
     assert!(after <= 0.4, "heavy clients' share {after:.2} with 20% of the demand");
 }
@@ -633,16 +638,27 @@ async fn a_stream_without_the_data_token_is_refused() {
     let ann = id(&[("rule", "per-user"), ("user", "ann")]);
     let refused = Envoy::open(addr, reports("envoy", vec![usage(ann.clone(), 1, 0, 0)])).await;
     assert_eq!(refused.err().map(|s| s.code()), Some(Code::Unauthenticated));
-    assert_eq!(node.metrics.rlqs.buckets.load(Ordering::Relaxed), 0, "nothing subscribed");
+    assert_eq!(
+        node.metrics.rlqs.buckets.load(Ordering::Relaxed),
+        0,
+        "nothing subscribed"
+    );
     // With it, the stream is served.
     let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
     let (tx, rx) = mpsc::channel(4);
-    tx.send(reports("envoy", vec![usage(ann, 1, 0, 0)])).await.expect("queued");
+    tx.send(reports("envoy", vec![usage(ann, 1, 0, 0)]))
+        .await
+        .expect("queued");
     let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    call.metadata_mut().insert("authorization", "Bearer s3cret".parse().expect("ascii"));
-    let mut answers = client.stream_rate_limit_quotas(call).await.expect("served").into_inner();
+    call.metadata_mut()
+        .insert("authorization", "Bearer s3cret".parse().expect("ascii"));
+    let mut answers = client
+        .stream_rate_limit_quotas(call)
+        .await
+        .expect("served")
+        .into_inner();
     let first = tokio::time::timeout(Duration::from_secs(5), answers.message()).await;
     assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
 }

@@ -32,10 +32,14 @@ const RETRY_AFTER_FAILURE_MS: u64 = 1_000;
 /// How often a quota's demand is told to the store, and how long what a node told counts.
 const DEMAND_EVERY_MS: u64 = 1_000;
 const DEMAND_TTL_MS: u64 = 3_000;
+/// How long a quota counts as contended after a grant for it came back short.
+const CONTENDED_MS: u64 = 5_000;
 
 /// A bucket one stream subscribed.
 pub(super) struct Bucket {
     pub(super) quota: Quota,
+    /// Its quota's limit key ([`keys::limit`]; empty unless the quota is a rule's).
+    pub(super) quota_key: String,
     /// Requests a second its latest report showed (allowed and denied).
     pub(super) demand_per_s: u64,
     /// When a report last showed it in use (or it was subscribed).
@@ -64,20 +68,25 @@ struct Stream {
     buckets: HashMap<BucketKey, Bucket>,
 }
 
-/// What every node's buckets want of one quota, as the store last answered.
-#[derive(Debug, Clone, Copy)]
+/// A contended quota: what every node's buckets want of it, as the store last answered.
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Share {
-    pub(super) total: u64,
+    /// Requests a second, over every node (`None`: not heard yet).
+    pub(super) total: Option<u64>,
     /// When this node last told the store its own part.
     pub(super) told_at_ms: u64,
+    /// Until when the quota counts as contended: a grant for it came back short, or left
+    /// less than it took.
+    pub(super) contended_until_ms: u64,
 }
 
 #[derive(Default)]
 struct State {
     streams: HashMap<u64, Stream>,
     buckets: usize,
-    /// By (rule, identity), for the quotas this node's buckets hold.
-    shares: HashMap<(String, String), Share>,
+    /// The contended quotas this node's buckets hold, by limit key ([`keys::limit`]). An
+    /// uncontended quota needs no sharing: every bucket gets what it asks for.
+    shares: HashMap<String, Share>,
     /// The rules the assignments were made under.
     rules: Option<Arc<RuleSet>>,
     retry_at_ms: u64,
@@ -203,6 +212,7 @@ impl Book {
             stream.buckets.insert(
                 usage.key,
                 Bucket {
+                    quota_key: quota_key(&quota),
                     quota,
                     demand_per_s: demand_per_s.max(first),
                     used_at_ms: now_ms,
@@ -269,6 +279,13 @@ impl Book {
         stats.units_returned.fetch_add(returned.iter().sum(), Ordering::Relaxed);
         let mut state = self.state();
         for (d, g) in due.into_iter().zip(grants) {
+            if g.units < d.ask.want || g.remaining < d.ask.want {
+                let share = state
+                    .shares
+                    .entry(keys::limit(&d.ask.rule, &d.ask.identity))
+                    .or_default();
+                share.contended_until_ms = now_ms + CONTENDED_MS;
+            }
             let Some(b) = state.bucket(d.stream, &d.key) else {
                 continue;
             };
@@ -282,51 +299,41 @@ impl Book {
         }
     }
 
-    /// Tells the store, once a second per quota, what this node's buckets want of it, and
-    /// learns what every node's want (one call per quota, all at once).
+    /// Tells the store, once a second per contended quota, what this node's buckets want of
+    /// it, and learns what every node's want (one call per quota, all at once).
     async fn tell_demands(&self, now_ms: u64) {
-        let telling: Vec<((String, String), u64)> = {
+        let telling: Vec<(String, u64)> = {
             let mut state = self.state();
-            let mut sums: HashMap<(String, String), u64> = HashMap::new();
-            for b in state.streams.values().flat_map(|s| s.buckets.values()) {
-                if let Quota::Of { rule, identity } = &b.quota {
-                    let sum = sums.entry((rule.clone(), identity.clone())).or_default();
+            let State { streams, shares, .. } = &mut *state;
+            shares.retain(|_, s| s.contended_until_ms > now_ms);
+            let mut sums: HashMap<&str, u64> = HashMap::new();
+            for b in streams.values().flat_map(|s| s.buckets.values()) {
+                if shares
+                    .get(&b.quota_key)
+                    .is_some_and(|s| now_ms >= s.told_at_ms + DEMAND_EVERY_MS)
+                {
+                    let sum = sums.entry(&b.quota_key).or_default();
                     *sum = sum.saturating_add(b.demand_per_s);
                 }
             }
-            state.shares.retain(|quota, _| sums.contains_key(quota));
-            sums.into_iter()
-                .filter(|(quota, _)| {
-                    state
-                        .shares
-                        .get(quota)
-                        .is_none_or(|s| now_ms >= s.told_at_ms + DEMAND_EVERY_MS)
-                })
-                .collect()
+            sums.into_iter().map(|(k, sum)| (k.to_owned(), sum)).collect()
         };
         if telling.is_empty() {
             return;
         }
         let store = &self.node.store;
         let timeout = self.node.config.store_timeout;
-        let told = join_all(telling.iter().map(|((rule, identity), sum)| {
-            let key = keys::limit(rule, identity);
-            async move {
-                let call = store.share_demand(&key, &self.member, *sum, DEMAND_TTL_MS);
-                tokio::time::timeout(timeout, call).await.ok().and_then(Result::ok)
-            }
+        let told = join_all(telling.iter().map(|(key, sum)| async move {
+            let call = store.share_demand(key, &self.member, *sum, DEMAND_TTL_MS);
+            tokio::time::timeout(timeout, call).await.ok().and_then(Result::ok)
         }))
         .await;
         let mut state = self.state();
-        for ((quota, sum), total) in telling.into_iter().zip(told) {
-            let total = total.map_or(sum, |t| t.max(sum)); // unheard: as if alone
-            state.shares.insert(
-                quota,
-                Share {
-                    total,
-                    told_at_ms: now_ms,
-                },
-            );
+        for ((key, sum), total) in telling.into_iter().zip(told) {
+            if let Some(share) = state.shares.get_mut(&key) {
+                share.total = Some(total.map_or(sum, |t| t.max(sum))); // unheard: as if alone
+                share.told_at_ms = now_ms;
+            }
         }
     }
 
@@ -364,6 +371,7 @@ impl Book {
             stream.buckets.retain(|key, b| {
                 if rules_changed {
                     b.quota = bucket::resolve(key, &stream.domain, rules, self.node.config.ipv6_prefix);
+                    b.quota_key = quota_key(&b.quota);
                     b.assigned = None;
                 }
                 match walk.step(key, b, due.len() < MAX_ASKS_PER_TICK) {
@@ -413,6 +421,14 @@ impl Book {
                 );
             }
         }
+    }
+}
+
+/// The limit key of `quota`, if it is a rule's.
+fn quota_key(quota: &Quota) -> String {
+    match quota {
+        Quota::Of { rule, identity } => keys::limit(rule, identity),
+        _ => String::new(),
     }
 }
 

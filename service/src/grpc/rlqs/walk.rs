@@ -41,7 +41,7 @@ pub(super) enum Step {
 pub(super) struct Walk<'a> {
     pub(super) rules: &'a RuleSet,
     /// What every node's buckets want of a quota, a second, as last heard from the store.
-    pub(super) shares: &'a HashMap<(String, String), Share>,
+    pub(super) shares: &'a HashMap<String, Share>,
     pub(super) now_us: Micros,
     /// Whether grants may be asked for (not while backing off a failed exchange).
     pub(super) asking: bool,
@@ -84,7 +84,7 @@ impl Walk<'_> {
         let Some(r) = self.rules.rule(&rule) else {
             return Step::Keep;
         };
-        let total = self.shares.get(&(rule.clone(), identity.clone())).map(|s| s.total);
+        let total = self.shares.get(&b.quota_key).and_then(|s| s.total);
         let planned = planned(r, b.demand_per_s, total);
         let outgrown = reported && b.assigned.is_some_and(|a| !assign::fits(a.strategy, planned));
         let renew = outgrown || b.assigned.is_none_or(|a| now_ms >= a.renew_at_ms);
