@@ -5,6 +5,7 @@
 //! on; and a fleet of 50 simulated Envoys on two nodes over one Redis keeps the rule's
 //! bound in every second while their shares follow their demand.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -661,4 +662,193 @@ async fn a_stream_without_the_data_token_is_refused() {
         .into_inner();
     let first = tokio::time::timeout(Duration::from_secs(5), answers.message()).await;
     assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
+}
+
+/// A fleet of streams for the scale test and the bench: `streams` streams of `per_stream`
+/// buckets (a user each) over `connections` HTTP/2 connections to `addr`, each reporting
+/// every second (`used` requests a bucket) until `stop`. The actions each stream received.
+async fn hold_streams(
+    addr: SocketAddr,
+    streams: usize,
+    per_stream: usize,
+    connections: usize,
+    used: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<Arc<std::sync::atomic::AtomicU64>> {
+    let mut channels = Vec::new();
+    for _ in 0..connections {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        channels.push(channel);
+    }
+    let mut received = Vec::new();
+    for s in 0..streams {
+        let ids: Vec<BucketId> = (0..per_stream)
+            .map(|b| id(&[("rule", "per-user"), ("user", &format!("s{s}-b{b}"))]))
+            .collect();
+        let first = reports("envoy", ids.iter().map(|i| usage(i.clone(), 1, 0, 0)).collect());
+        let mut client = RateLimitQuotaServiceClient::new(channels[s % connections].clone());
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(first).await.expect("queued");
+        let mut answers = client
+            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("stream")
+            .into_inner();
+        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        received.push(count.clone());
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            every.tick().await;
+            loop {
+                tokio::select! {
+                    m = answers.message() => match m {
+                        Ok(Some(m)) => { count.fetch_add(m.bucket_action.len() as u64, Ordering::Relaxed); }
+                        _ => return,
+                    },
+                    _ = every.tick() => {
+                        let usages = ids.iter().map(|i| usage(i.clone(), used, 0, 1)).collect();
+                        if tx.send(reports("", usages)).await.is_err() { return; }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+    }
+    received
+}
+
+const SCALE_RULES: &str = r#"
+[[rule]]
+name = "per-user"
+by = "user"
+algorithm = "token_bucket"
+limit = 600
+window = "1m"
+lease = true
+lease_ttl = "5s"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_holds_two_thousand_streams_and_twenty_thousand_buckets() {
+    let (node, addr) = serve(memory(), SCALE_RULES, Limits::default()).await;
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let received = hold_streams(addr, 2_000, 10, 8, 5, stop).await;
+    let rlqs = &node.metrics.rlqs;
+    // Every bucket is followed and assigned, then renewed before its 5 s run out.
+    let started = Instant::now();
+    while received.iter().map(|c| c.load(Ordering::Relaxed)).sum::<u64>() < 20_000 {
+        assert!(started.elapsed() < Duration::from_secs(60), "20,000 first assignments");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rlqs.streams.load(Ordering::Relaxed), 2_000);
+    assert_eq!(rlqs.buckets.load(Ordering::Relaxed), 20_000);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let renewed = received.iter().filter(|c| c.load(Ordering::Relaxed) >= 20).count();
+    assert_eq!(renewed, 2_000, "every stream's buckets renewed within their TTL");
+    let _ = stop_tx.send(true);
+}
+
+/// The bench behind BENCHMARKS.md's RLQS table (`cargo nextest run --release -p
+/// sluice-service --test rlqs --run-ignored only -E 'test(bench_rlqs)' --no-capture`;
+/// `RLQS_STORE=redis` for a real Redis): the binary with `--rlqs`, 2,000 streams of 10
+/// buckets reporting every second, and what the node spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run it by name"]
+async fn bench_rlqs() {
+    let redis = (std::env::var("RLQS_STORE").as_deref() == Ok("redis")).then(RedisServer::start);
+    let dir = sluice_testkit::ScratchDir::new("rlqs-bench");
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, SCALE_RULES).expect("rules");
+    let (http, grpc) = (sluice_testkit::free_port(), sluice_testkit::free_port());
+    let store = redis.as_ref().map_or("memory".to_owned(), RedisServer::url);
+    let mut child = sluice_testkit::Child::spawn(
+        "sluice-service",
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice-service")).args([
+            "--listen",
+            &format!("127.0.0.1:{http}"),
+            "--grpc-listen",
+            &format!("127.0.0.1:{grpc}"),
+            "--rlqs",
+            "--store",
+            &store,
+            "--store-timeout-ms",
+            "1000",
+            "--rules",
+            rules.to_str().expect("utf-8 path"),
+        ]),
+    );
+    sluice_testkit::wait_for_port(grpc, Duration::from_secs(20));
+    let pid = child.id().expect("running");
+    let addr: SocketAddr = format!("127.0.0.1:{grpc}").parse().expect("addr");
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let received = hold_streams(addr, 2_000, 10, 8, 5, stop).await;
+    while received.iter().map(|c| c.load(Ordering::Relaxed)).sum::<u64>() < 20_000 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let assigned_in = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let redis_ports: Vec<u16> = redis.iter().map(RedisServer::port).collect();
+    sluice_testkit::reset_stats(&redis_ports);
+    let (cpu0, m0) = (cpu_ms(pid), metrics(http));
+    let window = Duration::from_secs(10);
+    tokio::time::sleep(window).await;
+    let (cpu1, m1) = (cpu_ms(pid), metrics(http));
+    let _ = stop_tx.send(true);
+    let d = |name: &str| m1.get(name).copied().unwrap_or(0.0) - m0.get(name).copied().unwrap_or(0.0);
+    let usages = d("sluice_rlqs_usages_total");
+    println!(
+        "rlqs bench ({store}): 2,000 streams, 20,000 buckets, all first assignments in {:.2} s; over {} s: {:.0} usages/s, node CPU {:.0}% of a core, {:.1} µs CPU a usage; {:.0} assignments/s; grants {:.3} and store exchanges {:.4} a usage; Redis scripts {:.3} a usage; RSS {} MB",
+        assigned_in.as_secs_f64(),
+        window.as_secs(),
+        usages / window.as_secs_f64(),
+        (cpu1 - cpu0) as f64 / window.as_millis() as f64 * 100.0,
+        (cpu1 - cpu0) as f64 * 1_000.0 / usages.max(1.0),
+        d("sluice_rlqs_assignments_total") / window.as_secs_f64(),
+        d("sluice_rlqs_grants_total") / usages.max(1.0),
+        d("sluice_rlqs_exchanges_total") / usages.max(1.0),
+        sluice_testkit::script_calls(&redis_ports) as f64 / usages.max(1.0),
+        rss_mb(pid),
+    );
+    child.kill();
+}
+
+/// CPU time (user + system) process `pid` has used, in ms.
+fn cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat.rsplit(')').next().expect("fields").split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    ticks * 10 // USER_HZ is 100 on Linux
+}
+
+/// Resident memory of process `pid`, in MB.
+fn rss_mb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    kb / 1_024
+}
+
+/// The unlabelled metrics of the node on `port`.
+fn metrics(port: u16) -> HashMap<String, f64> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.split_once(' ')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
 }
