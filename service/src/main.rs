@@ -191,11 +191,17 @@ struct Args {
     #[arg(long, default_value_t = 50, requires = "global_store", value_parser = clap::value_parser!(u64).range(1..))]
     global_tick_ms: u64,
     /// A global quota used within this long (ms) keeps a lease of at least one unit between
-    /// requests, so a client that comes back now and then is not refused for want of one
-    /// (0: a quota idle a whole second lets its lease go). Each quota kept costs a lease
-    /// renewal over the WAN per lease length.
+    /// requests, so a client that comes back now and then is served from the node at once
+    /// (0: a quota idle a whole second lets its lease go; its next check waits a WAN round
+    /// trip for a new one). Each quota kept costs a lease renewal over the WAN per lease
+    /// length.
     #[arg(long, default_value_t = 10_000, requires = "global_store")]
     global_keep_warm_ms: u64,
+    /// Checks that may wait at once for a cold global quota's first lease (a new client:
+    /// one WAN round trip); past it a cold check is refused and counted
+    /// (`sluice_global_checks_total{source="cold_over_cap"}`).
+    #[arg(long, default_value_t = 4_096, requires = "global_store")]
+    global_max_cold_waits: usize,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -317,6 +323,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
                 tick: Duration::from_millis(args.global_tick_ms),
                 timeout,
                 keep_warm: Duration::from_millis(args.global_keep_warm_ms),
+                max_cold_waits: args.global_max_cold_waits,
             };
             tracing::info!(region = %config.name, global_store = %url, "global rules are leased from the global store");
             Some(Region::new(Store::Redis(Box::new(global)), config))

@@ -38,6 +38,11 @@ impl Regions {
     /// A region per entry of `one_way` (the WAN latency each way between that region and
     /// the global store), every node running `rules`.
     pub fn start(rules: &str, one_way: &[Duration]) -> Regions {
+        Regions::start_with(rules, one_way, &[])
+    }
+
+    /// [`Regions::start`], every node also given `args`.
+    pub fn start_with(rules: &str, one_way: &[Duration], args: &[&str]) -> Regions {
         let dir = ScratchDir::new("regions");
         std::fs::write(dir.join("rules.toml"), rules).expect("rules file");
         let tls = TlsFiles::generate("regions");
@@ -59,7 +64,8 @@ impl Regions {
                         .arg(tls.ca())
                         .arg("--global-store-password-file")
                         .arg(dir.join("global-password"))
-                        .args(["--region", &format!("r{i}")]),
+                        .args(["--region", &format!("r{i}")])
+                        .args(args),
                 );
                 Region {
                     port,
@@ -71,6 +77,18 @@ impl Regions {
             .collect();
         for r in &regions {
             wait_for_port(r.port, Duration::from_secs(30));
+            // The node connects to the global store in the background: until it has, a check
+            // of a new client cannot get its quota's first lease.
+            let mut checker = Checker::connect(r.port);
+            let started = std::time::Instant::now();
+            while !checker.check("/", "fixture-warm-up") {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "region {} never admitted a check",
+                    r.port
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
         Regions {
             regions,

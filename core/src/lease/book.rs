@@ -41,6 +41,9 @@ pub struct BookConfig {
     /// Most asks, and most returns, one call carries: the rest wait for the next call.
     /// [`MAX_LEASE_ITEMS`], the default, is what `POST /v1/lease` takes.
     pub max_items_per_call: usize,
+    /// Units a lease asks for at least (1, the default): more spares a holder whose quota's
+    /// first request waited for its lease a second wait for the next (a region's node).
+    pub min_lease_units: u64,
 }
 
 impl Default for BookConfig {
@@ -50,6 +53,7 @@ impl Default for BookConfig {
             renew_ahead_ms: 250,
             return_margin_ms: 100,
             horizon_ms: 1_000,
+            min_lease_units: 1,
             keep_warm_ms: 0,
             max_items_per_call: MAX_LEASE_ITEMS,
         }
@@ -242,6 +246,16 @@ impl LeaseBook {
         Spend::Spent(left)
     }
 
+    /// Whether asking the store could let `quota` spend `units` at `now_ms`: it has no live
+    /// lease (cold: never leased, or its lease ended), or its lease is short of `units`
+    /// though its grant brought some (the store had units to give then). `false` when the
+    /// last grant brought none: the quota is spent until that lease ends.
+    pub fn may_get(&self, quota: &Quota, units: u64, now_ms: u64) -> bool {
+        self.held
+            .get(quota)
+            .is_none_or(|h| !h.live(now_ms) || (h.units < units && h.granted_units > 0))
+    }
+
     /// Whether `quota` has a live lease with `units` left at `now_ms`.
     pub fn holds(&self, quota: &Quota, units: u64, now_ms: u64) -> bool {
         self.held.get(quota).is_some_and(|h| h.live(now_ms) && h.units >= units)
@@ -296,7 +310,7 @@ impl LeaseBook {
                 h.asked = true;
                 h.renewing = held;
                 let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
-                let want = lease_size(rate, horizon_ms.saturating_mul(1_000), u64::MAX);
+                let want = lease_size(rate, horizon_ms.saturating_mul(1_000), u64::MAX).max(c.min_lease_units);
                 asks.push(LeaseAsk {
                     rule: rule.clone(),
                     identity: identity.clone(),

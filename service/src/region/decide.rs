@@ -16,12 +16,17 @@ use crate::store::closed_decision;
 enum Plan {
     /// Refused without counting anything: the decisions of the global rules that refused.
     Refused(Vec<(usize, Decision)>, Source),
+    /// As `Refused` for want of units, but a quota lacks them only for want of asking
+    /// (see [`cold`]): the check may wait for its lease.
+    Cold(Vec<(usize, Decision)>),
     /// The global rules in `pooled` spent from the book (`spent`, in the same order); those
     /// in `alone` are decided in the region's store with their share.
     Go {
         pooled: Vec<(usize, Quota)>,
         spent: Vec<Left>,
         alone: Vec<usize>,
+        /// The check waited for a cold quota's first lease.
+        waited: bool,
     },
 }
 
@@ -39,16 +44,20 @@ pub async fn decide(
     let now_ms = instant_ms(now_us);
     let cost = targets.first().map_or(1, |t| t.cost);
     let mut out = vec![None; matched.len()];
-    let (pooled, spent, alone) = match plan(region, matched, targets, cost, now_ms) {
-        Plan::Refused(refused, source) => {
-            region.count(source);
-            for (i, d) in refused {
-                out[i] = Some(d);
-            }
-            // Refused while the global store cannot be reached: a failure policy decided.
-            return (out, !region.link_up());
-        }
-        Plan::Go { pooled, spent, alone } => (pooled, spent, alone),
+    let planned = match plan(region, matched, targets, cost, now_ms) {
+        Plan::Cold(refused) if region.link_up() => wait_cold(node, region, matched, targets, cost, refused).await,
+        planned => planned,
+    };
+    let (pooled, spent, alone, waited) = match planned {
+        Plan::Refused(refused, source) => return refuse(region, out, refused, source),
+        // The global store is cut off: no wait, a refusal.
+        Plan::Cold(refused) => return refuse(region, out, refused, Source::Empty),
+        Plan::Go {
+            pooled,
+            spent,
+            alone,
+            waited,
+        } => (pooled, spent, alone, waited),
     };
     // The rest in one store call: the regional rules, and the global ones deciding alone.
     let in_store: Vec<usize> = (0..matched.len())
@@ -93,8 +102,29 @@ pub async fn decide(
             delay: 0,
         });
     }
-    region.count(if alone.is_empty() { Source::Pool } else { Source::Alone });
+    region.count(if !alone.is_empty() {
+        Source::Alone
+    } else if waited {
+        Source::Cold
+    } else {
+        Source::Pool
+    });
     (out, degraded || !alone.is_empty())
+}
+
+/// The answer of a check its global rules refused (`refused`, counted as `source`).
+fn refuse(
+    region: &Region,
+    mut out: Vec<Option<Decision>>,
+    refused: Vec<(usize, Decision)>,
+    source: Source,
+) -> (Vec<Option<Decision>>, bool) {
+    region.count(source);
+    for (i, d) in refused {
+        out[i] = Some(d);
+    }
+    // Refused while the global store cannot be reached: a failure policy decided.
+    (out, !region.link_up())
 }
 
 /// Which global rules spend from the book and which decide alone, and the spend itself.
@@ -116,7 +146,12 @@ fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u6
     }
     let quotas: Vec<Quota> = pooled.iter().map(|(_, q)| q.clone()).collect();
     match book.spend_units(&quotas, cost, now_ms) {
-        Spend::Spent(spent) => Plan::Go { pooled, spent, alone },
+        Spend::Spent(spent) => Plan::Go {
+            pooled,
+            spent,
+            alone,
+            waited: false,
+        },
         Spend::Missing => {
             // The quotas without units refuse; the others are not counted.
             let refused = pooled
@@ -124,7 +159,58 @@ fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u6
                 .filter(|(_, q)| !book.holds(q, cost, now_ms))
                 .map(|(i, _)| (*i, closed_decision(&targets[*i].limit)))
                 .collect();
-            Plan::Refused(refused, Source::Empty)
+            // Decided under the same lock as the spend: a lease landing just after it wakes
+            // the waiting check again.
+            if pooled.iter().any(|(_, q)| book.may_get(q, cost, now_ms)) {
+                Plan::Cold(refused)
+            } else {
+                Plan::Refused(refused, Source::Empty)
+            }
+        }
+    }
+}
+
+/// A check refused (`refused`) only because a global quota lacks units for want of asking
+/// — cold (no lease: a new client, or one idle past `--global-keep-warm-ms`), or its lease
+/// ran out though the global store had units to give (`LeaseBook::may_get`) — waits for
+/// the node's next exchange with the global store (woken at once: one WAN round trip) to
+/// lease the quota (the book asks for what the waiting checks want), then is planned again.
+/// Refused after all if the lease came with no units (the quota is spent), if it does not
+/// come within the region's timeout, or if `max_cold_waits` checks wait already.
+async fn wait_cold(
+    node: &Node,
+    region: &Region,
+    matched: &[(&Rule, &str)],
+    targets: &[Target],
+    cost: u64,
+    refused: Vec<(usize, Decision)>,
+) -> Plan {
+    let Some(_place) = region.cold_wait() else {
+        return Plan::Refused(refused, Source::ColdOverCap);
+    };
+    let mut landed = region.landed.subscribe();
+    region.wake.notify_one();
+    let deadline = tokio::time::Instant::now() + region.config.timeout + region.config.tick;
+    loop {
+        if !matches!(tokio::time::timeout_at(deadline, landed.changed()).await, Ok(Ok(()))) {
+            return Plan::Refused(refused, Source::ColdTimedOut);
+        }
+        let now_ms = instant_ms(node.clock.now_us());
+        match plan(region, matched, targets, cost, now_ms) {
+            // Another quota's exchange ended; this one's lease has not landed yet.
+            Plan::Cold(_) if region.link_up() => {}
+            Plan::Cold(refused) => return Plan::Refused(refused, Source::Empty),
+            Plan::Go {
+                pooled, spent, alone, ..
+            } => {
+                return Plan::Go {
+                    pooled,
+                    spent,
+                    alone,
+                    waited: true,
+                }
+            }
+            refused => return refused,
         }
     }
 }

@@ -12,11 +12,12 @@ pub mod decide;
 pub mod refill;
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use sluice_core::lease::book::{BookConfig, LeaseBook};
+use tokio::sync::{watch, Notify};
 
 use crate::store::Store;
 
@@ -30,9 +31,12 @@ pub struct RegionConfig {
     /// Longest wait for a call to the global store.
     pub timeout: Duration,
     /// A quota used within this long keeps a lease between visits, so a client that comes
-    /// back now and then finds a unit here instead of a refusal (there is no exact path to
-    /// fall back on: that would wait on the WAN). Costs a renewal per quota and lease.
+    /// back now and then finds a unit here instead of a WAN round trip. Costs a renewal per
+    /// quota and lease.
     pub keep_warm: Duration,
+    /// Checks waiting at once for a cold quota's first lease; past it a cold check is
+    /// refused (and counted) instead of waiting.
+    pub max_cold_waits: usize,
 }
 
 impl Default for RegionConfig {
@@ -42,6 +46,7 @@ impl Default for RegionConfig {
             tick: Duration::from_millis(50),
             timeout: Duration::from_secs(1),
             keep_warm: Duration::from_secs(10),
+            max_cold_waits: 4_096,
         }
     }
 }
@@ -59,6 +64,12 @@ pub struct Region {
     link_up: AtomicBool,
     /// A ping of the global store is in flight (while the link is down).
     probing: AtomicBool,
+    /// Bumped each time an exchange with the global store ends: cold checks wait on it.
+    landed: watch::Sender<u64>,
+    /// Wakes the refill task before its tick: a cold check is waiting.
+    wake: Notify,
+    /// Checks waiting for a cold quota's first lease now.
+    cold_waits: AtomicUsize,
     counters: Counters,
 }
 
@@ -73,6 +84,9 @@ struct Counters {
     refused_empty: AtomicU64,
     refused_cut_off: AtomicU64,
     decided_alone: AtomicU64,
+    cold_admitted: AtomicU64,
+    cold_over_cap: AtomicU64,
+    cold_timed_out: AtomicU64,
 }
 
 /// How a check's global rules were decided, for metrics.
@@ -86,6 +100,12 @@ pub enum Source {
     CutOff,
     /// Decided alone in the region's store with the rule's share (policy `share`).
     Alone,
+    /// From a cold quota's first lease, which the check waited for (one WAN round trip).
+    Cold,
+    /// Refused: a cold quota, and already `max_cold_waits` checks waiting.
+    ColdOverCap,
+    /// Refused: a cold quota whose first lease did not come within the region's timeout.
+    ColdTimedOut,
 }
 
 impl Region {
@@ -102,6 +122,9 @@ impl Region {
             // more than a proxy's call, so many warm quotas renew in time (1,024 a tick is
             // about 20,000 a second at the default tick).
             max_items_per_call: 1_024,
+            // A cold quota's first lease is the decision of the check that waited for it
+            // plus a few units for the requests after it, so they do not wait again.
+            min_lease_units: 8,
             ..BookConfig::default()
         };
         Region {
@@ -110,6 +133,9 @@ impl Region {
             book: Mutex::new(LeaseBook::new(book)),
             link_up: AtomicBool::new(true),
             probing: AtomicBool::new(false),
+            landed: watch::channel(0).0,
+            wake: Notify::new(),
+            cold_waits: AtomicUsize::new(0),
             counters: Counters::default(),
         }
     }
@@ -141,8 +167,24 @@ impl Region {
             Source::Empty => &c.refused_empty,
             Source::CutOff => &c.refused_cut_off,
             Source::Alone => &c.decided_alone,
+            Source::Cold => &c.cold_admitted,
+            Source::ColdOverCap => &c.cold_over_cap,
+            Source::ColdTimedOut => &c.cold_timed_out,
         }
         .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A place among the checks waiting for a cold quota's lease, if one is free; held
+    /// until dropped.
+    fn cold_wait(&self) -> Option<ColdWait<'_>> {
+        let before = self.cold_waits.fetch_add(1, Ordering::SeqCst);
+        let wait = ColdWait(&self.cold_waits);
+        (before < self.config.max_cold_waits).then_some(wait)
+    }
+
+    /// Tells cold checks an exchange with the global store ended.
+    fn landed(&self) {
+        self.landed.send_modify(|n| *n += 1);
     }
 
     /// The region's metrics, Prometheus text.
@@ -181,11 +223,26 @@ impl Region {
              sluice_global_checks_total{{region=\"{region}\",source=\"pool\"}} {}\n\
              sluice_global_checks_total{{region=\"{region}\",source=\"empty\"}} {}\n\
              sluice_global_checks_total{{region=\"{region}\",source=\"cut_off\"}} {}\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"alone\"}} {}",
+             sluice_global_checks_total{{region=\"{region}\",source=\"alone\"}} {}\n\
+             sluice_global_checks_total{{region=\"{region}\",source=\"cold\"}} {}\n\
+             sluice_global_checks_total{{region=\"{region}\",source=\"cold_over_cap\"}} {}\n\
+             sluice_global_checks_total{{region=\"{region}\",source=\"cold_timed_out\"}} {}",
             get(&c.from_pool),
             get(&c.refused_empty),
             get(&c.refused_cut_off),
-            get(&c.decided_alone)
+            get(&c.decided_alone),
+            get(&c.cold_admitted),
+            get(&c.cold_over_cap),
+            get(&c.cold_timed_out)
         );
+    }
+}
+
+/// A check's place among those waiting for a cold quota's lease.
+struct ColdWait<'a>(&'a AtomicUsize);
+
+impl Drop for ColdWait<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

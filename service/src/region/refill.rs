@@ -1,6 +1,7 @@
 //! The background task of a node in a region: every tick it asks the global store for the
 //! leases its book wants (quotas about to run out, sized to this node's demand) and gives
-//! back what idle quotas hold, in one concurrent exchange that never blocks a check.
+//! back what idle quotas hold, in one concurrent exchange that never blocks a check. A check
+//! waiting for a cold quota's first lease wakes it before its tick.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,7 +24,11 @@ pub async fn run(node: Arc<Node>) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut seen = node.rules();
     loop {
-        tick.tick().await;
+        // A cold check waiting for its quota's first lease does not wait for the tick.
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = region.wake.notified() => {}
+        }
         let rules = node.rules();
         let now_ms = instant_ms(node.clock.now_us());
         if !Arc::ptr_eq(&rules, &seen) {
@@ -74,6 +79,7 @@ async fn call(node: Arc<Node>, rules: Arc<RuleSet>, asks: Vec<LeaseAsk>, returns
             }
         }
     }
+    region.landed();
 }
 
 /// While the link is down and nothing is asked for (a `closed` rule refuses without asking),
