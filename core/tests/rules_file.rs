@@ -1,7 +1,7 @@
 //! The rule file: parsing, defaults, every validation message, syntax errors, round trips.
 
 use sluice_core::rules::{FailureMode, Identity, RuleSet, RulesError, Unreachable};
-use sluice_core::Algorithm;
+use sluice_core::{Algorithm, Limit};
 
 fn example_text() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
@@ -292,13 +292,26 @@ fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
     for set in [&shared, &again] {
         let g = set.rules()[0].global.clone().expect("global");
         assert_eq!(g.ttl, 5_000_000);
-        let Unreachable::Share(share) = g.unreachable else {
+        let Unreachable::Share { limit: share, .. } = g.unreachable else {
             panic!("share, not {:?}", g.unreachable)
         };
         assert_eq!(
             (share.limit(), share.capacity(), share.window()),
             (3, 6, 1_000_000),
             "30 % of 10 and of 20"
+        );
+        // A client with an override of 1,000 (burst 2,000) gets 30 % of its own limit when
+        // cut off, not the rule's share.
+        let override_limit = Limit::builder(share.algorithm(), 1_000, 1_000_000)
+            .burst(2_000)
+            .build()
+            .unwrap();
+        let alone = g.unreachable.share(&override_limit).expect("a share");
+        assert_eq!((alone.limit(), alone.capacity()), (300, 600), "30 % of the override");
+        assert_eq!(
+            g.unreachable.share(&share).map(|l| l.limit()),
+            Some(1),
+            "30 % of 3, at least 1"
         );
     }
     let closed = RuleSet::from_toml(&with("global = true\non_global_unreachable = \"closed\"")).unwrap();

@@ -20,11 +20,28 @@ pub struct Global {
 pub enum Unreachable {
     /// Spend what the region holds until its leases end, then deny (`spend`, the default).
     Spend,
-    /// Spend what it holds, then decide alone with this limit, a share of the rule's
-    /// (`share`, `global_share` percent of `limit` and `burst`).
-    Share(Limit),
+    /// Spend what it holds, then decide alone with a share of the limit (`share`:
+    /// `global_share` percent of `limit` and `burst`).
+    Share {
+        /// `global_share`.
+        percent: u64,
+        /// That share of the rule's own limit.
+        limit: Limit,
+    },
     /// Deny as soon as a lease call fails (`closed`).
     Closed,
+}
+
+impl Unreachable {
+    /// The limit a region cut off from the global store decides alone with, for a quota
+    /// limited by `limit` (the rule's own, or an override's for that client): `global_share`
+    /// percent of it. `None` unless the policy is `share`.
+    pub fn share(&self, limit: &Limit) -> Option<Limit> {
+        match self {
+            Unreachable::Share { percent, limit: own } => Some(share_of(limit, *percent).unwrap_or(*own)),
+            Unreachable::Spend | Unreachable::Closed => None,
+        }
+    }
 }
 
 /// The rule's global part, or `None` when it is regional; `Err((field, why))` when a field
@@ -61,7 +78,10 @@ pub(crate) fn global(spec: &RuleSpec, limit: &Limit) -> Result<Option<Global>, (
     let unreachable = match (spec.on_global_unreachable.as_deref().unwrap_or("spend"), spec.global_share) {
         ("spend", None) => Unreachable::Spend,
         ("closed", None) => Unreachable::Closed,
-        ("share", Some(percent @ 1..=100)) => Unreachable::Share(share_of(limit, percent)?),
+        ("share", Some(percent @ 1..=100)) => Unreachable::Share {
+            percent,
+            limit: share_of(limit, percent)?,
+        },
         ("share", Some(p)) => return Err(("global_share", format!("must be 1 to 100 (percent of limit), not {p}"))),
         ("share", None) => {
             return Err((

@@ -65,12 +65,17 @@ pub async fn decide(
         .collect();
     let store_targets: Vec<Target> = in_store
         .iter()
-        .map(|&i| match matched[i].0.global.as_ref().map(|g| &g.unreachable) {
-            Some(Unreachable::Share(share)) => Target {
-                limit: *share,
+        .map(|&i| {
+            // Deciding alone: the share of this client's limit (an override's, if it has one).
+            let share = matched[i]
+                .0
+                .global
+                .as_ref()
+                .and_then(|g| g.unreachable.share(&targets[i].limit));
+            Target {
+                limit: share.unwrap_or(targets[i].limit),
                 ..targets[i].clone()
-            },
-            _ => targets[i].clone(),
+            }
         })
         .collect();
     let (decided, degraded) = if store_targets.is_empty() {
@@ -140,8 +145,8 @@ fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u6
             _ if up => pooled.push((i, quota)),
             Unreachable::Spend => pooled.push((i, quota)),
             Unreachable::Closed => return Plan::Refused(vec![(i, closed_decision(&targets[i].limit))], Source::CutOff),
-            Unreachable::Share(_) if book.holds(&quota, cost, now_ms) => pooled.push((i, quota)),
-            Unreachable::Share(_) => alone.push(i),
+            Unreachable::Share { .. } if book.holds(&quota, cost, now_ms) => pooled.push((i, quota)),
+            Unreachable::Share { .. } => alone.push(i),
         }
     }
     let quotas: Vec<Quota> = pooled.iter().map(|(_, q)| q.clone()).collect();
