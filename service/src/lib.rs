@@ -1,7 +1,8 @@
 //! Sluice's check service: stateless nodes that decide rate limits over a counter store.
 //!
 //! The binary (`sluice-service`) wires these modules together: [`http`] serves
-//! `POST /v1/check` and the admin API, [`check`] evaluates a request against the rules,
+//! `POST /v1/check` and the admin API, [`check`] evaluates a request against the rules
+//! ([`decide`] takes the limits it matched to the store at once),
 //! [`store`] holds the counters, the published rules and the violations log (memory, Redis,
 //! Redis Cluster: all Redis knowledge lives there), [`rules_source`] keeps every node on the
 //! published rules, [`housekeeping`] sweeps expired state and overrides, and [`breaker`] and
@@ -12,6 +13,7 @@
 pub mod breaker;
 pub mod check;
 pub mod clock;
+pub mod decide;
 pub mod edge;
 pub mod grpc;
 pub mod housekeeping;

@@ -16,7 +16,7 @@ use super::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit 
 use super::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use super::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::check::{self, Target};
+use crate::decide::{decide_limits, Target};
 use crate::metrics::Verdict;
 use crate::node::Node;
 use crate::store::keys;
@@ -130,7 +130,7 @@ impl RateLimitService for RateLimiter {
         let (decisions, degraded) = if targets.is_empty() || overall == Code::OverLimit {
             (Vec::new(), false)
         } else {
-            check::decide(node, &targets, now_us).await
+            decide_limits(node, &targets, now_us).await
         };
         if let Some(closed) = limited
             .iter()

@@ -8,7 +8,7 @@ use sluice_core::time::instant_ms;
 use sluice_core::{Decision, Micros};
 
 use super::{Region, Source};
-use crate::check::{self, Target};
+use crate::decide::{decide_limits, Target};
 use crate::node::Node;
 use crate::store::closed_decision;
 
@@ -81,7 +81,7 @@ pub async fn decide(
     let (decided, degraded) = if store_targets.is_empty() {
         (Vec::new(), false)
     } else {
-        check::decide(node, &store_targets, now_us).await
+        decide_limits(node, &store_targets, now_us).await
     };
     let passes = decided.iter().zip(&store_targets).all(|(d, t)| d.allowed || t.shadow);
     if !passes {
