@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 use serde::{Deserialize, Serialize};
 
 use super::http_date::parse_http_date;
-use super::structured::{self, Item};
+use super::structured::{self, parse_u64, Item};
 use crate::rules::parse_rfc3339;
 
 /// The quota a response advertised; every field is absent unless a header gave it.
@@ -100,19 +100,6 @@ impl RateLimitInfo {
 /// `X-RateLimit-Reset` values at or above this many milliseconds (10⁹ s, September 2001)
 /// are epoch times; smaller ones are delta seconds.
 const EPOCH_THRESHOLD_MS: u64 = 1_000_000_000_000;
-
-/// A plain non-negative decimal integer that fits in `u64`; `None` for anything else.
-pub(crate) fn parse_u64(s: &str) -> Option<u64> {
-    let digits = s.trim_ascii().as_bytes();
-    if digits.is_empty() || digits.len() > 20 {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, &d| {
-        d.is_ascii_digit()
-            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
-            .flatten()
-    })
-}
 
 /// Non-negative decimal seconds (`47`, `1.25`, `.5`) as milliseconds, rounded to the
 /// nearest; `None` when malformed or beyond `u64` milliseconds. Integer arithmetic only.

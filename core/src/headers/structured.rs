@@ -171,7 +171,7 @@ fn item<'a>(c: &mut Cursor<'a>) -> Option<Item<'a>> {
             _ => {
                 let slot = KEYS.iter().position(|k| *k == key).and_then(|i| params.get_mut(i));
                 if let Some(slot) = slot {
-                    *slot = Some(super::parse::parse_u64(value).ok_or(()));
+                    *slot = Some(parse_u64(value).ok_or(()));
                 }
             }
         }
@@ -229,6 +229,19 @@ impl<'a> Iterator for List<'a> {
 }
 
 /// Parses a whole list; `None` if any member is malformed.
+/// A plain non-negative decimal integer that fits in `u64`; `None` for anything else.
+pub(crate) fn parse_u64(s: &str) -> Option<u64> {
+    let digits = s.trim_ascii().as_bytes();
+    if digits.is_empty() || digits.len() > 20 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+            .flatten()
+    })
+}
+
 #[cfg(test)]
 fn parse_list(s: &str) -> Option<Vec<Item<'_>>> {
     list(s).collect::<Result<_, _>>().ok()

@@ -1,5 +1,7 @@
 //! Durations of the rule file: an integer and a unit, `500ms`, `1s`, `1m`, `1h`, `1d`.
 
+use crate::time::{micros_from_ms, Micros};
+
 /// The longest duration [`parse_duration`] accepts: 365 days, in milliseconds.
 pub const MAX_DURATION_MS: u64 = 365 * 86_400_000;
 
@@ -45,6 +47,21 @@ pub fn format_duration(ms: u64) -> String {
         }
     }
     format!("{ms}ms")
+}
+
+/// The longest lease a rule may give, to a proxy or to a region.
+const MAX_LEASE_TTL_MS: u64 = 60_000;
+
+/// The lease length written in `field` (`text`; 1 s when absent), at most a minute.
+pub(crate) fn lease_length(text: Option<&str>, field: &'static str) -> Result<Micros, (&'static str, String)> {
+    let ttl_ms = match text {
+        Some(text) => parse_duration(text).map_err(|m| (field, m))?,
+        None => 1_000,
+    };
+    if ttl_ms == 0 || ttl_ms > MAX_LEASE_TTL_MS {
+        return Err((field, format!("must be 1ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms} ms")));
+    }
+    Ok(micros_from_ms(ttl_ms))
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! A rule's global part: one limit across every region, each region leasing its share of
 //! the quota from a global store (`global = true`; see `docs/design.md`, Regions).
 
+use super::duration::lease_length;
 use super::file::RuleSpec;
-use super::validate::lease_length;
 use crate::algorithm::Limit;
 use crate::time::Micros;
 

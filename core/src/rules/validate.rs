@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::duration::parse_duration;
+use super::duration::{lease_length, parse_duration};
 use super::file::RuleSpec;
 use super::glob::Glob;
 use super::global::{global, Global};
@@ -323,9 +323,6 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
     })
 }
 
-/// The longest lease a rule may give, to a proxy or to a region.
-const MAX_LEASE_TTL_MS: u64 = 60_000;
-
 /// A leased rule's lease length, or why it cannot be leased.
 fn lease_ttl(spec: &RuleSpec, limit: &Limit) -> Result<Option<Micros>, (&'static str, String)> {
     if !spec.lease {
@@ -339,16 +336,4 @@ fn lease_ttl(spec: &RuleSpec, limit: &Limit) -> Result<Option<Micros>, (&'static
     }
     crate::lease::leasable(limit).map_err(|e| ("lease", e.to_string()))?;
     lease_length(spec.lease_ttl.as_deref(), "lease_ttl").map(Some)
-}
-
-/// The lease length written in `field` (`text`; 1 s when absent), at most a minute.
-pub(crate) fn lease_length(text: Option<&str>, field: &'static str) -> Result<Micros, (&'static str, String)> {
-    let ttl_ms = match text {
-        Some(text) => parse_duration(text).map_err(|m| (field, m))?,
-        None => 1_000,
-    };
-    if ttl_ms == 0 || ttl_ms > MAX_LEASE_TTL_MS {
-        return Err((field, format!("must be 1ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms} ms")));
-    }
-    Ok(micros_from_ms(ttl_ms))
 }
