@@ -197,13 +197,7 @@ impl Metrics {
                 &self.waits_refused,
             ),
         ];
-        for (name, help, v) in simple {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
-        }
+        write_series(&mut out, "counter", &simple);
         self.rlqs.render(&mut out);
         let _ = writeln!(
             out,
@@ -281,23 +275,22 @@ impl RlqsStats {
                 &self.grants,
             ),
         ];
-        for (name, help, v) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
-        }
+        write_series(out, "counter", &counters);
         let gauges = [
             ("sluice_rlqs_streams", "RLQS streams open.", &self.streams),
             ("sluice_rlqs_buckets", "RLQS buckets followed.", &self.buckets),
         ];
-        for (name, help, v) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
-        }
+        write_series(out, "gauge", &gauges);
+    }
+}
+
+/// Writes each unlabelled series of `series` (name, help, value) as a Prometheus `kind`.
+fn write_series(out: &mut String, kind: &str, series: &[(&str, &str, &AtomicU64)]) {
+    for (name, help, v) in series {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+            v.load(Ordering::Relaxed)
+        );
     }
 }
