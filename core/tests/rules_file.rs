@@ -314,6 +314,12 @@ fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
             "30 % of 3, at least 1"
         );
     }
+    // Proxies may lease a global rule through their region's node, for no longer than it.
+    let through = RuleSet::from_toml(&with(
+        "global = true\nglobal_ttl = \"2s\"\nlease = true\nlease_ttl = \"2s\"",
+    ))
+    .unwrap();
+    assert_eq!(through.rules()[0].lease_ttl, Some(2_000_000));
     let closed = RuleSet::from_toml(&with("global = true\non_global_unreachable = \"closed\"")).unwrap();
     assert_eq!(
         closed.rules()[0].global.as_ref().map(|g| &g.unreachable),
@@ -325,8 +331,8 @@ fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
             "field global_ttl: applies to global rules: add global = true",
         ),
         (
-            "global = true\nlease = true",
-            "field lease: a global rule is leased by regions",
+            "global = true\nlease = true\nlease_ttl = \"2s\"",
+            "field lease_ttl: a proxy's lease of a global rule comes out of its region's lease",
         ),
         (
             "global = true\nshadow = true",

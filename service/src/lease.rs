@@ -17,6 +17,7 @@ use sluice_core::Micros;
 use thiserror::Error;
 
 use crate::node::Node;
+use crate::region::{sublease, Region};
 use crate::store::{keys, Store, StoreError};
 
 /// Why leases could not be given.
@@ -36,7 +37,10 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
     let now_ms = instant_ms(node.clock.now_us());
     let timeout = node.config.store_timeout;
     let req = ip_grouped(req, &rules, node.config.ipv6_prefix);
-    let (grants, returned) = exchange(&node.store, &rules, now_ms, &req, timeout, |r| r.lease_ttl).await?;
+    let (grants, returned) = match &node.region {
+        Some(region) => through_region(node, region, &rules, now_ms, &req).await?,
+        None => exchange(&node.store, &rules, now_ms, &req, timeout, |r| r.lease_ttl).await?,
+    };
     for back in &returned {
         node.metrics.lease_returned(*back);
     }
@@ -49,6 +53,58 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
         grants,
         returned,
     })
+}
+
+/// `req` on a node in a region: its global rules out of the node's own leases of them
+/// ([`crate::region::sublease`]), the others from the region's store, answered in `req`'s
+/// order.
+async fn through_region(
+    node: &Node,
+    region: &Region,
+    rules: &RuleSet,
+    now_ms: u64,
+    req: &LeaseRequest,
+) -> Result<(Vec<LeaseGranted>, Vec<u64>), LeaseError> {
+    let global = |rule: &str| rules.rule(rule).is_some_and(|r| r.global.is_some());
+    let grants_global: Vec<bool> = req.grants.iter().map(|g| global(&g.rule)).collect();
+    let returns_global: Vec<bool> = req.returns.iter().map(|r| global(&r.rule)).collect();
+    let part = |of_global: bool| LeaseRequest {
+        grants: pick(&req.grants, &grants_global, of_global),
+        returns: pick(&req.returns, &returns_global, of_global),
+    };
+    let (sub_grants, sub_returned) = sublease::exchange(region, rules, now_ms, &part(true))?;
+    let (grants, returned) = exchange(
+        &node.store,
+        rules,
+        now_ms,
+        &part(false),
+        node.config.store_timeout,
+        |r| r.lease_ttl,
+    )
+    .await?;
+    Ok((
+        interleave(&grants_global, sub_grants, grants),
+        interleave(&returns_global, sub_returned, returned),
+    ))
+}
+
+/// The items of `items` whose flag in `flags` is `flag`.
+fn pick<T: Clone>(items: &[T], flags: &[bool], flag: bool) -> Vec<T> {
+    items
+        .iter()
+        .zip(flags)
+        .filter(|(_, f)| **f == flag)
+        .map(|(i, _)| i.clone())
+        .collect()
+}
+
+/// [`pick`] undone: the items of `yes` where `flags` is true and of `no` elsewhere, in order.
+fn interleave<T>(flags: &[bool], yes: Vec<T>, no: Vec<T>) -> Vec<T> {
+    let (mut yes, mut no) = (yes.into_iter(), no.into_iter());
+    flags
+        .iter()
+        .filter_map(|f| if *f { yes.next() } else { no.next() })
+        .collect()
 }
 
 /// `req` with the identities of rules by `ip` grouped as a check's are
@@ -126,7 +182,7 @@ async fn timed<T>(timeout: Duration, call: impl Future<Output = Result<T, StoreE
 }
 
 /// A lease id no other lease of this node had, and unlikely any other node's.
-fn next_id() -> u64 {
+pub(crate) fn next_id() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     RandomState::new().hash_one((COUNTER.fetch_add(1, Ordering::Relaxed), std::process::id()))
 }

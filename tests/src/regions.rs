@@ -2,7 +2,8 @@
 //! `redis-server` (over TLS, behind an ACL user whose password the nodes read from a file, as
 //! a store across a WAN should be), and a [`WanLink`] between each region's node and the
 //! global store — the fixture of `tests/tests/regions.rs`. And a keep-alive check client, so a measured
-//! latency is the check's, not a TCP handshake's.
+//! latency is the check's, not a TCP handshake's. And a proxy per region, leasing through
+//! its region's node.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -10,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_testkit::{free_port, wait_for_port, Child, RedisOptions, RedisServer, ScratchDir, TlsFiles, WanLink};
 
-use crate::chain::node_command;
+use crate::chain::{node_command, proxy_command, upstream_command, FILTER};
 
 /// One region: its store and its node.
 pub struct Region {
@@ -30,7 +31,7 @@ pub struct Regions {
     pub regions: Vec<Region>,
     /// The global store.
     pub global: RedisServer,
-    _dir: ScratchDir,
+    dir: ScratchDir,
     _tls: TlsFiles,
 }
 
@@ -93,7 +94,7 @@ impl Regions {
         Regions {
             regions,
             global,
-            _dir: dir,
+            dir,
             _tls: tls,
         }
     }
@@ -104,6 +105,55 @@ impl Regions {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("no series {series} on region {i}'s node"))
+    }
+}
+
+/// A proxy in a region: `sluice-harness proxy` running the filter, leasing (a 20 ms timer,
+/// the rules polled every second) with its region's node as its check cluster, in front of
+/// a demo upstream.
+pub struct RegionProxy {
+    /// The proxy's port.
+    pub port: u16,
+    admin: u16,
+    _proxy: Child,
+    _upstream: Child,
+}
+
+impl RegionProxy {
+    /// Filter metric `name`; panics, naming it, when the filter has no such metric.
+    pub fn metric(&self, name: &str) -> i64 {
+        let stats = crate::http::http(self.admin, "GET", "/stats", &[]).body;
+        let stats: serde_json::Value =
+            serde_json::from_str(&stats).unwrap_or_else(|e| panic!("proxy stats {stats:?}: {e}"));
+        stats["metrics"][name]
+            .as_i64()
+            .unwrap_or_else(|| panic!("the proxy has no metric {name}: {stats}"))
+    }
+}
+
+impl Regions {
+    /// A proxy leasing through region `i`'s node.
+    pub fn proxy(&self, i: usize) -> RegionProxy {
+        let mut filter: serde_json::Value = serde_json::from_str(FILTER).expect("JSON");
+        filter["lease"] = serde_json::json!({"tick_ms": 20, "poll_ms": 1000});
+        let config = self.dir.join(&format!("filter-{i}.json"));
+        std::fs::write(&config, filter.to_string()).expect("filter config");
+        let (port, admin, upstream) = (free_port(), free_port(), free_port());
+        let upstream_child = Child::spawn("demo upstream", &mut upstream_command(upstream));
+        let proxy = Child::spawn(
+            "sluice-harness proxy (region)",
+            proxy_command(port, &config, upstream, &[self.regions[i].port])
+                .args(["--admin", &format!("127.0.0.1:{admin}")]),
+        );
+        for p in [upstream, port, admin] {
+            wait_for_port(p, Duration::from_secs(30));
+        }
+        RegionProxy {
+            port,
+            admin,
+            _proxy: proxy,
+            _upstream: upstream_child,
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use sluice_tests::http::http;
 use sluice_tests::regions::{unix_now, Checker, Regions};
 
 const WAN: Duration = Duration::from_millis(50);
@@ -24,15 +25,44 @@ struct Sent {
 /// fell behind on) until `end`, in a thread.
 fn drive(port: u16, path: &str, user: &'static str, rate: f64, start: Instant, end: Duration) -> JoinHandle<Vec<Sent>> {
     let path = path.to_owned();
+    let mut checker = Checker::connect(port);
+    pace(rate, start, end, move || checker.check(&path, user))
+}
+
+/// Sends `path` of `user` through the proxy on `port` as [`drive`] checks it: admitted when
+/// the answer is 200 (the upstream's), refused when it is 429.
+fn drive_proxy(
+    port: u16,
+    path: &str,
+    user: &'static str,
+    rate: f64,
+    start: Instant,
+    end: Duration,
+) -> JoinHandle<Vec<Sent>> {
+    let path = path.to_owned();
+    pace(rate, start, end, move || {
+        let status = http(port, "GET", &path, &[("x-user-id", user)]).status;
+        assert!(status == 200 || status == 429, "{path}: status {status}");
+        status == 200
+    })
+}
+
+/// Calls `send` at `rate` a second from `start` (skipping the slots it fell behind on) until
+/// `end`, in a thread: what each call saw.
+fn pace(
+    rate: f64,
+    start: Instant,
+    end: Duration,
+    mut send: impl FnMut() -> bool + Send + 'static,
+) -> JoinHandle<Vec<Sent>> {
     std::thread::spawn(move || {
-        let mut checker = Checker::connect(port);
         let gap = Duration::from_secs_f64(1.0 / rate);
         let mut next = start;
         let mut sent = Vec::new();
         while next < start + end {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
             let at = unix_now();
-            let allowed = checker.check(&path, user);
+            let allowed = send();
             sent.push(Sent {
                 at,
                 answered: unix_now(),
@@ -56,23 +86,26 @@ fn admitted(sent: &[Sent], from: f64, to: f64) -> (usize, usize) {
 
 const LIMIT: u64 = 100;
 
+/// The algorithms a rule may be leased with.
+const ALGORITHMS: [&str; 5] = [
+    "fixed_window",
+    "sliding_window_counter",
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+];
+
 /// Every leasable algorithm, 100 a second, leased by regions for 1 s at a time (the default).
 fn bound_rules() -> String {
-    [
-        "fixed_window",
-        "sliding_window_counter",
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-    ]
-    .iter()
-    .map(|a| {
-        format!(
-            "[[rule]]\nname = \"{a}\"\nby = \"user\"\npath = \"/{a}\"\nalgorithm = \"{a}\"\nlimit = {LIMIT}\n\
+    ALGORITHMS
+        .iter()
+        .map(|a| {
+            format!(
+                "[[rule]]\nname = \"{a}\"\nby = \"user\"\npath = \"/{a}\"\nalgorithm = \"{a}\"\nlimit = {LIMIT}\n\
                  window = \"1s\"\nglobal = true\n\n"
-        )
-    })
-    .collect()
+            )
+        })
+        .collect()
 }
 
 /// The design's bound (docs/design.md, Regions) holds for every algorithm, summed over three
@@ -83,75 +116,186 @@ fn bound_rules() -> String {
 #[test]
 fn the_global_limit_holds_summed_over_regions_for_every_leasable_algorithm() {
     let regions = Regions::start(&bound_rules(), &[WAN, WAN, WAN]);
-    let algorithms = [
-        "fixed_window",
-        "sliding_window_counter",
-        "token_bucket",
-        "gcra",
-        "leaky_bucket",
-    ];
+    let ports: Vec<u16> = regions.regions.iter().map(|r| r.port).collect();
+    for (algorithm, sent) in ALGORITHMS.iter().zip(every_algorithm(&ports, 250.0, drive)) {
+        assert_global_bound(algorithm, &sent, ports.len(), 0.5);
+    }
+}
+
+/// [`drive`] or [`drive_proxy`].
+type Driver = fn(u16, &str, &'static str, f64, Instant, Duration) -> JoinHandle<Vec<Sent>>;
+
+/// What each of `ports` was sent for 4 s, `rate` a second of user `u1` for each algorithm's
+/// rule at once (by `driver`), by algorithm.
+fn every_algorithm(ports: &[u16], rate: f64, driver: Driver) -> Vec<Vec<Sent>> {
     let start = Instant::now();
-    let run = Duration::from_secs(4);
-    let threads: Vec<_> = algorithms
+    let threads: Vec<Vec<JoinHandle<Vec<Sent>>>> = ALGORITHMS
         .iter()
-        .flat_map(|a| {
-            let path = format!("/{a}");
-            regions
-                .regions
+        .map(|a| {
+            ports
                 .iter()
-                .map(move |r| drive(r.port, &path, "u1", 250.0, start, run))
+                .map(|port| driver(*port, &format!("/{a}"), "u1", rate, start, Duration::from_secs(4)))
+                .collect()
         })
         .collect();
-    let by_thread = joined(threads);
-    let per_region = regions.regions.len();
-    for (i, algorithm) in algorithms.iter().enumerate() {
-        let sent: Vec<Sent> = by_thread[i * per_region..(i + 1) * per_region].concat();
-        let ok: Vec<&Sent> = sent.iter().filter(|s| s.allowed).collect();
-        let (first, last) = (sent.iter().map(|s| s.at).fold(f64::MAX, f64::min), unix_now());
-        let most = LIMIT as f64 * (last - first);
-        eprintln!(
-            "{algorithm}: {} of {} admitted over {:.2} s across {per_region} regions",
-            ok.len(),
-            sent.len(),
-            last - first
-        );
-        assert!(
-            ok.len() as f64 >= 0.5 * most,
-            "{algorithm}: only {} admitted; the regions should share most of {most:.0}",
-            ok.len()
-        );
-        match *algorithm {
-            "fixed_window" | "sliding_window_counter" => {
-                let mut windows = std::collections::BTreeMap::<i64, u64>::new();
-                for s in ok.iter().filter(|s| s.at.floor() == s.answered.floor()) {
-                    *windows.entry(s.at.floor() as i64).or_default() += 1;
-                }
-                for (window, n) in windows {
+    threads.into_iter().map(|t| joined(t).concat()).collect()
+}
+
+/// What [`the_global_limit_holds_summed_over_regions_for_every_leasable_algorithm`] asserts
+/// of `sent` (every request of `algorithm`'s rule, from `regions` regions): the design's
+/// bound, 1 s leases, and at least half the limit admitted.
+fn assert_global_bound(algorithm: &str, sent: &[Sent], regions: usize, least: f64) {
+    let ok: Vec<&Sent> = sent.iter().filter(|s| s.allowed).collect();
+    let (first, last) = (sent.iter().map(|s| s.at).fold(f64::MAX, f64::min), unix_now());
+    let most = LIMIT as f64 * (last - first);
+    eprintln!(
+        "{algorithm}: {} of {} admitted over {:.2} s across {regions} regions",
+        ok.len(),
+        sent.len(),
+        last - first
+    );
+    assert!(
+        ok.len() as f64 >= least * most,
+        "{algorithm}: only {} admitted; the regions should share most of {most:.0}",
+        ok.len()
+    );
+    match algorithm {
+        "fixed_window" | "sliding_window_counter" => {
+            let mut windows = std::collections::BTreeMap::<i64, u64>::new();
+            for s in ok.iter().filter(|s| s.at.floor() == s.answered.floor()) {
+                *windows.entry(s.at.floor() as i64).or_default() += 1;
+            }
+            for (window, n) in windows {
+                assert!(
+                    n <= LIMIT,
+                    "{algorithm}: {n} admitted in the window of second {window}, limit {LIMIT}"
+                );
+            }
+        }
+        _ => {
+            let lease = 1.0;
+            let rate = LIMIT as f64; // per second, the burst being the limit
+            let grid: Vec<f64> = (0..=((last - first) * 4.0) as usize)
+                .map(|k| first + k as f64 / 4.0)
+                .collect();
+            for (k, a) in grid.iter().enumerate() {
+                for b in &grid[k + 1..] {
+                    let n = ok.iter().filter(|s| s.at >= *a && s.answered <= *b).count() as f64;
+                    let bound = LIMIT as f64 + rate * (b - a + lease);
                     assert!(
-                        n <= LIMIT,
-                        "{algorithm}: {n} admitted in the window of second {window}, limit {LIMIT}"
+                        n <= bound,
+                        "{algorithm}: {n} admitted within {:.2} s, bound {bound:.1}",
+                        b - a
                     );
                 }
             }
-            _ => {
-                let lease = 1.0;
-                let rate = LIMIT as f64; // per second, the burst being the limit
-                let grid: Vec<f64> = (0..=((last - first) * 4.0) as usize)
-                    .map(|k| first + k as f64 / 4.0)
-                    .collect();
-                for (k, a) in grid.iter().enumerate() {
-                    for b in &grid[k + 1..] {
-                        let n = ok.iter().filter(|s| s.at >= *a && s.answered <= *b).count() as f64;
-                        let bound = LIMIT as f64 + rate * (b - a + lease);
-                        assert!(
-                            n <= bound,
-                            "{algorithm}: {n} admitted within {:.2} s, bound {bound:.1}",
-                            b - a
-                        );
-                    }
-                }
-            }
         }
+    }
+}
+
+/// Proxies leasing global rules through their region's node (`lease = true` beside
+/// `global = true`): the node hands on units it holds of the global quota, so the bound is
+/// the regions' own (units are debited from the global quota once, when a node leases them,
+/// and a proxy's lease ends within its node's). Two regions, a proxy each, every leasable
+/// algorithm asked for twice its limit: the bound holds over every request the proxies
+/// answered, whether a lease or a check decided it.
+#[test]
+fn proxies_leasing_through_their_regions_keep_the_global_bound_for_every_leasable_algorithm() {
+    let rules = bound_rules().replace("global = true\n", "global = true\nlease = true\n");
+    let regions = Regions::start(&rules, &[WAN, WAN]);
+    let proxies: Vec<_> = (0..2).map(|i| regions.proxy(i)).collect();
+    std::thread::sleep(Duration::from_millis(1_200)); // the proxies fetch the rules
+                                                      // Three clients a proxy: a refused request may wait a WAN round trip (a quota whose
+                                                      // lease ran short is asked for again before a refusal).
+    let ports: Vec<u16> = proxies.iter().flat_map(|p| [p.port; 3]).collect();
+    for (algorithm, sent) in ALGORITHMS
+        .iter()
+        .zip(every_algorithm(&ports, LIMIT as f64 / 2.0, drive_proxy))
+    {
+        // At least 40 % of the limit: a refused request through a proxy may wait a WAN round
+        // trip first, so the clients send less than the regions test's.
+        assert_global_bound(algorithm, &sent, 2, 0.4);
+    }
+    for (i, p) in proxies.iter().enumerate() {
+        let leased = p.metric("sluice_filter_requests_leased");
+        eprintln!(
+            "proxy {i}: {leased} decided by leases, {} by checks",
+            p.metric("sluice_filter_requests_checked")
+        );
+        assert!(leased > 0, "proxy {i} leased nothing through its region");
+    }
+    let handed: f64 = (0..2)
+        .map(|i| {
+            regions.metric(
+                i,
+                &format!("sluice_global_sublease_units_total{{region=\"r{i}\",kind=\"handed_on\"}}"),
+            )
+        })
+        .sum();
+    assert!(handed > 0.0, "the nodes handed nothing on");
+}
+
+/// A global rule proxies lease through their region, far from its limit.
+const ROOMY_LEASED: &str = r#"
+[[rule]]
+name       = "tenant"
+by         = "user"
+algorithm  = "token_bucket"
+limit      = 1000000
+window     = "1m"
+global     = true
+global_ttl = "5s"
+lease      = true
+lease_ttl  = "2s"
+"#;
+
+/// In steady state a request through a proxy leasing through its region needs neither a
+/// call to the node nor a WAN trip: two regions, a proxy each at 100 requests a second.
+#[test]
+fn a_proxy_leasing_through_its_region_costs_almost_no_calls() {
+    let regions = Regions::start(ROOMY_LEASED, &[WAN, WAN]);
+    let proxies: Vec<_> = (0..2).map(|i| regions.proxy(i)).collect();
+    std::thread::sleep(Duration::from_millis(1_200)); // the proxies fetch the rules
+    let send = |secs: u64| {
+        let start = Instant::now();
+        let threads = proxies
+            .iter()
+            .map(|p| drive_proxy(p.port, "/api", "steady", 100.0, start, Duration::from_secs(secs)))
+            .collect();
+        let sent: Vec<Sent> = joined(threads).concat();
+        assert!(
+            sent.iter().all(|s| s.allowed),
+            "far below the limit, every request admitted"
+        );
+        sent.len() as f64
+    };
+    send(3); // the leases settle at the clients' rate
+    let calls = |i: usize| {
+        regions.metric(i, "sluice_lease_calls_total") + proxies[i].metric("sluice_filter_requests_checked") as f64
+    };
+    let wan = |i: usize| {
+        regions.metric(
+            i,
+            &format!("sluice_global_lease_calls_total{{region=\"r{i}\",result=\"ok\"}}"),
+        )
+    };
+    let before: Vec<(f64, f64)> = (0..2).map(|i| (calls(i), wan(i))).collect();
+    let sent = send(8) / 2.0;
+    for (i, (calls_before, wan_before)) in before.into_iter().enumerate() {
+        let per_request = (calls(i) - calls_before) / sent;
+        let wan_per_request = (wan(i) - wan_before) / sent;
+        eprintln!(
+            "region {i}: {per_request:.4} calls from the proxy to its node and {wan_per_request:.4} WAN calls a request \
+             (all along: {} lease calls, {} checks, {} leases granted, {} renewed)",
+            regions.metric(i, "sluice_lease_calls_total"),
+            proxies[i].metric("sluice_filter_requests_checked"),
+            proxies[i].metric("sluice_filter_leases_granted"),
+            proxies[i].metric("sluice_filter_leases_renewed"),
+        );
+        assert!(
+            per_request <= 0.02,
+            "region {i}: {per_request:.4} calls a request at the proxy"
+        );
     }
 }
 

@@ -24,7 +24,8 @@ pub struct BookConfig {
     /// forgotten.
     pub max_quotas: usize,
     /// A lease is renewed when it would run out within this long at its spending rate, or
-    /// ends within it (ms).
+    /// ends within it (ms); within half its length at most, so a short lease is not renewed
+    /// as soon as it is granted.
     pub renew_ahead_ms: u64,
     /// Unspent units go back this long before a lease ends (ms): the service takes nothing
     /// back after the end, and the call takes time.
@@ -89,6 +90,11 @@ struct Held {
     rate_per_s: u64,
     /// When it was last used, for eviction.
     used_ms: u64,
+    /// Units handed on since the lease was granted, and when it was (see
+    /// [`LeaseBook::hand_on`]): holders that lease come in lumps, so their demand is
+    /// measured over the lease, not over the last second.
+    handed: u64,
+    granted_at_ms: u64,
 }
 
 impl Held {
@@ -108,6 +114,13 @@ impl Held {
         } else {
             0
         }
+    }
+
+    /// The rate at `now_ms` (units a second) of the units handed on since the lease was
+    /// granted, over at least a second.
+    fn handed_rate_at(&self, now_ms: u64) -> u64 {
+        let over_ms = now_ms.saturating_sub(self.granted_at_ms).max(1_000);
+        self.handed.saturating_mul(1_000) / over_ms
     }
 
     fn count(&mut self, now_ms: u64, units: u64) {
@@ -138,6 +151,17 @@ pub struct Left {
     pub window_ms: u64,
     /// The lease the units came from.
     pub lease: u64,
+}
+
+/// Units [`LeaseBook::hand_on`] gave another holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handed {
+    /// Units handed on: 1 to what was wanted.
+    pub units: u64,
+    /// When the other holder's lease of them ends (the book's clock).
+    pub ends_ms: u64,
+    /// What the quota holds after it, and the lease the units came from.
+    pub left: Left,
 }
 
 /// What [`LeaseBook::spend`] decided.
@@ -262,21 +286,71 @@ impl LeaseBook {
     }
 
     /// Puts back `units` of each of `quotas` that a [`LeaseBook::spend_units`] took (`spent`
-    /// is what it answered, in the same order) when the request was refused after all: into
-    /// the lease they came from if it still runs, never into another one (that lease's
-    /// units were granted apart, so the quota would hold more than it was given).
+    /// is what it answered, in the same order) when the request was refused after all.
     pub fn unspend(&mut self, quotas: &[Quota], spent: &[Left], units: u64, now_ms: u64) {
         for (q, left) in quotas.iter().zip(spent) {
-            if let Some(h) = self
-                .held
-                .get_mut(q)
-                .filter(|h| h.id == Some(left.lease) && h.live(now_ms))
-            {
-                h.units += units;
-                h.remaining = h.remaining.saturating_add(units);
-                self.tally.units_spent -= units.min(self.tally.units_spent);
-            }
+            self.put_back(q, left.lease, units, now_ms);
         }
+    }
+
+    /// Hands on up to `want` units of `quota` to another holder (a proxy leasing through a
+    /// region's node), from a live lease that lasts more than `keep_ms` longer: the units
+    /// leave the book as spent ones do, and must be spent or [`LeaseBook::put_back`] within
+    /// [`Handed::ends_ms`], `keep_ms` before the lease ends. `want` counts as this second's
+    /// demand (unless a grant is asked for already: then only what was handed on), so the
+    /// book's next ask covers it; a quota not held yet is noted, as [`LeaseBook::spend`]
+    /// notes one. `None` when nothing can be handed on now.
+    pub fn hand_on(&mut self, quota: &Quota, want: u64, keep_ms: u64, now_ms: u64) -> Option<Handed> {
+        if !self.held.contains_key(quota) {
+            self.make_room(now_ms);
+        }
+        let h = self.held.entry(quota.clone()).or_default();
+        h.used_ms = now_ms;
+        let ends_ms = h.ends_ms.checked_sub(keep_ms).filter(|end| *end > now_ms);
+        let lease = h.id.filter(|_| ends_ms.is_some());
+        let units = if lease.is_some() { want.min(h.units) } else { 0 };
+        // What was handed on counts, and what was not while no ask is out (the holder asks
+        // again each tick until it gets units: counting each ask would inflate the demand).
+        let demand = if h.asked { units } else { want };
+        h.count(now_ms, demand);
+        h.handed = h.handed.saturating_add(demand);
+        let (Some(lease), Some(ends_ms)) = (lease, ends_ms) else {
+            return None;
+        };
+        if units == 0 {
+            return None;
+        }
+        h.units -= units;
+        h.remaining = h.remaining.saturating_sub(units);
+        self.tally.units_spent += units;
+        Some(Handed {
+            units,
+            ends_ms,
+            left: Left {
+                remaining: h.remaining,
+                limit: h.limit,
+                reset_after_ms: h.reset_at_ms.saturating_sub(now_ms),
+                window_ms: h.window_ms,
+                lease,
+            },
+        })
+    }
+
+    /// Puts `units` of `quota` back into the lease `lease` they were spent or handed on
+    /// from, if it still runs; never into another one (that lease's units were granted
+    /// apart, so the quota would hold more than it was given). Whether they went back.
+    pub fn put_back(&mut self, quota: &Quota, lease: u64, units: u64, now_ms: u64) -> bool {
+        let Some(h) = self
+            .held
+            .get_mut(quota)
+            .filter(|h| h.id == Some(lease) && h.live(now_ms))
+        else {
+            return false;
+        };
+        h.units += units;
+        h.remaining = h.remaining.saturating_add(units);
+        self.tally.units_spent -= units.min(self.tally.units_spent);
+        true
     }
 
     /// What to send now: the grants to ask for (quotas about to run out or end, sized for
@@ -300,10 +374,11 @@ impl LeaseBook {
             }
             // Only a quota in use (or kept warm) asks: an idle one lets its lease end and give
             // its units back.
-            let rate = h.rate_at(now_ms);
+            let rate = h.rate_at(now_ms).max(h.handed_rate_at(now_ms));
             let warm = c.keep_warm_ms > 0 && now_ms.saturating_sub(h.used_ms) <= c.keep_warm_ms;
-            let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(c.renew_ahead_ms);
-            let ends_soon = h.id.is_some() && now_ms + c.renew_ahead_ms >= h.ends_ms;
+            let ahead_ms = c.renew_ahead_ms.min(h.last_ttl_ms / 2);
+            let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(ahead_ms);
+            let ends_soon = h.id.is_some() && now_ms + ahead_ms >= h.ends_ms;
             let needed = (rate > 0 || warm) && (h.id.is_none() || runs_out || ends_soon);
             // One call carries at most `max_items_per_call` asks; the rest wait for the next.
             if needed && !h.asked && asks.len() < c.max_items_per_call.max(1) {
@@ -353,6 +428,7 @@ impl LeaseBook {
             h.reset_at_ms = now_ms.saturating_add(g.reset_after_ms);
             h.ends_ms = asked_at_ms.saturating_add(g.expires_in_ms);
             h.last_ttl_ms = g.expires_in_ms;
+            (h.handed, h.granted_at_ms) = (0, now_ms);
         }
     }
 
@@ -457,6 +533,31 @@ mod tests {
         assert_eq!(book.spend(&[a.clone(), b.clone()], 30), Spend::Missing);
         assert_eq!(left(book.spend(std::slice::from_ref(&a), 40)), [50], "a kept its unit");
         assert_eq!(book.spend(&[a], 50), Spend::Missing);
+    }
+
+    #[test]
+    fn units_handed_on_come_from_a_live_lease_and_go_back_only_into_it() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        // Not held: nothing handed on, but the demand makes the next call ask for 30.
+        assert_eq!(book.hand_on(&a, 30, 250, 0), None);
+        let (asks, _) = book.due(0);
+        assert_eq!(asks.len(), 1, "the quota is asked for");
+        assert!(asks[0].want >= 30, "sized for what was wanted: {}", asks[0].want);
+        book.granted(&asks, &[grant(7, 40, 2_000)], 0, 10);
+        // Up to what the lease holds, ending `keep_ms` before it.
+        let h = book.hand_on(&a, 30, 250, 100).expect("handed on");
+        assert_eq!((h.units, h.ends_ms, h.left.lease), (30, 1_750, 7));
+        let h = book.hand_on(&a, 30, 250, 110).expect("the rest");
+        assert_eq!(h.units, 10);
+        assert_eq!(book.hand_on(&a, 30, 250, 120), None, "spent out");
+        assert!(book.put_back(&a, 7, 5, 130), "back into its lease");
+        assert!(book.holds(&a, 5, 140));
+        assert!(!book.put_back(&a, 8, 5, 150), "never into another lease");
+        // Too close to the lease's end to hand anything on.
+        assert_eq!(book.hand_on(&a, 1, 250, 1_760), None);
+        // Past the end nothing goes back.
+        assert!(!book.put_back(&a, 7, 5, 2_001));
     }
 
     #[test]

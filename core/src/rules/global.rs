@@ -62,12 +62,6 @@ pub(crate) fn global(spec: &RuleSpec, limit: &Limit) -> Result<Option<Global>, (
         };
     }
     crate::lease::leasable(limit).map_err(|e| ("global", e.to_string().replace("lease = true", "global = true")))?;
-    if spec.lease {
-        return Err((
-            "lease",
-            "a global rule is leased by regions, not by proxies: leave lease out (proxies check it exactly)".into(),
-        ));
-    }
     if spec.shadow {
         return Err((
             "shadow",
@@ -75,6 +69,15 @@ pub(crate) fn global(spec: &RuleSpec, limit: &Limit) -> Result<Option<Global>, (
         ));
     }
     let ttl = lease_length(spec.global_ttl.as_deref(), "global_ttl")?;
+    // A proxy leasing the rule through its region's node is handed units of the node's
+    // lease, which its own cannot outlast.
+    if spec.lease && lease_length(spec.lease_ttl.as_deref(), "lease_ttl")? > ttl {
+        return Err((
+            "lease_ttl",
+            "a proxy's lease of a global rule comes out of its region's lease: make it no longer than global_ttl"
+                .into(),
+        ));
+    }
     let unreachable = match (spec.on_global_unreachable.as_deref().unwrap_or("spend"), spec.global_share) {
         ("spend", None) => Unreachable::Spend,
         ("closed", None) => Unreachable::Closed,

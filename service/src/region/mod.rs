@@ -10,6 +10,7 @@
 
 pub mod decide;
 pub mod refill;
+pub mod sublease;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -19,7 +20,12 @@ use std::time::Duration;
 use sluice_core::lease::book::{BookConfig, LeaseBook};
 use tokio::sync::{watch, Notify};
 
+use self::sublease::Subleases;
+
 use crate::store::Store;
+
+/// Leases proxies may hold at once of a node's units of global quotas.
+const MAX_SUBLEASES: usize = 100_000;
 
 /// Settings of a node's region.
 #[derive(Debug, Clone)]
@@ -70,6 +76,8 @@ pub struct Region {
     wake: Notify,
     /// Checks waiting for a cold quota's first lease now.
     cold_waits: AtomicUsize,
+    /// The leases proxies hold of this node's units ([`sublease`]).
+    subleases: Mutex<Subleases>,
     counters: Counters,
 }
 
@@ -87,6 +95,8 @@ struct Counters {
     cold_admitted: AtomicU64,
     cold_over_cap: AtomicU64,
     cold_timed_out: AtomicU64,
+    units_handed_on: AtomicU64,
+    units_taken_back: AtomicU64,
 }
 
 /// How a check's global rules were decided, for metrics.
@@ -112,11 +122,14 @@ impl Region {
     /// A region leasing from `global`. The link counts as up until a call fails.
     pub fn new(global: Store, config: RegionConfig) -> Region {
         let book = BookConfig {
-            // A renewal must land before the lease runs out: a WAN round trip, a tick, and
-            // room for a slow call. (Returns go 100 ms before a lease ends, which covers a
-            // one-way trip of up to 100 ms less a tick: the global store's end is later than
-            // the node's by that trip.)
-            renew_ahead_ms: 500,
+            // A renewal must land before the lease runs out: a WAN round trip (two when the
+            // exchange gives units back first), a tick, and room for a slow call; and before
+            // the proxies leasing through the node renew theirs (their leases end
+            // `sublease::KEEP_MS` before the node's, and they renew 250 ms ahead of that).
+            // Half the lease at most: 500 ms for the default 1 s. (Returns go 100 ms before a
+            // lease ends, which covers a one-way trip of up to 100 ms less a tick: the global
+            // store's end is later than the node's by that trip.)
+            renew_ahead_ms: 1_000,
             keep_warm_ms: u64::try_from(config.keep_warm.as_millis()).unwrap_or(u64::MAX),
             // An exchange is the node's own store calls, not `POST /v1/lease`: it may carry
             // more than a proxy's call, so many warm quotas renew in time (1,024 a tick is
@@ -136,6 +149,7 @@ impl Region {
             landed: watch::channel(0).0,
             wake: Notify::new(),
             cold_waits: AtomicUsize::new(0),
+            subleases: Mutex::new(Subleases::new(MAX_SUBLEASES)),
             counters: Counters::default(),
         }
     }
@@ -147,6 +161,10 @@ impl Region {
 
     fn book(&self) -> MutexGuard<'_, LeaseBook> {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn subleases(&self) -> MutexGuard<'_, Subleases> {
+        self.subleases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn set_link(&self, up: bool) {
@@ -215,6 +233,15 @@ impl Region {
              sluice_global_lease_units_total{{region=\"{region}\",kind=\"returned\"}} {}",
             get(&c.units_granted),
             get(&c.units_returned)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sluice_global_sublease_units_total Units of global quotas this node handed on to proxies leasing through it, and took back.\n\
+             # TYPE sluice_global_sublease_units_total counter\n\
+             sluice_global_sublease_units_total{{region=\"{region}\",kind=\"handed_on\"}} {}\n\
+             sluice_global_sublease_units_total{{region=\"{region}\",kind=\"taken_back\"}} {}",
+            get(&c.units_handed_on),
+            get(&c.units_taken_back)
         );
         let _ = writeln!(
             out,
