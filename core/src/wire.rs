@@ -250,7 +250,7 @@ impl Default for CheckResponse {
 
 /// One matching rule's outcome, as the service evaluated it.
 #[derive(Debug, Clone, Copy)]
-pub struct Outcome<'a> {
+pub struct RuleOutcome<'a> {
     /// The rule's name.
     pub rule: &'a str,
     /// The rule's window in milliseconds.
@@ -269,7 +269,7 @@ impl CheckResponse {
     /// Allowed when every non-shadow rule allows. The headline fields describe the most
     /// restrictive non-shadow rule (least remaining, then longest reset; denying rules
     /// first); `retry_after_ms` is the longest among denying rules, `delay_ms` the longest delay.
-    pub fn from_outcomes(outcomes: &[Outcome<'_>], now_ms: u64) -> CheckResponse {
+    pub fn from_outcomes(outcomes: &[RuleOutcome<'_>], now_ms: u64) -> CheckResponse {
         let enforced = || outcomes.iter().filter(|o| !o.shadow);
         let allowed = enforced().all(|o| o.decision.allowed);
         let headline = enforced().min_by_key(|o| {
@@ -452,8 +452,8 @@ mod tests {
         }
     }
 
-    fn outcome(rule: &str, allowed: bool, remaining: u64, reset_ms: u64, shadow: bool) -> Outcome<'_> {
-        Outcome {
+    fn outcome(rule: &str, allowed: bool, remaining: u64, reset_ms: u64, shadow: bool) -> RuleOutcome<'_> {
+        RuleOutcome {
             rule,
             window_ms: 60_000,
             shadow,

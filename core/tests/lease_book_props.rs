@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
-use sluice_core::lease::book::{BookConfig, LeaseBook, Quota, Spend};
+use sluice_core::lease::book::{BookConfig, LeaseBook, QuotaKey, Spend};
 use sluice_core::lease::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
 use sluice_core::lease::{give_back, grant};
 use sluice_core::{Algorithm, Limit, State};
@@ -75,7 +75,7 @@ struct Call {
 /// Requests at `(ms, proxy)` for one quota; lease calls every `tick` ms with one-way
 /// `latency`. The times requests were admitted, and how many went to the service.
 fn run(service: &mut Service, arrivals: &[(u64, usize)], latency: u64, tick: u64) -> (Vec<u64>, u64) {
-    let quota: Quota = ("r".into(), "client".into());
+    let quota: QuotaKey = ("r".into(), "client".into());
     let mut books = vec![LeaseBook::new(BookConfig::default()); 2];
     let mut calls: Vec<Call> = Vec::new();
     let mut answers: Vec<Answer> = Vec::new();

@@ -1,7 +1,7 @@
 //! `POST /v1/check` wire types: request validation, response aggregation, round trips.
 
 use proptest::prelude::*;
-use sluice_core::wire::{CheckRequest, CheckResponse, Outcome, RuleResult};
+use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome, RuleResult};
 use sluice_core::Decision;
 
 fn req(json: &str) -> Result<CheckRequest, String> {
@@ -154,8 +154,8 @@ fn decision(allowed: bool, remaining: u64, reset_us: u64, retry_us: u64, delay_u
     }
 }
 
-fn outcome(rule: &str, shadow: bool, decision: Decision) -> Outcome<'_> {
-    Outcome {
+fn outcome(rule: &str, shadow: bool, decision: Decision) -> RuleOutcome<'_> {
+    RuleOutcome {
         rule,
         window_ms: 60_000,
         shadow,
@@ -387,7 +387,7 @@ proptest! {
         now in any::<u64>(),
     ) {
         let names: Vec<String> = (0..raw.len()).map(|i| format!("r{i}")).collect();
-        let outcomes: Vec<Outcome<'_>> = raw
+        let outcomes: Vec<RuleOutcome<'_>> = raw
             .iter()
             .zip(&names)
             .map(|(&(allowed, shadow, remaining, reset, retry, delay), name)| outcome(name, shadow, decision(allowed, remaining, reset, retry, delay)))

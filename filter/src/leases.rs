@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use sluice_core::lease::book::{BookConfig, LeaseBook, Left, Quota, Spend};
+use sluice_core::lease::book::{BookConfig, LeaseBook, Left, QuotaKey, Spend};
 use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseResponse};
 use sluice_core::rules::RuleSet;
 
@@ -76,7 +76,7 @@ impl Leasing {
         now_ms: u64,
     ) -> Option<Vec<(String, Left)>> {
         let rules = self.rules.as_ref()?;
-        let mut quotas: Vec<Quota> = Vec::new();
+        let mut quotas: Vec<QuotaKey> = Vec::new();
         for (rule, identity) in rules.matching(identities, method, path) {
             if rule.lease_ttl.is_none() || rule.refuses(identity) {
                 return None;

@@ -32,7 +32,7 @@ mod calls;
 mod nginx;
 mod vm;
 
-use vm::{Step, Verdict, Vm};
+use vm::{Disposition, Step, Vm};
 
 /// How to run the proxy.
 #[derive(Debug, Clone)]
@@ -407,8 +407,8 @@ async fn handle(
         None => return Ok(text(503, "the wasm VM is busy")),
     };
     let (stream, headers) = match verdict {
-        Verdict::Forward { stream, headers } => (stream, headers),
-        Verdict::Respond { status, headers, body } => return Ok(local_response(status, headers, body)),
+        Disposition::Forward { stream, headers } => (stream, headers),
+        Disposition::Respond { status, headers, body } => return Ok(local_response(status, headers, body)),
     };
     open.stream = Some(stream);
     let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();

@@ -9,10 +9,10 @@ use std::borrow::Cow;
 use sluice_core::identity::ip_identity;
 use sluice_core::rules::Rule;
 use sluice_core::time::instant_ms;
-use sluice_core::wire::{CheckRequest, CheckResponse, Outcome};
+use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 use sluice_core::Decision;
 
-use crate::decide::{decide_limits, Target};
+use crate::decide::{decide_limits, verdict, Target};
 use crate::metrics::Verdict;
 use crate::node::Node;
 use crate::store::keys;
@@ -46,7 +46,7 @@ fn refused_for_missing(node: &Node, rule: &Rule, now_ms: u64) -> CheckResponse {
         retry_after: window,
         delay: 0,
     };
-    let outcome = Outcome {
+    let outcome = RuleOutcome {
         rule: &rule.name,
         window_ms: rule.window_ms,
         shadow: false,
@@ -88,21 +88,17 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
         }
     };
 
-    let mut outcomes: Vec<Outcome<'_>> = Vec::with_capacity(matched.len());
+    let mut outcomes: Vec<RuleOutcome<'_>> = Vec::with_capacity(matched.len());
     let mut denied_by: Option<(&Rule, &str)> = None;
     for (&(rule, identity), decision) in matched.iter().zip(decisions) {
         // Not counted: a global rule refused the request before this rule was decided.
         let Some(decision) = decision else { continue };
-        let verdict = match (decision.allowed, rule.shadow) {
-            (true, _) => Verdict::Allowed,
-            (false, true) => Verdict::ShadowDenied,
-            (false, false) => Verdict::Denied,
-        };
+        let verdict = verdict(decision.allowed, rule.shadow);
         node.metrics.check(&rule.name, verdict);
         if verdict == Verdict::Denied && denied_by.is_none() {
             denied_by = Some((rule, identity));
         }
-        outcomes.push(Outcome {
+        outcomes.push(RuleOutcome {
             rule: &rule.name,
             window_ms: rule.window_ms,
             shadow: rule.shadow,

@@ -13,8 +13,19 @@ use sluice_core::algorithm::{passes, Part};
 use sluice_core::rules::FailureMode;
 use sluice_core::{Decision, Limit, Micros};
 
+use crate::metrics::Verdict;
 use crate::node::Node;
-use crate::store::{closed_decision, Item, Stamped, StoreError};
+use crate::store::{closed_decision, within, Item, Stamped, StoreError};
+
+/// How a limit's decision counts in the metrics: a shadow limit's denial apart, since it
+/// refused nothing.
+pub fn verdict(allowed: bool, shadow: bool) -> Verdict {
+    match (allowed, shadow) {
+        (true, _) => Verdict::Allowed,
+        (false, true) => Verdict::ShadowDenied,
+        (false, false) => Verdict::Denied,
+    }
+}
 
 /// One limit a request is decided against, whichever front end asked (HTTP rules, gRPC
 /// descriptors): its store key, its limit, whether it is a shadow, its failure policy.
@@ -74,13 +85,7 @@ async fn store_decide(node: &Node, items: &[Item<'_>]) -> Result<Vec<Stamped>, S
     }
     let started = Instant::now();
     let call = node.store.decide_all(items);
-    let result = match tokio::time::timeout(node.config.store_timeout, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Unavailable(format!(
-            "no answer within {:?}",
-            node.config.store_timeout
-        ))),
-    };
+    let result = within(node.config.store_timeout, call).await;
     node.metrics.store_latency(started.elapsed());
     match &result {
         Ok(_) => node.breaker.success(),

@@ -2,7 +2,6 @@
 //! use, taken from the shared state at once, and what it did not spend given back while
 //! the lease lasts (see `sluice_core::lease` for what each algorithm then guarantees).
 
-use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -18,7 +17,7 @@ use thiserror::Error;
 
 use crate::node::Node;
 use crate::region::{sublease, Region};
-use crate::store::{keys, Store, StoreError};
+use crate::store::{keys, within, Store, StoreError};
 
 /// Why leases could not be given.
 #[derive(Debug, Error)]
@@ -144,7 +143,7 @@ pub async fn exchange(
         };
         let limit = rules.limit_for(rule, &r.identity, now_ms);
         let key = keys::limit(&rule.name, &r.identity);
-        timed(timeout, store.give_back(&key, &limit, r.lease, r.unspent)).await
+        within(timeout, store.give_back(&key, &limit, r.lease, r.unspent)).await
     });
     let returned = join_all(returns).await.into_iter().collect::<Result<Vec<u64>, _>>()?;
     let grants = req.grants.iter().map(|ask| async {
@@ -152,7 +151,7 @@ pub async fn exchange(
         let limit = rules.limit_for(rule, &ask.identity, now_ms);
         let key = keys::limit(&rule.name, &ask.identity);
         let id = next_id();
-        let g = timed(timeout, store.grant(&key, &limit, ask.want, ttl, id)).await?;
+        let g = within(timeout, store.grant(&key, &limit, ask.want, ttl, id)).await?;
         Ok::<_, LeaseError>(LeaseGranted {
             lease: id,
             units: g.units,
@@ -171,14 +170,6 @@ pub async fn exchange(
 /// The rule `name` and its lease length, if it is leased here.
 fn leased<'r>(rules: &'r RuleSet, name: &str, ttl_of: impl Fn(&Rule) -> Option<Micros>) -> Option<(&'r Rule, Micros)> {
     rules.rule(name).and_then(|r| Some((r, ttl_of(r)?)))
-}
-
-/// A store call with a timeout.
-async fn timed<T>(timeout: Duration, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Unavailable(format!("no answer within {timeout:?}"))),
-    }
 }
 
 /// A lease id no other lease of this node had, and unlikely any other node's.

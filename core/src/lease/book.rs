@@ -15,7 +15,7 @@ use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn, MAX_LEASE_ITEMS};
 use crate::evict::{evict_lowest, EVICT_SHARE};
 
 /// A quota the book holds leases of: a rule's name and the identity value it limits.
-pub type Quota = (String, String);
+pub type QuotaKey = (String, String);
 
 /// Tuning of a [`LeaseBook`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,7 +194,7 @@ pub struct Tally {
 #[derive(Debug, Clone, Default)]
 pub struct LeaseBook {
     config: BookConfig,
-    held: HashMap<Quota, Held>,
+    held: HashMap<QuotaKey, Held>,
     /// Units to give back with the next call.
     returns: Vec<LeaseReturn>,
     tally: Tally,
@@ -228,12 +228,12 @@ impl LeaseBook {
     /// Spends one unit of each of `quotas` at `now_ms`, all or none: only when every one
     /// has a live lease with a unit left. A quota not held yet is noted, so that the next
     /// [`LeaseBook::due`] asks for it.
-    pub fn spend(&mut self, quotas: &[Quota], now_ms: u64) -> Spend {
+    pub fn spend(&mut self, quotas: &[QuotaKey], now_ms: u64) -> Spend {
         self.spend_units(quotas, 1, now_ms)
     }
 
     /// Spends `units` of each of `quotas`, all or none, as [`LeaseBook::spend`] does one.
-    pub fn spend_units(&mut self, quotas: &[Quota], units: u64, now_ms: u64) -> Spend {
+    pub fn spend_units(&mut self, quotas: &[QuotaKey], units: u64, now_ms: u64) -> Spend {
         let mut ready = true;
         for q in quotas {
             if !self.held.contains_key(q) {
@@ -274,20 +274,20 @@ impl LeaseBook {
     /// lease (cold: never leased, or its lease ended), or its lease is short of `units`
     /// though its grant brought some (the store had units to give then). `false` when the
     /// last grant brought none: the quota is spent until that lease ends.
-    pub fn may_get(&self, quota: &Quota, units: u64, now_ms: u64) -> bool {
+    pub fn may_get(&self, quota: &QuotaKey, units: u64, now_ms: u64) -> bool {
         self.held
             .get(quota)
             .is_none_or(|h| !h.live(now_ms) || (h.units < units && h.granted_units > 0))
     }
 
     /// Whether `quota` has a live lease with `units` left at `now_ms`.
-    pub fn holds(&self, quota: &Quota, units: u64, now_ms: u64) -> bool {
+    pub fn holds(&self, quota: &QuotaKey, units: u64, now_ms: u64) -> bool {
         self.held.get(quota).is_some_and(|h| h.live(now_ms) && h.units >= units)
     }
 
     /// Puts back `units` of each of `quotas` that a [`LeaseBook::spend_units`] took (`spent`
     /// is what it answered, in the same order) when the request was refused after all.
-    pub fn unspend(&mut self, quotas: &[Quota], spent: &[Left], units: u64, now_ms: u64) {
+    pub fn unspend(&mut self, quotas: &[QuotaKey], spent: &[Left], units: u64, now_ms: u64) {
         for (q, left) in quotas.iter().zip(spent) {
             self.put_back(q, left.lease, units, now_ms);
         }
@@ -300,7 +300,7 @@ impl LeaseBook {
     /// demand (unless a grant is asked for already: then only what was handed on), so the
     /// book's next ask covers it; a quota not held yet is noted, as [`LeaseBook::spend`]
     /// notes one. `None` when nothing can be handed on now.
-    pub fn hand_on(&mut self, quota: &Quota, want: u64, keep_ms: u64, now_ms: u64) -> Option<Handed> {
+    pub fn hand_on(&mut self, quota: &QuotaKey, want: u64, keep_ms: u64, now_ms: u64) -> Option<Handed> {
         if !self.held.contains_key(quota) {
             self.make_room(now_ms);
         }
@@ -339,7 +339,7 @@ impl LeaseBook {
     /// Puts `units` of `quota` back into the lease `lease` they were spent or handed on
     /// from, if it still runs; never into another one (that lease's units were granted
     /// apart, so the quota would hold more than it was given). Whether they went back.
-    pub fn put_back(&mut self, quota: &Quota, lease: u64, units: u64, now_ms: u64) -> bool {
+    pub fn put_back(&mut self, quota: &QuotaKey, lease: u64, units: u64, now_ms: u64) -> bool {
         let Some(h) = self
             .held
             .get_mut(quota)
@@ -472,7 +472,7 @@ impl LeaseBook {
 
 /// Ends `h`'s lease: what it did not spend goes back with the next call if it is still
 /// live, and is tallied as expired if it is not.
-fn end_lease(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, (rule, identity): &Quota, h: &Held, now_ms: u64) {
+fn end_lease(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, (rule, identity): &QuotaKey, h: &Held, now_ms: u64) {
     let Some(id) = h.id.filter(|_| h.units > 0) else {
         return;
     };
@@ -494,7 +494,7 @@ mod tests {
     use super::*;
     use crate::lease::wire::MAX_WANT;
 
-    fn q(rule: &str, id: &str) -> Quota {
+    fn q(rule: &str, id: &str) -> QuotaKey {
         (rule.into(), id.into())
     }
 

@@ -11,7 +11,7 @@ use super::{now_ns, Headers, ProxyStats};
 use crate::{CallResponse, Flavor, Host, Outcome};
 
 /// What becomes of a request the module has seen.
-pub enum Verdict {
+pub enum Disposition {
     /// Send it upstream with these headers; `stream` waits for the response.
     Forward { stream: u32, headers: Headers },
     /// Answer it with this response (the stream has ended).
@@ -24,10 +24,10 @@ pub enum Verdict {
 
 /// A request's first step: decided at once, or paused until the module resumes it.
 pub enum Step {
-    Now(Verdict),
+    Now(Disposition),
     Paused {
         stream: u32,
-        verdict: oneshot::Receiver<Verdict>,
+        verdict: oneshot::Receiver<Disposition>,
     },
 }
 
@@ -36,7 +36,7 @@ pub struct Vm {
     host: Host,
     clusters: HashMap<String, Vec<SocketAddr>>,
     /// Paused streams and where their verdict goes.
-    waiting: HashMap<u32, oneshot::Sender<Verdict>>,
+    waiting: HashMap<u32, oneshot::Sender<Disposition>>,
     /// The last call started (tokens only grow).
     started: u32,
     /// Round-robin position over a cluster's endpoints.
@@ -88,11 +88,11 @@ impl Vm {
         match outcome {
             Ok((s, Outcome::Continue)) => {
                 let headers = host.stream(s).map(|st| st.request_headers.clone()).unwrap_or_default();
-                Step::Now(Verdict::Forward { stream: s, headers })
+                Step::Now(Disposition::Forward { stream: s, headers })
             }
             Ok((s, Outcome::LocalResponse(r))) => {
                 let _ = host.finish_stream(s);
-                Step::Now(Verdict::Respond {
+                Step::Now(Disposition::Respond {
                     status: r.status,
                     headers: r.headers,
                     body: r.body,
@@ -105,7 +105,7 @@ impl Vm {
             }
             Err(e) => {
                 tracing::error!("module failed on request headers: {e}");
-                Step::Now(Verdict::Respond {
+                Step::Now(Disposition::Respond {
                     status: 500,
                     headers: vec![],
                     body: b"wasm module failed\n".to_vec(),
@@ -183,7 +183,7 @@ impl Vm {
             let Some(st) = host.stream(s) else { continue };
             match &st.local_response {
                 Some(r) => {
-                    let _ = reply.send(Verdict::Respond {
+                    let _ = reply.send(Disposition::Respond {
                         status: r.status,
                         headers: r.headers.clone(),
                         body: r.body.clone(),
@@ -191,7 +191,7 @@ impl Vm {
                     let _ = host.finish_stream(s);
                 }
                 None => {
-                    let _ = reply.send(Verdict::Forward {
+                    let _ = reply.send(Disposition::Forward {
                         stream: s,
                         headers: st.request_headers.clone(),
                     });

@@ -16,7 +16,7 @@ use super::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit 
 use super::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use super::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::decide::{decide_limits, Target};
+use crate::decide::{decide_limits, verdict, Target};
 use crate::metrics::Verdict;
 use crate::node::Node;
 use crate::store::keys;
@@ -100,14 +100,7 @@ impl RateLimitService for RateLimiter {
                 statuses[index].limit_remaining = u32::MAX;
             } else {
                 let refused = !limit.shadow;
-                node.metrics.check(
-                    &limit.name,
-                    if refused {
-                        Verdict::Denied
-                    } else {
-                        Verdict::ShadowDenied
-                    },
-                );
+                node.metrics.check(&limit.name, verdict(false, limit.shadow));
                 statuses[index].code = if refused { Code::OverLimit } else { Code::Ok } as i32;
                 if refused {
                     overall = Code::OverLimit;
@@ -144,11 +137,7 @@ impl RateLimitService for RateLimiter {
         // The limit whose headers the response carries: the first denial, else the least remaining.
         let mut shown: Option<(&Limited<'_>, &Decision)> = None;
         for (l, d) in limited.iter().zip(&decisions) {
-            let verdict = match (d.allowed, l.limit.shadow) {
-                (true, _) => Verdict::Allowed,
-                (false, true) => Verdict::ShadowDenied,
-                (false, false) => Verdict::Denied,
-            };
+            let verdict = verdict(d.allowed, l.limit.shadow);
             node.metrics.check(&l.limit.name, verdict);
             let over = verdict == Verdict::Denied;
             if over && overall == Code::Ok {

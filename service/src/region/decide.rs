@@ -2,7 +2,7 @@
 //! the node holds (no store call, no WAN), the regional ones in the region's store as
 //! always, all-or-nothing across both.
 
-use sluice_core::lease::book::{Left, Quota, Spend};
+use sluice_core::lease::book::{Left, QuotaKey, Spend};
 use sluice_core::rules::{Rule, Unreachable};
 use sluice_core::time::instant_ms;
 use sluice_core::{Decision, Micros};
@@ -22,7 +22,7 @@ enum Plan {
     /// The global rules in `pooled` spent from the book (`spent`, in the same order); those
     /// in `alone` are decided in the region's store with their share.
     Go {
-        pooled: Vec<(usize, Quota)>,
+        pooled: Vec<(usize, QuotaKey)>,
         spent: Vec<Left>,
         alone: Vec<usize>,
         /// The check waited for a cold quota's first lease.
@@ -85,7 +85,7 @@ pub async fn decide(
     };
     let passes = decided.iter().zip(&store_targets).all(|(d, t)| d.allowed || t.shadow);
     if !passes {
-        let quotas: Vec<Quota> = pooled.iter().map(|(_, q)| q.clone()).collect();
+        let quotas: Vec<QuotaKey> = pooled.iter().map(|(_, q)| q.clone()).collect();
         region.book().unspend(&quotas, &spent, cost, now_ms);
     }
     for (i, d) in in_store.into_iter().zip(decided) {
@@ -149,7 +149,7 @@ fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u6
             Unreachable::Share { .. } => alone.push(i),
         }
     }
-    let quotas: Vec<Quota> = pooled.iter().map(|(_, q)| q.clone()).collect();
+    let quotas: Vec<QuotaKey> = pooled.iter().map(|(_, q)| q.clone()).collect();
     match book.spend_units(&quotas, cost, now_ms) {
         Spend::Spent(spent) => Plan::Go {
             pooled,

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use sluice_core::lease::book::Quota;
+use sluice_core::lease::book::QuotaKey;
 use sluice_core::lease::wire::{LeaseAsk, LeaseGranted, LeaseRequest, LeaseReturn};
 use sluice_core::rules::RuleSet;
 
@@ -35,7 +35,7 @@ pub struct Subleases {
 
 /// One lease handed on.
 struct Out {
-    quota: Quota,
+    quota: QuotaKey,
     /// The node's lease the units came from.
     from: u64,
     units: u64,
@@ -62,7 +62,7 @@ impl Subleases {
 
     /// The lease `ret` names, if it was handed on for its quota and runs: the node's lease
     /// its units came from, and what it can give back (at most what it was handed).
-    fn take(&mut self, quota: &Quota, ret: &LeaseReturn, now_ms: u64) -> Option<(u64, u64)> {
+    fn take(&mut self, quota: &QuotaKey, ret: &LeaseReturn, now_ms: u64) -> Option<(u64, u64)> {
         let out = self.out.remove(&ret.lease)?;
         if out.quota != *quota {
             self.out.insert(ret.lease, out); // another quota's lease: not this return's
@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn a_return_takes_back_at_most_what_its_lease_was_handed_and_once() {
         let mut subs = Subleases::new(2);
-        let quota: Quota = ("r".into(), "u".into());
+        let quota: QuotaKey = ("r".into(), "u".into());
         let out = |units| Out {
             quota: quota.clone(),
             from: 7,
@@ -179,7 +179,7 @@ mod tests {
         subs.out.insert(1, out(10));
         subs.out.insert(2, out(10));
         assert!(!subs.room(500), "full while both run");
-        let other: Quota = ("s".into(), "u".into());
+        let other: QuotaKey = ("s".into(), "u".into());
         assert_eq!(subs.take(&other, &ret("s", 1, 5), 500), None, "another quota's lease");
         assert_eq!(subs.take(&quota, &ret("r", 1, 500), 500), Some((7, 10)), "capped");
         assert_eq!(subs.take(&quota, &ret("r", 1, 5), 500), None, "once");

@@ -197,6 +197,17 @@ impl Store {
     }
 }
 
+/// A store call given up after `timeout`: no answer in time is [`StoreError::Unavailable`],
+/// as a refused connection is.
+pub async fn within<T>(
+    timeout: std::time::Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("no answer within {timeout:?}"))))
+}
+
 /// Decision for a request the store could not decide and whose rule fails closed.
 pub fn closed_decision(limit: &Limit) -> Decision {
     let retry = 1_000_000.min(limit.window());

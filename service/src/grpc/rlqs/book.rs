@@ -16,12 +16,12 @@ use sluice_core::Micros;
 use tokio::sync::mpsc;
 
 use super::assign::{self, Strategy};
-use super::bucket::{self, BucketKey, Quota};
+use super::bucket::{self, BucketKey, Resolved};
 use super::walk::{self, Step, Walk};
 use super::{action, Answer, Limits, UnknownBuckets};
 use crate::metrics::RlqsStats;
 use crate::node::Node;
-use crate::store::keys;
+use crate::store::{keys, within};
 
 /// A renewal is sent this long before the assignment it follows ends.
 pub const RENEW_MARGIN_MS: u64 = 500;
@@ -37,7 +37,7 @@ const CONTENDED_MS: u64 = 5_000;
 
 /// A bucket one stream subscribed.
 pub(super) struct Bucket {
-    pub(super) quota: Quota,
+    pub(super) quota: Resolved,
     /// Its quota's limit key ([`keys::limit`]; empty unless the quota is a rule's).
     pub(super) quota_key: String,
     /// Requests a second its latest report showed (allowed and denied).
@@ -206,7 +206,7 @@ impl Book {
             }
             let quota = bucket::resolve(&usage.key, &stream.domain, &rules, self.node.config.ipv6_prefix);
             let first = match &quota {
-                Quota::Of { rule, .. } => rules.rule(rule).map_or(0, walk::first_demand),
+                Resolved::Of { rule, .. } => rules.rule(rule).map_or(0, walk::first_demand),
                 _ => 0,
             };
             stream.buckets.insert(
@@ -325,7 +325,7 @@ impl Book {
         let timeout = self.node.config.store_timeout;
         let told = join_all(telling.iter().map(|(key, sum)| async move {
             let call = store.share_demand(key, &self.member, *sum, DEMAND_TTL_MS);
-            tokio::time::timeout(timeout, call).await.ok().and_then(Result::ok)
+            within(timeout, call).await.ok()
         }))
         .await;
         let mut state = self.state();
@@ -425,9 +425,9 @@ impl Book {
 }
 
 /// The limit key of `quota`, if it is a rule's.
-fn quota_key(quota: &Quota) -> String {
+fn quota_key(quota: &Resolved) -> String {
     match quota {
-        Quota::Of { rule, identity } => keys::limit(rule, identity),
+        Resolved::Of { rule, identity } => keys::limit(rule, identity),
         _ => String::new(),
     }
 }

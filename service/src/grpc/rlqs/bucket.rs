@@ -59,7 +59,7 @@ pub fn key_of(entries: &std::collections::HashMap<String, String>) -> Result<Buc
 
 /// What a bucket stands for under the rules in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Quota {
+pub enum Resolved {
     /// The quota of `rule` for `identity`.
     Of {
         /// The rule's name.
@@ -74,14 +74,14 @@ pub enum Quota {
 }
 
 /// The quota `key` stands for in a stream of `domain`.
-pub fn resolve(key: &BucketKey, domain: &str, rules: &RuleSet, ipv6_prefix: u8) -> Quota {
+pub fn resolve(key: &BucketKey, domain: &str, rules: &RuleSet, ipv6_prefix: u8) -> Resolved {
     let name = key.get("rule").map_or(domain, String::as_str);
     let Some(rule) = rules.rule(name).filter(|r| r.lease_ttl.is_some()) else {
-        return Quota::Unknown;
+        return Resolved::Unknown;
     };
     match identity(rule, key) {
-        Some(id) if rule.refuses(&id) => Quota::Refused,
-        Some(id) => Quota::Of {
+        Some(id) if rule.refuses(&id) => Resolved::Refused,
+        Some(id) => Resolved::Of {
             rule: rule.name.clone(),
             identity: if rule.by == Identity::Ip {
                 ip_identity(&id, ipv6_prefix).into_owned()
@@ -89,7 +89,7 @@ pub fn resolve(key: &BucketKey, domain: &str, rules: &RuleSet, ipv6_prefix: u8) 
                 id
             },
         },
-        None => Quota::Unknown,
+        None => Resolved::Unknown,
     }
 }
 
@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn the_rule_entry_or_the_domain_picks_the_rule_and_by_the_identity() {
         let r = rules();
-        let of = |rule: &str, identity: &str| Quota::Of {
+        let of = |rule: &str, identity: &str| Resolved::Of {
             rule: rule.into(),
             identity: identity.into(),
         };
@@ -156,16 +156,16 @@ mod tests {
             resolve(&key(&[("rule", "per-ip"), ("ip", "2001:db8::1")]), "envoy", &r, 64),
             of("per-ip", "2001:db8::/64")
         );
-        assert_eq!(resolve(&key(&[("rule", "per-ip")]), "envoy", &r, 64), Quota::Refused);
+        assert_eq!(resolve(&key(&[("rule", "per-ip")]), "envoy", &r, 64), Resolved::Refused);
         assert_eq!(
             resolve(&key(&[("rule", "exact"), ("user", "a")]), "envoy", &r, 64),
-            Quota::Unknown
+            Resolved::Unknown
         );
         assert_eq!(
             resolve(&key(&[("rule", "nope"), ("user", "a")]), "envoy", &r, 64),
-            Quota::Unknown
+            Resolved::Unknown
         );
-        assert_eq!(resolve(&key(&[("user", "a")]), "envoy", &r, 64), Quota::Unknown);
+        assert_eq!(resolve(&key(&[("user", "a")]), "envoy", &r, 64), Resolved::Unknown);
     }
 
     #[test]

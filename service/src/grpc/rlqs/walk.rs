@@ -12,7 +12,7 @@ use sluice_core::Micros;
 
 use super::assign::{self, Strategy, SECOND_MS};
 use super::book::{Assigned, Bucket, Due, Share, RENEW_MARGIN_MS};
-use super::bucket::{BucketKey, Quota};
+use super::bucket::{BucketKey, Resolved};
 use super::{action, UnknownBuckets};
 
 /// How long a blanket answer (an unknown or refused bucket) lasts, and a refusal for want
@@ -69,15 +69,15 @@ impl Walk<'_> {
             Step::Say(action::assign(key, strategy, BLANKET_TTL_S))
         };
         let (rule, identity) = match &b.quota {
-            Quota::Unknown => {
+            Resolved::Unknown => {
                 return match self.unknown {
                     UnknownBuckets::Abandon => Step::Drop(action::abandon(key)),
                     UnknownBuckets::Allow => blanket(b, Strategy::AllowAll),
                     UnknownBuckets::Deny => blanket(b, Strategy::DenyAll),
                 }
             }
-            Quota::Refused => return blanket(b, Strategy::DenyAll),
-            Quota::Of { rule, identity } => (rule.clone(), identity.clone()),
+            Resolved::Refused => return blanket(b, Strategy::DenyAll),
+            Resolved::Of { rule, identity } => (rule.clone(), identity.clone()),
         };
         // Between renewals, only a report can make a bucket outgrow its assignment.
         let reported = std::mem::take(&mut b.reported);
