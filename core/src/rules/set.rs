@@ -7,7 +7,6 @@ use super::timestamp::{format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
 use super::validate::{limit_error_field, rule_label, validate_rule, Identity, Rule};
 use super::RulesError;
 use crate::algorithm::Limit;
-use crate::text::truncate;
 use crate::wire::MAX_IDENTITY_BYTES;
 
 /// A temporary limit for one identity under one rule (`[[override]]`, or the admin API).
@@ -36,9 +35,10 @@ struct ActiveOverride {
 
 /// Rules in evaluation order plus the overrides in force.
 ///
-/// Built once per (re)load with [`RuleSet::from_toml`] or [`RuleSet::from_json`]; the
-/// service then calls [`RuleSet::matching`] and [`RuleSet::limit_for`] per request, which
-/// neither parse nor allocate. The default set has no rules.
+/// Built once per (re)load with `RuleSet::from_toml` (the `toml` feature) or
+/// [`RuleSet::from_json`]; the service then calls [`RuleSet::matching`] and
+/// [`RuleSet::limit_for`] per request, which neither parse nor allocate. The default set
+/// has no rules.
 #[derive(Debug, Clone, Default)]
 pub struct RuleSet {
     rules: Vec<Rule>,
@@ -54,16 +54,19 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 /// The text of line `line` (1-based), trimmed and cut to a readable length.
+#[cfg(feature = "toml")]
 fn line_text(text: &str, line: usize) -> &str {
-    truncate(text.lines().nth(line.saturating_sub(1)).unwrap_or("").trim(), 80)
+    crate::text::truncate(text.lines().nth(line.saturating_sub(1)).unwrap_or("").trim(), 80)
 }
 
 impl RuleSet {
     /// Parses and validates a TOML rule file (`[[rule]]` and `[[override]]` tables).
+    /// (With the `toml` feature.)
     ///
     /// Syntax errors, wrong types and unknown fields are [`RulesError::Syntax`] with the
     /// line; invalid values are [`RulesError::Rule`] / [`RulesError::Override`] naming the
     /// rule and the field.
+    #[cfg(feature = "toml")]
     pub fn from_toml(text: &str) -> Result<RuleSet, RulesError> {
         let file: RuleFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(1, |s| line_of(text, s.start));
@@ -154,7 +157,9 @@ impl RuleSet {
     }
 
     /// The set as a TOML rule file that [`RuleSet::from_toml`] reads back to the same set:
-    /// the rules as written (defaults left out) and the overrides held.
+    /// the rules as written (defaults left out) and the overrides held. (With the `toml`
+    /// feature.)
+    #[cfg(feature = "toml")]
     pub fn to_toml(&self) -> String {
         // Serialising plain strings, integers, booleans and arrays of tables cannot fail.
         toml::to_string(&self.to_file()).unwrap_or_default()
