@@ -239,11 +239,8 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
-    let mut text = node.metrics.render();
-    if let Some(region) = &node.region {
-        region.render(&mut text);
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    let text = node.metrics.render();
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 /// Checks the bearer token in constant time.

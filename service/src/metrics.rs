@@ -1,10 +1,31 @@
-//! Prometheus metrics, kept in atomics so the hot path never formats or allocates.
+//! Prometheus metrics: one [`Registry`] per node, built with the node and encoded by
+//! `prometheus-client` in the Prometheus text format (version 0.0.4), so every series is
+//! named, typed and its label values escaped in one place.
+//!
+//! The hot path never formats, allocates or takes a write lock: a counter is bumped with one
+//! relaxed atomic add, as it was before the registry. Counters other modules bump directly
+//! (the RLQS service's here, a region's in [`crate::region`]) stay plain atomics, read at
+//! scrape time by a [`Collector`]; a rule's check counters are found by its name under a read
+//! lock, so no label set is built per check ([`RuleChecks`]).
 
 use std::collections::HashMap;
-use std::fmt::Write;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// How a rule's check ended, the `decision` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,66 +44,125 @@ const BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// The node's counters.
-#[derive(Default)]
+/// The node's counters, and the registry that exposes them with the rest of the node's.
+///
+/// Series are named without the `sluice_` prefix (the registry's) and a counter without
+/// its `_total` (the encoder's); help texts without their final stop (the registry's).
 pub struct Metrics {
-    checks: RwLock<HashMap<String, [AtomicU64; 3]>>,
-    latency_buckets: [AtomicU64; BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_ns: AtomicU64,
-    store_errors: AtomicU64,
-    degraded: AtomicU64,
-    lease_calls: AtomicU64,
-    leases_granted: AtomicU64,
-    lease_units_granted: AtomicU64,
-    leases_returned: AtomicU64,
-    lease_units_returned: AtomicU64,
-    reloads_ok: AtomicU64,
-    reloads_error: AtomicU64,
-    unauthenticated: AtomicU64,
-    waits_refused: AtomicU64,
+    registry: Registry,
+    checks: RuleChecks,
+    store_latency: StoreLatency,
+    store_errors: Counter,
+    degraded: Counter,
+    lease_calls: Counter,
+    leases_granted: Counter,
+    lease_units_granted: Counter,
+    leases_returned: Counter,
+    lease_units_returned: Counter,
+    reloads_ok: Counter,
+    reloads_error: Counter,
+    unauthenticated: Counter,
+    waits_refused: Counter,
     /// The rate limit quota service's counters.
-    pub rlqs: RlqsStats,
+    pub rlqs: Arc<RlqsStats>,
+}
+
+/// The label of `sluice_rules_reloads_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("sluice");
+        let checks = RuleChecks::default();
+        registry.register("checks", "Rule evaluations by outcome", checks.clone());
+        let store_latency = StoreLatency::default();
+        registry.register(
+            "store_latency_seconds",
+            "Latency of counter store calls",
+            store_latency.clone(),
+        );
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        let reloads_ok = reloads.get_or_create(&ReloadLabels { result: "ok" }).clone();
+        let reloads_error = reloads.get_or_create(&ReloadLabels { result: "error" }).clone();
+        registry.register("rules_reloads", "Rule reloads by result", reloads);
+        let rlqs = Arc::new(RlqsStats::default());
+        registry
+            .sub_registry_with_prefix("rlqs")
+            .register_collector(Box::new(rlqs.clone()));
+        let r = &mut registry;
+        Metrics {
+            store_errors: counter(r, "store_errors", "Counter store calls that failed"),
+            degraded: counter(r, "degraded", "Rule decisions taken by the local fallback"),
+            lease_calls: counter(r, "lease_calls", "Lease calls answered (POST /v1/lease, 200)"),
+            leases_granted: counter(r, "leases_granted", "Leases asked for and answered (some with 0 units)"),
+            lease_units_granted: counter(r, "lease_units_granted", "Units of quota granted in leases"),
+            leases_returned: counter(
+                r,
+                "leases_returned",
+                "Lease returns handled (some taking back 0 units: the lease had ended)",
+            ),
+            lease_units_returned: counter(r, "lease_units_returned", "Units of quota leases gave back unspent"),
+            unauthenticated: counter(
+                r,
+                "unauthenticated",
+                "Calls to the data API (HTTP or gRPC) refused for a missing or wrong credential",
+            ),
+            waits_refused: counter(
+                r,
+                "waits_refused",
+                "GET /v1/wait calls refused at once: the node held --max-waits already",
+            ),
+            registry,
+            checks,
+            store_latency,
+            reloads_ok,
+            reloads_error,
+            rlqs,
+        }
+    }
+}
+
+/// A counter registered in `registry` as `name` (`_total` is added when encoded).
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let counter = Counter::default();
+    registry.register(name, help, counter.clone());
+    counter
 }
 
 impl Metrics {
+    /// The node's registry (prefix `sluice`), for the node's other parts to register their
+    /// metrics in while the node is built ([`crate::region::Region::register_metrics`]).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// Counts one rule's verdict.
     pub fn check(&self, rule: &str, verdict: Verdict) {
-        let i = verdict as usize;
-        if let Some(c) = self.checks.read().unwrap_or_else(|p| p.into_inner()).get(rule) {
-            c[i].fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let mut map = self.checks.write().unwrap_or_else(|p| p.into_inner());
-        map.entry(rule.to_owned()).or_default()[i].fetch_add(1, Ordering::Relaxed);
+        self.checks.count(rule, verdict);
     }
 
     /// Records one store call's latency.
     pub fn store_latency(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (bound, bucket) in BUCKETS.iter().zip(&self.latency_buckets) {
-            if secs <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        self.store_latency.observe(d);
     }
 
     /// Counts a store error.
     pub fn store_error(&self) {
-        self.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.store_errors.inc();
     }
 
     /// Counts a decision taken by the local fallback.
     pub fn degraded(&self) {
-        self.degraded.fetch_add(1, Ordering::Relaxed);
+        self.degraded.inc();
     }
 
     /// Counts a lease call answered (`POST /v1/lease`, 200): decisions by leases, beside
     /// the exact checks `sluice_checks_total` counts.
     pub fn lease_call(&self) {
-        self.lease_calls.fetch_add(1, Ordering::Relaxed);
+        self.lease_calls.inc();
     }
 
     /// Counts a lease granted with `units` (0: asked, none left).
@@ -92,125 +172,150 @@ impl Metrics {
     /// spent, so the service cannot tell a renewal from a first lease (the filter counts
     /// them, `sluice_filter_leases_renewed`).
     pub fn lease_granted(&self, units: u64) {
-        self.leases_granted.fetch_add(1, Ordering::Relaxed);
-        self.lease_units_granted.fetch_add(units, Ordering::Relaxed);
+        self.leases_granted.inc();
+        self.lease_units_granted.inc_by(units);
     }
 
     /// Counts a lease's return and the `units` it gave back (0: ended, or none held).
     pub fn lease_returned(&self, units: u64) {
-        self.leases_returned.fetch_add(1, Ordering::Relaxed);
-        self.lease_units_returned.fetch_add(units, Ordering::Relaxed);
+        self.leases_returned.inc();
+        self.lease_units_returned.inc_by(units);
     }
 
     /// Counts a call to the data API refused for want of its credential.
     pub fn unauthenticated(&self) {
-        self.unauthenticated.fetch_add(1, Ordering::Relaxed);
+        self.unauthenticated.inc();
     }
 
     /// Counts a `/v1/wait` refused because the node holds as many as it may.
     pub fn wait_refused(&self) {
-        self.waits_refused.fetch_add(1, Ordering::Relaxed);
+        self.waits_refused.inc();
     }
 
     /// Counts a rules reload.
     pub fn reload(&self, ok: bool) {
-        if ok { &self.reloads_ok } else { &self.reloads_error }.fetch_add(1, Ordering::Relaxed);
+        if ok { &self.reloads_ok } else { &self.reloads_error }.inc();
     }
 
-    /// The Prometheus text exposition.
+    /// Everything the node's registry holds, in the Prometheus text format ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
-        let mut out = String::with_capacity(2048);
-        out.push_str("# HELP sluice_checks_total Rule evaluations by outcome.\n# TYPE sluice_checks_total counter\n");
-        let checks = self.checks.read().unwrap_or_else(|p| p.into_inner());
-        let mut rules: Vec<_> = checks.iter().collect();
-        rules.sort_by(|a, b| a.0.cmp(b.0));
-        for (rule, counts) in rules {
-            let rule = rule.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
-            for (name, c) in VERDICTS.iter().zip(counts) {
-                let _ = writeln!(
-                    out,
-                    "sluice_checks_total{{rule=\"{rule}\",decision=\"{name}\"}} {}",
-                    c.load(Ordering::Relaxed)
-                );
-            }
+        let mut out = String::with_capacity(4096);
+        if prometheus_text::encode(&mut out, &self.registry).is_err() {
+            // Writing to a String does not fail, nor does encoding what this module reads.
+            tracing::error!("the metrics could not be encoded");
         }
-        out.push_str("# HELP sluice_store_latency_seconds Latency of counter store calls.\n# TYPE sluice_store_latency_seconds histogram\n");
-        for (bound, bucket) in BUCKETS.iter().zip(&self.latency_buckets) {
-            let _ = writeln!(
-                out,
-                "sluice_store_latency_seconds_bucket{{le=\"{bound}\"}} {}",
-                bucket.load(Ordering::Relaxed)
-            );
-        }
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "sluice_store_latency_seconds_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "sluice_store_latency_seconds_sum {}",
-            self.latency_sum_ns.load(Ordering::Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(out, "sluice_store_latency_seconds_count {count}");
-        let simple = [
-            (
-                "sluice_store_errors_total",
-                "Counter store calls that failed.",
-                &self.store_errors,
-            ),
-            (
-                "sluice_degraded_total",
-                "Rule decisions taken by the local fallback.",
-                &self.degraded,
-            ),
-            (
-                "sluice_lease_calls_total",
-                "Lease calls answered (POST /v1/lease, 200).",
-                &self.lease_calls,
-            ),
-            (
-                "sluice_leases_granted_total",
-                "Leases asked for and answered (some with 0 units).",
-                &self.leases_granted,
-            ),
-            (
-                "sluice_lease_units_granted_total",
-                "Units of quota granted in leases.",
-                &self.lease_units_granted,
-            ),
-            (
-                "sluice_leases_returned_total",
-                "Lease returns handled (some taking back 0 units: the lease had ended).",
-                &self.leases_returned,
-            ),
-            (
-                "sluice_lease_units_returned_total",
-                "Units of quota leases gave back unspent.",
-                &self.lease_units_returned,
-            ),
-            (
-                "sluice_unauthenticated_total",
-                "Calls to the data API (HTTP or gRPC) refused for a missing or wrong credential.",
-                &self.unauthenticated,
-            ),
-            (
-                "sluice_waits_refused_total",
-                "GET /v1/wait calls refused at once: the node held --max-waits already.",
-                &self.waits_refused,
-            ),
-        ];
-        write_series(&mut out, "counter", &simple);
-        self.rlqs.render(&mut out);
-        let _ = writeln!(
-            out,
-            "# HELP sluice_rules_reloads_total Rule reloads by result.\n# TYPE sluice_rules_reloads_total counter\nsluice_rules_reloads_total{{result=\"ok\"}} {}\nsluice_rules_reloads_total{{result=\"error\"}} {}",
-            self.reloads_ok.load(Ordering::Relaxed),
-            self.reloads_error.load(Ordering::Relaxed)
-        );
         out
     }
 }
 
-/// Counters of the RLQS service .
-#[derive(Default)]
+/// A rule's check counters, one per [`Verdict`], by rule name: a check finds its rule's
+/// under a read lock, by the `&str` it has, with no label set built; the first check of a
+/// rule name takes the write lock to add it. The family `sluice_checks_total`, encoded
+/// sorted by rule.
+#[derive(Debug, Clone, Default)]
+struct RuleChecks(Arc<RwLock<HashMap<Arc<str>, [AtomicU64; 3]>>>);
+
+/// The labels of `sluice_checks_total`, in this order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CheckLabels {
+    rule: Arc<str>,
+    decision: &'static str,
+}
+
+impl RuleChecks {
+    fn count(&self, rule: &str, verdict: Verdict) {
+        let i = verdict as usize;
+        if let Some(c) = self.0.read().unwrap_or_else(|p| p.into_inner()).get(rule) {
+            c[i].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
+        map.entry(rule.into()).or_default()[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for RuleChecks {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for RuleChecks {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        // A copy, so checks do not wait on the encoding.
+        let mut rules: Vec<(Arc<str>, [u64; 3])> = {
+            let map = self.0.read().unwrap_or_else(|p| p.into_inner());
+            map.iter()
+                .map(|(rule, c)| (rule.clone(), c.each_ref().map(|c| c.load(Ordering::Relaxed))))
+                .collect()
+        };
+        rules.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (rule, counts) in rules {
+            for (decision, n) in VERDICTS.into_iter().zip(counts) {
+                let labels = CheckLabels {
+                    rule: rule.clone(),
+                    decision,
+                };
+                ConstCounter::new(n).encode(encoder.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// The histogram `sluice_store_latency_seconds`, in atomics: an observation adds to one
+/// bucket, the count and the sum, and takes no lock (`prometheus-client`'s `Histogram`
+/// takes a mutex per observation).
+#[derive(Debug, Clone, Default)]
+struct StoreLatency(Arc<LatencyCounts>);
+
+#[derive(Debug, Default)]
+struct LatencyCounts {
+    /// Observations in each bucket of [`BUCKETS`] and no lower one (not cumulative).
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl StoreLatency {
+    fn observe(&self, d: Duration) {
+        let c = &self.0;
+        let secs = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|bound| secs <= *bound) {
+            c.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        c.count.fetch_add(1, Ordering::Relaxed);
+        c.sum_ns
+            .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for StoreLatency {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for StoreLatency {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        let c = &self.0;
+        let buckets =
+            std::array::from_fn::<_, { BUCKETS.len() }, _>(|i| (BUCKETS[i], c.buckets[i].load(Ordering::Relaxed)));
+        // Read after the buckets, and never below them: `+Inf` is the largest bucket.
+        let in_buckets: u64 = buckets.iter().map(|b| b.1).sum();
+        let count = c.count.load(Ordering::Relaxed).max(in_buckets);
+        let sum = c.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// Counters of the RLQS service, bumped by [`crate::grpc::rlqs`]; the series
+/// `sluice_rlqs_*`.
+#[derive(Debug, Default)]
 pub struct RlqsStats {
     /// Bucket usages read from reports.
     pub reports: AtomicU64,
@@ -236,61 +341,249 @@ pub struct RlqsStats {
     pub buckets: AtomicU64,
 }
 
-impl RlqsStats {
-    fn render(&self, out: &mut String) {
+impl Collector for RlqsStats {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let counters = [
+            ("usages", "Bucket usages read from RLQS reports.", &self.reports),
             (
-                "sluice_rlqs_usages_total",
-                "Bucket usages read from RLQS reports.",
-                &self.reports,
-            ),
-            (
-                "sluice_rlqs_usages_ignored_total",
+                "usages_ignored",
                 "Bucket usages ignored: ill-formed, or past the bucket limits.",
                 &self.ignored,
             ),
+            ("assignments", "RLQS assignments sent.", &self.assignments),
             (
-                "sluice_rlqs_assignments_total",
-                "RLQS assignments sent.",
-                &self.assignments,
-            ),
-            (
-                "sluice_rlqs_denials_total",
+                "denials",
                 "RLQS assignments that were DENY_ALL for want of units.",
                 &self.denials,
             ),
             (
-                "sluice_rlqs_abandoned_total",
+                "abandoned",
                 "RLQS buckets abandoned (idle, unknown, or their rule gone).",
                 &self.abandoned,
             ),
             (
-                "sluice_rlqs_exchanges_total",
+                "exchanges",
                 "RLQS store exchanges (one per tick with grants due).",
                 &self.exchanges,
             ),
-            (
-                "sluice_rlqs_grants_total",
-                "Grants asked for in RLQS store exchanges.",
-                &self.grants,
-            ),
+            ("grants", "Grants asked for in RLQS store exchanges.", &self.grants),
         ];
-        write_series(out, "counter", &counters);
+        for (name, help, v) in counters {
+            encode_one(&mut encoder, name, help, ConstCounter::new(v.load(Ordering::Relaxed)))?;
+        }
         let gauges = [
-            ("sluice_rlqs_streams", "RLQS streams open.", &self.streams),
-            ("sluice_rlqs_buckets", "RLQS buckets followed.", &self.buckets),
+            ("streams", "RLQS streams open.", &self.streams),
+            ("buckets", "RLQS buckets followed.", &self.buckets),
         ];
-        write_series(out, "gauge", &gauges);
+        for (name, help, v) in gauges {
+            encode_one(&mut encoder, name, help, ConstGauge::new(v.load(Ordering::Relaxed)))?;
+        }
+        Ok(())
     }
 }
 
-/// Writes each unlabelled series of `series` (name, help, value) as a Prometheus `kind`.
-fn write_series(out: &mut String, kind: &str, series: &[(&str, &str, &AtomicU64)]) {
-    for (name, help, v) in series {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
-            v.load(Ordering::Relaxed)
-        );
+/// Encodes `metric`, a series with no labels but its registry's, as `name` (after the
+/// registry's prefix; a counter's `_total` added), for a [`Collector`]. `help` is written as
+/// given.
+pub(crate) fn encode_one<M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, None, M::TYPE)?)
+}
+
+/// Encodes `series`, a metric for each label set, as the family `name`, for a
+/// [`Collector`]: as [`encode_one`], the label set's labels after the registry's.
+pub(crate) fn encode_family<S: EncodeLabelSet, M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (S, M)>,
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, M::TYPE)?;
+    for (labels, metric) in series {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::region::{Region, RegionConfig, Source};
+    use crate::store::memory::MemoryStore;
+    use crate::store::Store;
+
+    /// A node's metrics with a region named `region`, every counter bumped once or more.
+    fn text(rule: &str, region: &str) -> String {
+        let config = RegionConfig {
+            name: region.into(),
+            ..RegionConfig::default()
+        };
+        let region = Region::new(Store::Memory(MemoryStore::new(16)), config);
+        let mut m = Metrics::default();
+        region.register_metrics(m.registry_mut());
+        m.check(rule, Verdict::Allowed);
+        m.check(rule, Verdict::Allowed);
+        m.check(rule, Verdict::ShadowDenied);
+        m.store_latency(Duration::from_micros(300));
+        m.store_latency(Duration::from_millis(70));
+        m.store_latency(Duration::from_secs(2));
+        m.store_error();
+        m.degraded();
+        m.lease_call();
+        m.lease_granted(5);
+        m.lease_returned(2);
+        m.unauthenticated();
+        m.wait_refused();
+        m.reload(true);
+        m.reload(false);
+        m.reload(false);
+        m.rlqs.reports.fetch_add(3, Ordering::Relaxed);
+        m.rlqs.buckets.store(4, Ordering::Relaxed);
+        region.count(Source::Cold);
+        region.count(Source::Cold);
+        region.count(Source::CutOff);
+        m.render()
+    }
+
+    /// The series a node exports: names and labels as dashboards, tests and docs read them
+    /// (the label order too: tests match a series by its text).
+    #[test]
+    fn every_series_keeps_its_name_and_labels() {
+        let text = text("per-ip", "r0");
+        let series: BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit_once(' ').expect("a value").0)
+            .collect();
+        let mut expected: BTreeSet<String> = [
+            "sluice_store_latency_seconds_sum",
+            "sluice_store_latency_seconds_count",
+            "sluice_store_errors_total",
+            "sluice_degraded_total",
+            "sluice_lease_calls_total",
+            "sluice_leases_granted_total",
+            "sluice_lease_units_granted_total",
+            "sluice_leases_returned_total",
+            "sluice_lease_units_returned_total",
+            "sluice_unauthenticated_total",
+            "sluice_waits_refused_total",
+            "sluice_rlqs_usages_total",
+            "sluice_rlqs_usages_ignored_total",
+            "sluice_rlqs_assignments_total",
+            "sluice_rlqs_denials_total",
+            "sluice_rlqs_abandoned_total",
+            "sluice_rlqs_exchanges_total",
+            "sluice_rlqs_grants_total",
+            "sluice_rlqs_streams",
+            "sluice_rlqs_buckets",
+            r#"sluice_rules_reloads_total{result="ok"}"#,
+            r#"sluice_rules_reloads_total{result="error"}"#,
+            r#"sluice_global_link_up{region="r0"}"#,
+        ]
+        .map(String::from)
+        .into();
+        for decision in ["allowed", "denied", "shadow_denied"] {
+            expected.insert(format!(r#"sluice_checks_total{{rule="per-ip",decision="{decision}"}}"#));
+        }
+        for le in BUCKETS
+            .map(|b| b.to_string())
+            .iter()
+            .map(String::as_str)
+            .chain(["+Inf"])
+        {
+            expected.insert(format!(r#"sluice_store_latency_seconds_bucket{{le="{le}"}}"#));
+        }
+        for (name, label, values) in [
+            ("lease_calls", "result", &["ok", "failed"][..]),
+            ("lease_units", "kind", &["granted", "returned"]),
+            ("sublease_units", "kind", &["handed_on", "taken_back"]),
+            (
+                "checks",
+                "source",
+                &[
+                    "pool",
+                    "empty",
+                    "cut_off",
+                    "alone",
+                    "cold",
+                    "cold_over_cap",
+                    "cold_timed_out",
+                ],
+            ),
+        ] {
+            for v in values {
+                expected.insert(format!(r#"sluice_global_{name}_total{{region="r0",{label}="{v}"}}"#));
+            }
+        }
+        let expected: BTreeSet<&str> = expected.iter().map(String::as_str).collect();
+        assert_eq!(series, expected, "{text}");
+        // A family's HELP and TYPE name it as its series do, and each help is one sentence.
+        let text = format!("\n{text}");
+        for l in text.lines().filter(|l| l.starts_with("# HELP ")) {
+            assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
+        }
+        for name in ["sluice_checks_total", "sluice_global_link_up", "sluice_rlqs_streams"] {
+            assert!(text.contains(&format!("\n# HELP {name} ")), "{text}");
+        }
+        for typed in [
+            "sluice_checks_total counter",
+            "sluice_store_latency_seconds histogram",
+            "sluice_rules_reloads_total counter",
+            "sluice_rlqs_buckets gauge",
+            "sluice_global_link_up gauge",
+            "sluice_global_checks_total counter",
+        ] {
+            assert!(text.contains(&format!("\n# TYPE {typed}\n")), "{typed}: {text}");
+        }
+    }
+
+    #[test]
+    fn values_are_counted_and_buckets_cumulative() {
+        let text = text("per-ip", "r0");
+        for line in [
+            r#"sluice_checks_total{rule="per-ip",decision="allowed"} 2"#,
+            r#"sluice_checks_total{rule="per-ip",decision="denied"} 0"#,
+            r#"sluice_checks_total{rule="per-ip",decision="shadow_denied"} 1"#,
+            r#"sluice_store_latency_seconds_bucket{le="0.00025"} 0"#,
+            r#"sluice_store_latency_seconds_bucket{le="0.0005"} 1"#,
+            r#"sluice_store_latency_seconds_bucket{le="0.05"} 1"#,
+            r#"sluice_store_latency_seconds_bucket{le="0.1"} 2"#,
+            r#"sluice_store_latency_seconds_bucket{le="1"} 2"#,
+            r#"sluice_store_latency_seconds_bucket{le="+Inf"} 3"#,
+            "sluice_store_latency_seconds_sum 2.0703",
+            "sluice_store_latency_seconds_count 3",
+            "sluice_lease_units_granted_total 5",
+            "sluice_lease_units_returned_total 2",
+            r#"sluice_rules_reloads_total{result="ok"} 1"#,
+            r#"sluice_rules_reloads_total{result="error"} 2"#,
+            "sluice_rlqs_usages_total 3",
+            "sluice_rlqs_buckets 4",
+            r#"sluice_global_link_up{region="r0"} 1"#,
+            r#"sluice_global_checks_total{region="r0",source="cold"} 2"#,
+            r#"sluice_global_checks_total{region="r0",source="cut_off"} 1"#,
+            r#"sluice_global_checks_total{region="r0",source="pool"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+        }
+    }
+
+    /// Rule and region names are label values, escaped as the text format says (`\`, `"`
+    /// and a line feed), the same way for both.
+    #[test]
+    fn label_values_are_escaped() {
+        let text = text("a \"b\" \\ c\nd", "eu \"west\"\\1");
+        for line in [
+            r#"sluice_checks_total{rule="a \"b\" \\ c\nd",decision="allowed"} 2"#,
+            r#"sluice_global_link_up{region="eu \"west\"\\1"} 1"#,
+            r#"sluice_global_lease_calls_total{region="eu \"west\"\\1",result="ok"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+        }
     }
 }

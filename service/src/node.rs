@@ -99,11 +99,15 @@ impl Node {
     /// inside a tokio runtime.
     pub fn in_region(store: Store, rules: RuleSet, config: NodeConfig, region: Option<Region>) -> Arc<Node> {
         let store = Arc::new(store);
+        let mut metrics = Metrics::default();
+        if let Some(region) = &region {
+            region.register_metrics(metrics.registry_mut());
+        }
         Arc::new(Node {
             violations: Violations::start(store.clone(), config.violations_capacity),
             fallback: MemoryStore::new(config.max_keys),
             breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
-            metrics: Metrics::default(),
+            metrics,
             clock: Clock::default(),
             rules: RwLock::new((Arc::new(rules), 0)),
             waits: Arc::new(tokio::sync::Semaphore::new(config.max_waits)),

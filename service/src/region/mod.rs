@@ -12,16 +12,23 @@ pub mod decide;
 pub mod refill;
 pub mod sublease;
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 use sluice_core::lease::book::{BookConfig, LeaseBook};
 use tokio::sync::{watch, Notify};
 
 use self::sublease::Subleases;
 
+use crate::metrics::{encode_family, encode_one};
 use crate::store::Store;
 
 /// Leases proxies may hold at once of a node's units of global quotas.
@@ -66,8 +73,8 @@ pub struct Region {
     global: Store,
     /// The leases this node holds of global quotas.
     book: Mutex<LeaseBook>,
-    /// Whether the last call to the global store was answered.
-    link_up: AtomicBool,
+    /// Whether the last call to the global store was answered (shared with the metrics).
+    link_up: Arc<AtomicBool>,
     /// A ping of the global store is in flight (while the link is down).
     probing: AtomicBool,
     /// Bumped each time an exchange with the global store ends: cold checks wait on it.
@@ -78,11 +85,12 @@ pub struct Region {
     cold_waits: AtomicUsize,
     /// The leases proxies hold of this node's units ([`sublease`]).
     subleases: Mutex<Subleases>,
-    counters: Counters,
+    /// What the metrics count (shared with them).
+    counters: Arc<Counters>,
 }
 
 /// What the region's metrics count.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Counters {
     calls_ok: AtomicU64,
     calls_failed: AtomicU64,
@@ -118,6 +126,38 @@ pub enum Source {
     ColdTimedOut,
 }
 
+impl Source {
+    /// Every source, in the order the metrics list them.
+    const ALL: [Source; 7] = [
+        Source::Pool,
+        Source::Empty,
+        Source::CutOff,
+        Source::Alone,
+        Source::Cold,
+        Source::ColdOverCap,
+        Source::ColdTimedOut,
+    ];
+
+    /// The source as the `source` label of `sluice_global_checks_total` says it.
+    fn label(self) -> &'static str {
+        match self {
+            Source::Pool => "pool",
+            Source::Empty => "empty",
+            Source::CutOff => "cut_off",
+            Source::Alone => "alone",
+            Source::Cold => "cold",
+            Source::ColdOverCap => "cold_over_cap",
+            Source::ColdTimedOut => "cold_timed_out",
+        }
+    }
+}
+
+impl EncodeLabelValue for Source {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.label())
+    }
+}
+
 impl Region {
     /// A region leasing from `global`. The link counts as up until a call fails.
     pub fn new(global: Store, config: RegionConfig) -> Region {
@@ -144,13 +184,13 @@ impl Region {
             config,
             global,
             book: Mutex::new(LeaseBook::new(book)),
-            link_up: AtomicBool::new(true),
+            link_up: Arc::new(AtomicBool::new(true)),
             probing: AtomicBool::new(false),
             landed: watch::channel(0).0,
             wake: Notify::new(),
             cold_waits: AtomicUsize::new(0),
             subleases: Mutex::new(Subleases::new(MAX_SUBLEASES)),
-            counters: Counters::default(),
+            counters: Arc::default(),
         }
     }
 
@@ -179,17 +219,7 @@ impl Region {
 
     /// Counts a check's global rules decided from `source`.
     pub fn count(&self, source: Source) {
-        let c = &self.counters;
-        match source {
-            Source::Pool => &c.from_pool,
-            Source::Empty => &c.refused_empty,
-            Source::CutOff => &c.refused_cut_off,
-            Source::Alone => &c.decided_alone,
-            Source::Cold => &c.cold_admitted,
-            Source::ColdOverCap => &c.cold_over_cap,
-            Source::ColdTimedOut => &c.cold_timed_out,
-        }
-        .fetch_add(1, Ordering::Relaxed);
+        self.counters.checks(source).fetch_add(1, Ordering::Relaxed);
     }
 
     /// A place among the checks waiting for a cold quota's lease, if one is free; held
@@ -205,63 +235,104 @@ impl Region {
         self.landed.send_modify(|n| *n += 1);
     }
 
-    /// The region's metrics, Prometheus text.
-    pub fn render(&self, out: &mut String) {
+    /// Registers the region's metrics, the series `sluice_global_*{region}`, in the node's
+    /// `registry` (prefix `sluice`).
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        let region = (Cow::Borrowed("region"), Cow::Owned(self.config.name.clone()));
+        registry
+            .sub_registry_with_prefix("global")
+            .sub_registry_with_label(region)
+            .register_collector(Box::new(RegionMetrics {
+                link_up: self.link_up.clone(),
+                counters: self.counters.clone(),
+            }));
+    }
+}
+
+impl Counters {
+    /// The counter of checks decided from `source`.
+    fn checks(&self, source: Source) -> &AtomicU64 {
+        match source {
+            Source::Pool => &self.from_pool,
+            Source::Empty => &self.refused_empty,
+            Source::CutOff => &self.refused_cut_off,
+            Source::Alone => &self.decided_alone,
+            Source::Cold => &self.cold_admitted,
+            Source::ColdOverCap => &self.cold_over_cap,
+            Source::ColdTimedOut => &self.cold_timed_out,
+        }
+    }
+}
+
+/// A region's metrics, read at each scrape from the atomics the region bumps.
+#[derive(Debug)]
+struct RegionMetrics {
+    link_up: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+}
+
+/// The `result` label of `sluice_global_lease_calls_total`.
+#[derive(EncodeLabelSet)]
+struct CallResult {
+    result: &'static str,
+}
+
+/// The `kind` label of `sluice_global_lease_units_total` and `sluice_global_sublease_units_total`.
+#[derive(EncodeLabelSet)]
+struct UnitsKind {
+    kind: &'static str,
+}
+
+/// The `source` label of `sluice_global_checks_total`.
+#[derive(EncodeLabelSet)]
+struct CheckSource {
+    source: Source,
+}
+
+impl Collector for RegionMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let c = &self.counters;
-        let region = self.config.name.replace('\\', "\\\\").replace('"', "\\\"");
-        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP sluice_global_link_up Whether the last call to the global store was answered.\n\
-             # TYPE sluice_global_link_up gauge\nsluice_global_link_up{{region=\"{region}\"}} {}",
-            u8::from(self.link_up())
-        );
-        let _ = writeln!(
-            out,
-            "# HELP sluice_global_lease_calls_total Lease calls to the global store by result.\n\
-             # TYPE sluice_global_lease_calls_total counter\n\
-             sluice_global_lease_calls_total{{region=\"{region}\",result=\"ok\"}} {}\n\
-             sluice_global_lease_calls_total{{region=\"{region}\",result=\"failed\"}} {}",
-            get(&c.calls_ok),
-            get(&c.calls_failed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP sluice_global_lease_units_total Units of global quotas leased by this node, and given back.\n\
-             # TYPE sluice_global_lease_units_total counter\n\
-             sluice_global_lease_units_total{{region=\"{region}\",kind=\"granted\"}} {}\n\
-             sluice_global_lease_units_total{{region=\"{region}\",kind=\"returned\"}} {}",
-            get(&c.units_granted),
-            get(&c.units_returned)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP sluice_global_sublease_units_total Units of global quotas this node handed on to proxies leasing through it, and took back.\n\
-             # TYPE sluice_global_sublease_units_total counter\n\
-             sluice_global_sublease_units_total{{region=\"{region}\",kind=\"handed_on\"}} {}\n\
-             sluice_global_sublease_units_total{{region=\"{region}\",kind=\"taken_back\"}} {}",
-            get(&c.units_handed_on),
-            get(&c.units_taken_back)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP sluice_global_checks_total Checks with global rules, by how those were decided.\n\
-             # TYPE sluice_global_checks_total counter\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"pool\"}} {}\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"empty\"}} {}\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"cut_off\"}} {}\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"alone\"}} {}\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"cold\"}} {}\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"cold_over_cap\"}} {}\n\
-             sluice_global_checks_total{{region=\"{region}\",source=\"cold_timed_out\"}} {}",
-            get(&c.from_pool),
-            get(&c.refused_empty),
-            get(&c.refused_cut_off),
-            get(&c.decided_alone),
-            get(&c.cold_admitted),
-            get(&c.cold_over_cap),
-            get(&c.cold_timed_out)
-        );
+        let get = |v: &AtomicU64| ConstCounter::new(v.load(Ordering::Relaxed));
+        let e = &mut encoder;
+        encode_one(
+            e,
+            "link_up",
+            "Whether the last call to the global store was answered.",
+            ConstGauge::new(i64::from(self.link_up.load(Ordering::SeqCst))),
+        )?;
+        encode_family(
+            e,
+            "lease_calls",
+            "Lease calls to the global store by result.",
+            [
+                (CallResult { result: "ok" }, get(&c.calls_ok)),
+                (CallResult { result: "failed" }, get(&c.calls_failed)),
+            ],
+        )?;
+        encode_family(
+            e,
+            "lease_units",
+            "Units of global quotas leased by this node, and given back.",
+            [
+                (UnitsKind { kind: "granted" }, get(&c.units_granted)),
+                (UnitsKind { kind: "returned" }, get(&c.units_returned)),
+            ],
+        )?;
+        encode_family(
+            e,
+            "sublease_units",
+            "Units of global quotas this node handed on to proxies leasing through it, and took back.",
+            [
+                (UnitsKind { kind: "handed_on" }, get(&c.units_handed_on)),
+                (UnitsKind { kind: "taken_back" }, get(&c.units_taken_back)),
+            ],
+        )?;
+        encode_family(
+            e,
+            "checks",
+            "Checks with global rules, by how those were decided.",
+            Source::ALL.map(|source| (CheckSource { source }, get(c.checks(source)))),
+        )
     }
 }
 
