@@ -43,6 +43,7 @@ class LimitedServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go in two writes
 
             def log_message(self, *args: object) -> None:
                 pass
