@@ -224,6 +224,20 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(mut args: Args) -> anyhow::Result<()> {
+    let descriptors = descriptors(&mut args)?;
+    let (rules, fingerprint) = rules(&args)?;
+    let edge = edge(&args)?;
+    let store = store(&args)?;
+    let config = node_config(&args)?;
+    let region = region(&args, &rules).await?;
+    let node = Node::in_region(store, rules, config, region);
+    start_tasks(&node, &args, fingerprint);
+    serve(node, &args, edge, descriptors).await
+}
+
+/// The gRPC API's descriptor files (a `--rules` file in envoyproxy/ratelimit's YAML counts
+/// as one).
+fn descriptors(args: &mut Args) -> anyhow::Result<Arc<DescriptorSet>> {
     if let Some(yaml) = args.rules.take_if(|p| grpc::config::is_yaml(p)) {
         args.descriptors.push(yaml);
     }
@@ -232,35 +246,40 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     if args.grpc_listen.is_none() && !args.descriptors.is_empty() {
         bail!("descriptor files are for the gRPC API: add --grpc-listen HOST:PORT");
     }
-    let (rules, fingerprint) = match &args.rules {
+    Ok(descriptors)
+}
+
+/// The rules file's rules and fingerprint (none without `--rules`: every check allowed).
+fn rules(args: &Args) -> anyhow::Result<(RuleSet, u64)> {
+    Ok(match &args.rules {
         Some(path) => rules_source::load_file(path).map_err(anyhow::Error::msg)?,
         None => {
             tracing::warn!("no --rules file: every HTTP check is allowed");
             (RuleSet::default(), 0)
         }
-    };
-    let admin_token = args
-        .admin_token_file
-        .as_deref()
-        .map(|p| secret(p, "admin token"))
-        .transpose()?;
-    let data_token = args
-        .data_token_file
-        .as_deref()
-        .map(|p| secret(p, "data token"))
-        .transpose()?;
-    if data_token.is_none() {
-        tracing::warn!("no --data-token-file: anyone who reaches this node may check and lease any quota");
-    }
-    let edge = Edge {
+    })
+}
+
+/// How the listeners take connections: TLS, the connection cap, the header timeout.
+fn edge(args: &Args) -> anyhow::Result<Edge> {
+    Ok(Edge {
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(edge::tls_acceptor(cert, key, args.tls_client_ca.as_deref())?),
             _ => None,
         },
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         header_timeout: Duration::from_millis(args.header_timeout_ms),
-    };
-    let timeout = Duration::from_millis(args.store_timeout_ms.max(1));
+    })
+}
+
+/// The node's store call timeout.
+fn store_timeout(args: &Args) -> Duration {
+    Duration::from_millis(args.store_timeout_ms.max(1))
+}
+
+/// The counter store: memory, or Redis (connecting in the background).
+fn store(args: &Args) -> anyhow::Result<Store> {
+    let timeout = store_timeout(args);
     let redis_only = args.store_ca_file.is_some()
         || args.store_cert.is_some()
         || args.store_password_file.is_some()
@@ -269,7 +288,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     if args.store == "memory" && redis_only {
         bail!("--store-ca-file, --store-cert, --store-password-file and --store-wait-replicas are for a Redis --store");
     }
-    let store = if args.store == "memory" {
+    Ok(if args.store == "memory" {
         Store::Memory(MemoryStore::new(args.max_keys))
     } else {
         // Connects in the background: a node started before Redis serves by each rule's
@@ -287,9 +306,26 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
             RedisStore::start(&args.store, options).with_context(|| format!("--store {}", redact(&args.store)))?;
         tracing::info!(store = %store.address(), "connecting to Redis in the background");
         Store::Redis(Box::new(store))
-    };
-    let config = NodeConfig {
-        store_timeout: timeout,
+    })
+}
+
+/// The node's settings, its tokens read from their files.
+fn node_config(args: &Args) -> anyhow::Result<NodeConfig> {
+    let admin_token = args
+        .admin_token_file
+        .as_deref()
+        .map(|p| secret(p, "admin token"))
+        .transpose()?;
+    let data_token = args
+        .data_token_file
+        .as_deref()
+        .map(|p| secret(p, "data token"))
+        .transpose()?;
+    if data_token.is_none() {
+        tracing::warn!("no --data-token-file: anyone who reaches this node may check and lease any quota");
+    }
+    Ok(NodeConfig {
+        store_timeout: store_timeout(args),
         breaker_failures: args.breaker_failures,
         breaker_cooldown: Duration::from_millis(args.breaker_cooldown_ms),
         max_keys: args.max_keys,
@@ -300,8 +336,13 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         ipv6_prefix: args.ipv6_prefix,
         rules_poll: Duration::from_millis(args.rules_poll_ms),
         ..NodeConfig::default()
-    };
-    let region = match &args.global_store {
+    })
+}
+
+/// The node's region, with `--global-store`: its link to the global store, connected before
+/// the node serves when it answers.
+async fn region(args: &Args, rules: &RuleSet) -> anyhow::Result<Option<Region>> {
+    Ok(match &args.global_store {
         Some(url) => {
             let timeout = Duration::from_millis(args.global_timeout_ms);
             let options = RedisOptions {
@@ -336,8 +377,12 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
             }
             None
         }
-    };
-    let node = Node::in_region(store, rules, config, region);
+    })
+}
+
+/// The node's background tasks: following the rules file and the published rules,
+/// sweeping idle state, probing the store, filling the region's leases.
+fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64) {
     if let Some(path) = args.rules.clone() {
         tokio::spawn(rules_source::watch_file(node.clone(), path, fingerprint));
     }
@@ -345,8 +390,6 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     tokio::spawn(housekeeping::sweep(node.clone()));
     tokio::spawn(probe_store(node.clone()));
     tokio::spawn(region::refill::run(node.clone()));
-
-    serve(node, &args, edge, descriptors).await
 }
 
 /// Opens the node's listeners and serves until SIGINT or SIGTERM.
