@@ -256,7 +256,7 @@ fn request_bytes(headers: &[(&str, &str)]) -> Vec<u8> {
 /// on, offered at 10,000/s (the benchmark's rate; a debug chain on a loaded machine takes
 /// longer, and the count, not the rate, is what the test needs); returns its report.
 fn flood(port: u16, offset: u64, requests: u64) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice-load"))
+    let out = Command::new(sluice_tests::chain::binary("sluice-load"))
         .args(["--target", &format!("http://127.0.0.1:{port}"), "--mode", "get"])
         .args(["--rate", "10000", "--connections", "32"])
         .args(["--requests", &requests.to_string(), "--duration", "600s"])

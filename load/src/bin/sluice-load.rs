@@ -10,23 +10,34 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
+use envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy::service::ratelimit::v3::RateLimitRequest;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use sluice_core::rules;
-use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice_service::grpc::envoy::service::ratelimit::v3::RateLimitRequest;
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
+/// The client of Envoy's rate limit service (compiled from service/proto by `build.rs`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+mod proto {
+    include!(concat!(env!("OUT_DIR"), "/envoy.rs"));
+}
+use proto::envoy;
+
+/// Sluice's check script (the service's own file: the ceiling runs what the service runs).
+#[path = "../../../service/src/store/lua/check_script.rs"]
+mod check_script;
+
 /// Load generator for Sluice: closed-loop (as fast as answers come) or at a fixed rate.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Base URL of the target, e.g. http://127.0.0.1:8081 (service) or :8080 (proxy), or the
     /// service's --grpc-listen address in `grpc` mode (http://127.0.0.1:8089).
@@ -463,7 +474,7 @@ fn grpc_error_slot(code: tonic::Code) -> usize {
 /// Loads Sluice's check script into the local Redis and runs redis-benchmark on it, one
 /// token-bucket rule per call.
 fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
-    let script = sluice_service::store::redis::check_script();
+    let script = check_script::check_script();
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "SCRIPT", "LOAD", &script])
         .output()

@@ -18,7 +18,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A no-op check service: the HTTP ceiling of sluice-service.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Address to serve on.
     #[arg(long, default_value = "127.0.0.1:8081")]

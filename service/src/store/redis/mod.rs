@@ -19,6 +19,9 @@
 //! announced by pub/sub; the violations log is a capped stream.
 
 mod address;
+// A file of its own so that sluice-load (load/) can include it too.
+#[path = "../lua/check_script.rs"]
+mod check_script;
 mod connection;
 mod link;
 
@@ -36,21 +39,11 @@ use sluice_core::lease::Grant;
 use sluice_core::{Algorithm, Decision, Limit, Micros};
 
 pub use self::address::{redact, Address, AddressError, Deployment};
+pub use self::check_script::check_script;
 use self::connection::{Connection, Kind};
 use self::link::Link;
 pub use self::link::RedisOptions;
 use super::{keys, Item, Publish, Published, Stamped, StoreError, Violation};
-
-/// The check script: the shared helpers, each algorithm, then the driver.
-const CHECK: [&str; 7] = [
-    include_str!("../lua/common.lua"),
-    include_str!("../lua/token_bucket.lua"),
-    include_str!("../lua/gcra.lua"),
-    include_str!("../lua/fixed_window.lua"),
-    include_str!("../lua/sliding_window_log.lua"),
-    include_str!("../lua/sliding_window_counter.lua"),
-    include_str!("../lua/check.lua"),
-];
 
 /// Publishes a rule set if the version is the expected one, and announces it.
 /// KEYS: rules text, version. ARGV: text, expected version ("" for any), channel.
@@ -92,11 +85,6 @@ struct Scripts {
     check: Script,
     publish_rules: Script,
     share_demand: Script,
-}
-
-/// The source of the check script, as loaded into Redis (for load tools and tests).
-pub fn check_script() -> String {
-    CHECK.join("\n")
 }
 
 impl Scripts {
