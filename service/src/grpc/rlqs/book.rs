@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseReturn};
+use sluice_core::lease::wire::LeaseRequest;
 use sluice_core::rules::RuleSet;
 use sluice_core::time::instant_ms;
 use sluice_core::Micros;
@@ -17,14 +17,12 @@ use tokio::sync::mpsc;
 
 use super::assign::{self, Strategy};
 use super::bucket::{self, BucketKey, Resolved};
-use super::walk::{self, Step, Walk};
+use super::walk::{self, Bucket, Due, Share, Step, Walk};
 use super::{action, Answer, Limits, UnknownBuckets};
 use crate::metrics::RlqsStats;
 use crate::node::Node;
 use crate::store::{keys, within};
 
-/// A renewal is sent this long before the assignment it follows ends.
-pub const RENEW_MARGIN_MS: u64 = 500;
 /// Most grants one tick asks for: the rest wait for the next tick.
 pub const MAX_ASKS_PER_TICK: usize = 4_096;
 /// After a failed exchange, the tick waits this long before asking again.
@@ -35,49 +33,11 @@ const DEMAND_TTL_MS: u64 = 3_000;
 /// How long a quota counts as contended after a grant for it came back short.
 const CONTENDED_MS: u64 = 5_000;
 
-/// A bucket one stream subscribed.
-pub(super) struct Bucket {
-    pub(super) quota: Resolved,
-    /// Its quota's limit key ([`keys::limit`]; empty unless the quota is a rule's).
-    pub(super) quota_key: String,
-    /// Requests a second its latest report showed (allowed and denied).
-    pub(super) demand_per_s: u64,
-    /// When a report last showed it in use (or it was subscribed).
-    pub(super) used_at_ms: u64,
-    /// A report came since its assignment was made: the next tick checks it still fits.
-    pub(super) reported: bool,
-    pub(super) assigned: Option<Assigned>,
-}
-
-/// The assignment a bucket holds.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Assigned {
-    pub(super) strategy: Strategy,
-    /// The lease that paid for its last seconds (0: none).
-    pub(super) lease: u64,
-    /// The end its leases paid for (when it was sent plus its TTL).
-    pub(super) paid_until_ms: u64,
-    /// When to send the next one.
-    pub(super) renew_at_ms: u64,
-}
-
 /// One stream's buckets and the way to its client.
 struct Stream {
     domain: String,
     out: mpsc::Sender<Answer>,
     buckets: HashMap<BucketKey, Bucket>,
-}
-
-/// A contended quota: what every node's buckets want of it, as the store last answered.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Share {
-    /// Requests a second, over every node (`None`: not heard yet).
-    pub(super) total: Option<u64>,
-    /// When this node last told the store its own part.
-    pub(super) told_at_ms: u64,
-    /// Until when the quota counts as contended: a grant for it came back short, or left
-    /// less than it took.
-    pub(super) contended_until_ms: u64,
 }
 
 #[derive(Default)]
@@ -90,19 +50,6 @@ struct State {
     /// The rules the assignments were made under.
     rules: Option<Arc<RuleSet>>,
     retry_at_ms: u64,
-}
-
-/// A grant to ask for in this tick.
-pub(super) struct Due {
-    pub(super) stream: u64,
-    pub(super) key: BucketKey,
-    pub(super) ask: LeaseAsk,
-    pub(super) wanted: Strategy,
-    pub(super) ttl_s: u64,
-    /// The assignment it extends, if it keeps the same bucket.
-    pub(super) extends: Option<Assigned>,
-    /// What the assignment it replaces paid for and cannot spend any more.
-    pub(super) back: Option<LeaseReturn>,
 }
 
 /// The book.

@@ -21,7 +21,8 @@ use futures_util::Stream;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
-pub use book::{Book, Usage, MAX_ASKS_PER_TICK, RENEW_MARGIN_MS, TICK};
+pub use book::{Book, Usage, MAX_ASKS_PER_TICK, TICK};
+pub use walk::RENEW_MARGIN_MS;
 
 use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;

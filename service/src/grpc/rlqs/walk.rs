@@ -11,9 +11,62 @@ use sluice_core::time::instant_ms;
 use sluice_core::Micros;
 
 use super::assign::{self, Strategy, SECOND_MS};
-use super::book::{Assigned, Bucket, Due, Share, RENEW_MARGIN_MS};
 use super::bucket::{BucketKey, Resolved};
 use super::{action, UnknownBuckets};
+
+/// A renewal is sent this long before the assignment it follows ends.
+pub const RENEW_MARGIN_MS: u64 = 500;
+
+/// A bucket one stream subscribed.
+pub(super) struct Bucket {
+    pub(super) quota: Resolved,
+    /// Its quota's limit key ([`keys::limit`]; empty unless the quota is a rule's).
+    pub(super) quota_key: String,
+    /// Requests a second its latest report showed (allowed and denied).
+    pub(super) demand_per_s: u64,
+    /// When a report last showed it in use (or it was subscribed).
+    pub(super) used_at_ms: u64,
+    /// A report came since its assignment was made: the next tick checks it still fits.
+    pub(super) reported: bool,
+    pub(super) assigned: Option<Assigned>,
+}
+
+/// The assignment a bucket holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Assigned {
+    pub(super) strategy: Strategy,
+    /// The lease that paid for its last seconds (0: none).
+    pub(super) lease: u64,
+    /// The end its leases paid for (when it was sent plus its TTL).
+    pub(super) paid_until_ms: u64,
+    /// When to send the next one.
+    pub(super) renew_at_ms: u64,
+}
+
+/// A contended quota: what every node's buckets want of it, as the store last answered.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Share {
+    /// Requests a second, over every node (`None`: not heard yet).
+    pub(super) total: Option<u64>,
+    /// When this node last told the store its own part.
+    pub(super) told_at_ms: u64,
+    /// Until when the quota counts as contended: a grant for it came back short, or left
+    /// less than it took.
+    pub(super) contended_until_ms: u64,
+}
+
+/// A grant to ask for in this tick.
+pub(super) struct Due {
+    pub(super) stream: u64,
+    pub(super) key: BucketKey,
+    pub(super) ask: LeaseAsk,
+    pub(super) wanted: Strategy,
+    pub(super) ttl_s: u64,
+    /// The assignment it extends, if it keeps the same bucket.
+    pub(super) extends: Option<Assigned>,
+    /// What the assignment it replaces paid for and cannot spend any more.
+    pub(super) back: Option<LeaseReturn>,
+}
 
 /// How long a blanket answer (an unknown or refused bucket) lasts, and a refusal for want
 /// of units before the bucket asks again.
