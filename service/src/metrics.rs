@@ -367,6 +367,16 @@ impl Collector for RlqsStats {
                 &self.exchanges,
             ),
             ("grants", "Grants asked for in RLQS store exchanges.", &self.grants),
+            (
+                "units_granted",
+                "Units of quota the grants of RLQS store exchanges took.",
+                &self.units_granted,
+            ),
+            (
+                "units_returned",
+                "Units of quota replaced RLQS buckets gave back.",
+                &self.units_returned,
+            ),
         ];
         for (name, help, v) in counters {
             encode_one(&mut encoder, name, help, ConstCounter::new(v.load(Ordering::Relaxed)))?;
@@ -480,6 +490,8 @@ mod tests {
             "sluice_rlqs_abandoned_total",
             "sluice_rlqs_exchanges_total",
             "sluice_rlqs_grants_total",
+            "sluice_rlqs_units_granted_total",
+            "sluice_rlqs_units_returned_total",
             "sluice_rlqs_streams",
             "sluice_rlqs_buckets",
             r#"sluice_rules_reloads_total{result="ok"}"#,
