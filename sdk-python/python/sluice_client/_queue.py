@@ -49,7 +49,10 @@ class Bucket:
         """Wakes every waiter of this bucket, thread or task: its head may be able to go."""
         self.cond.notify_all()
         for fut in self.futures:
-            fut.get_loop().call_soon_threadsafe(_resolve, fut)
+            try:
+                fut.get_loop().call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # its event loop has closed: no one waits on it any more
+                pass
 
 
 class Place:
