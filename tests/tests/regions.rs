@@ -118,7 +118,16 @@ fn the_global_limit_holds_summed_over_regions_for_every_leasable_algorithm() {
     let regions = Regions::start(&bound_rules(), &[WAN, WAN, WAN]);
     let ports: Vec<u16> = regions.regions.iter().map(|r| r.port).collect();
     for (algorithm, sent) in ALGORITHMS.iter().zip(every_algorithm(&ports, 250.0, drive)) {
-        assert_global_bound(algorithm, &sent, ports.len(), 0.5);
+        // Units parked in nodes when a window turns or a lease ends are what a saturated
+        // quota loses: measured 0.91–0.96 of `most` for the fixed window and the buckets and
+        // 0.74–0.85 for the sliding counter (whose weighted previous window lags the
+        // leases), over five runs; a region starved of its share would fall far below.
+        let least = if *algorithm == "sliding_window_counter" {
+            0.6
+        } else {
+            0.8
+        };
+        assert_global_bound(algorithm, &sent, ports.len(), least);
     }
 }
 
@@ -147,16 +156,20 @@ fn every_algorithm(ports: &[u16], rate: f64, driver: Driver) -> Vec<Vec<Sent>> {
 fn assert_global_bound(algorithm: &str, sent: &[Sent], regions: usize, least: f64) {
     let ok: Vec<&Sent> = sent.iter().filter(|s| s.allowed).collect();
     let (first, last) = (sent.iter().map(|s| s.at).fold(f64::MAX, f64::min), unix_now());
-    let most = LIMIT as f64 * (last - first);
+    // What the algorithm admits over the run when asked for more than it allows: the limit
+    // a second; the buckets their burst (the limit) on top.
+    let bucket = !matches!(algorithm, "fixed_window" | "sliding_window_counter");
+    let most = LIMIT as f64 * (last - first) + if bucket { LIMIT as f64 } else { 0.0 };
     eprintln!(
-        "{algorithm}: {} of {} admitted over {:.2} s across {regions} regions",
+        "{algorithm}: {} of {} admitted over {:.2} s across {regions} regions ({:.2} of {most:.0})",
         ok.len(),
         sent.len(),
-        last - first
+        last - first,
+        ok.len() as f64 / most
     );
     assert!(
         ok.len() as f64 >= least * most,
-        "{algorithm}: only {} admitted; the regions should share most of {most:.0}",
+        "{algorithm}: only {} admitted; the regions should share at least {least} of {most:.0}",
         ok.len()
     );
     match algorithm {
@@ -212,8 +225,8 @@ fn proxies_leasing_through_their_regions_keep_the_global_bound_for_every_leasabl
         .iter()
         .zip(every_algorithm(&ports, LIMIT as f64 / 2.0, drive_proxy))
     {
-        // At least 40 % of the limit: a refused request through a proxy may wait a WAN round
-        // trip first, so the clients send less than the regions test's.
+        // At least 40 %: a refused request through a proxy may wait a WAN round trip first,
+        // so the clients send less than the regions test's (measured 0.55–0.64).
         assert_global_bound(algorithm, &sent, 2, 0.4);
     }
     for (i, p) in proxies.iter().enumerate() {
