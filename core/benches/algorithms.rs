@@ -2,6 +2,9 @@
 //! `StateMap` at its bound taking a flood of new keys (the filter's local buckets under a
 //! spray of client addresses).
 
+// `criterion_group!` writes an undocumented `pub fn`.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
 use sluice_core::{Algorithm, Limit, State, StateMap};
 

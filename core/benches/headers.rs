@@ -1,5 +1,8 @@
 //! Parsing a typical response's rate-limit headers and formatting a full set.
 
+// `criterion_group!` writes an undocumented `pub fn`.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use sluice_core::headers::{
     denial_body, format_headers, parse_headers, write_denial_body, write_headers, HeaderBuf, HeaderMode, Quota,
@@ -10,7 +13,7 @@ type Case<'a> = (&'a str, u16, &'a [(&'a str, &'a str)]);
 
 fn headers(c: &mut Criterion) {
     let now_ms = 1_774_312_813_000;
-    let cases: [Case; 5] = [
+    let cases: [Case<'_>; 5] = [
         // What the filter sends on an allowed response, among a few ordinary headers.
         (
             "parse/typical (sluice, 8 headers)",

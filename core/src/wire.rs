@@ -346,7 +346,7 @@ impl CheckResponse {
     /// default, except the verdict. A body without `allowed` (`{}`, or whatever a proxy in
     /// between answers) is an error for the caller's failure policy, never an allow.
     pub fn from_json(body: &[u8]) -> Result<CheckResponse, WireError> {
-        let read = |doc: &Json| {
+        let read = |doc: &Json<'_>| {
             let mut f = doc.object()?;
             let answer = CheckResponse {
                 allowed: f.req("allowed", Json::bool),

@@ -7,6 +7,9 @@
 //! `cargo bench -p sluice-filter --bench per_request`; with `SLUICE_FILTER_WASM=old.wasm`
 //! it measures that module instead (an earlier build, for a before and after in one sitting).
 
+// `criterion_group!` writes an undocumented `pub fn`.
+#![allow(missing_docs)]
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 

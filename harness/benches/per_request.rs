@@ -4,6 +4,9 @@
 //!
 //! `cargo bench -p sluice-harness --bench per_request`
 
+// `criterion_group!` writes an undocumented `pub fn`.
+#![allow(missing_docs)]
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 

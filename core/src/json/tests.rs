@@ -23,7 +23,7 @@ fn field<'j, 'a, T: Default>(
 fn reads_every_kind_of_value() {
     let doc = parse(br#" {"a": [1, -2.5e3, true, false, null], "b": {"c": "d\n\u00e9\ud83d\ude00"}} "#).unwrap();
     let mut f = doc.object().unwrap();
-    let a = f.req("a", |v| v.array().map(<[Json]>::to_vec));
+    let a = f.req("a", |v| v.array().map(<[Json<'_>]>::to_vec));
     assert_eq!(
         a,
         [

@@ -183,8 +183,9 @@ pub struct Tally {
     /// Leases granted with units while the quota held a live lease that had come with
     /// units (the grant was asked for before that lease ended or was given back).
     pub renewed: u64,
-    /// Leases found ended with units left, and those units.
+    /// Leases found ended with units left.
     pub expired: u64,
+    /// The units those leases had left.
     pub units_expired: u64,
     /// Units spent: one per quota of each request decided by leases.
     pub units_spent: u64,

@@ -149,7 +149,7 @@ impl LeaseResponse {
     /// Parses the service's answer (unknown fields ignored, for answers from a newer
     /// service); the error names what is wrong.
     pub fn from_json(body: &[u8]) -> Result<LeaseResponse, WireError> {
-        let read = |doc: &Json| {
+        let read = |doc: &Json<'_>| {
             let mut f = doc.object()?;
             let answer = LeaseResponse {
                 rules_version: f.req("rules_version", Json::u64),
