@@ -2,11 +2,12 @@
 //! `prometheus-client` in the Prometheus text format (version 0.0.4), so every series is
 //! named, typed and its label values escaped in one place.
 //!
-//! The hot path never formats, allocates or takes a write lock: a counter is bumped with one
-//! relaxed atomic add, as it was before the registry. Counters other modules bump directly
-//! (the RLQS service's here, a region's in [`crate::region`]) stay plain atomics, read at
-//! scrape time by a [`Collector`]; a rule's check counters are found by its name under a read
-//! lock, so no label set is built per check ([`RuleChecks`]).
+//! The hot path does not format or allocate: a counter is bumped with one relaxed atomic
+//! add, as it was before the registry (only a rule name's first check takes a write lock, to
+//! add its counters). Counters other modules bump directly (the RLQS service's here, a
+//! region's in [`crate::region`]) stay plain atomics, read at scrape time by a
+//! [`Collector`]; a rule's check counters are found by its name under a read lock, so no
+//! label set is built per check (`RuleChecks`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -239,7 +240,7 @@ impl TypedMetric for RuleChecks {
 }
 
 impl EncodeMetric for RuleChecks {
-    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> fmt::Result {
         // A copy, so checks do not wait on the encoding.
         let mut rules: Vec<(Arc<str>, [u64; 3])> = {
             let map = self.0.read().unwrap_or_else(|p| p.into_inner());
@@ -297,7 +298,7 @@ impl TypedMetric for StoreLatency {
 }
 
 impl EncodeMetric for StoreLatency {
-    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> fmt::Result {
         let c = &self.0;
         let buckets =
             std::array::from_fn::<_, { BUCKETS.len() }, _>(|i| (BUCKETS[i], c.buckets[i].load(Ordering::Relaxed)));
@@ -342,7 +343,7 @@ pub struct RlqsStats {
 }
 
 impl Collector for RlqsStats {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
         let counters = [
             ("usages", "Bucket usages read from RLQS reports.", &self.reports),
             (
@@ -396,7 +397,7 @@ impl Collector for RlqsStats {
 /// registry's prefix; a counter's `_total` added), for a [`Collector`]. `help` is written as
 /// given.
 pub(crate) fn encode_one<M: EncodeMetric + TypedMetric>(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     metric: M,
@@ -407,7 +408,7 @@ pub(crate) fn encode_one<M: EncodeMetric + TypedMetric>(
 /// Encodes `series`, a metric for each label set, as the family `name`, for a
 /// [`Collector`]: as [`encode_one`], the label set's labels after the registry's.
 pub(crate) fn encode_family<S: EncodeLabelSet, M: EncodeMetric + TypedMetric>(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     series: impl IntoIterator<Item = (S, M)>,

@@ -153,7 +153,7 @@ impl Source {
 }
 
 impl EncodeLabelValue for Source {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
         fmt::Write::write_str(encoder, self.label())
     }
 }
@@ -290,7 +290,7 @@ struct CheckSource {
 }
 
 impl Collector for RegionMetrics {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
         let c = &self.counters;
         let get = |v: &AtomicU64| ConstCounter::new(v.load(Ordering::Relaxed));
         let e = &mut encoder;
