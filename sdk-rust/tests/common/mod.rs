@@ -127,9 +127,14 @@ fn reply(status: StatusCode, quota: &Quota<'_>) -> Response {
 
 async fn limited(State(s): State<Arc<ServerState>>) -> Response {
     s.hits.fetch_add(1, Ordering::SeqCst);
+    // The clock is read under the bucket's lock: a handler descheduled between reading it
+    // and locking would decide at a time older than the bucket's last decision, refusing a
+    // request its refill allowed (seen once in CI, on a loaded machine).
+    let mut bucket = s.bucket.lock().expect("lock");
     let at = Instant::now();
     let now = at.duration_since(s.started).as_micros() as u64;
-    let d = s.limit.decide(&mut s.bucket.lock().expect("lock"), now, 1);
+    let d = s.limit.decide(&mut bucket, now, 1);
+    drop(bucket);
     s.log
         .lock()
         .expect("lock")
