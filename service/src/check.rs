@@ -83,7 +83,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
             crate::region::decide::decide(node, region, &matched, &targets, now_us).await
         }
         _ => {
-            let (decisions, degraded) = decide_limits(node, &targets, now_us).await;
+            let (decisions, degraded) = decide_limits(node, &targets).await;
             (decisions.into_iter().map(Some).collect(), degraded)
         }
     };

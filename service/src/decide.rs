@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use sluice_core::algorithm::{passes, Part};
 use sluice_core::rules::FailureMode;
-use sluice_core::{Decision, Limit, Micros};
+use sluice_core::{Decision, Limit};
 
 use crate::metrics::Verdict;
 use crate::node::Node;
@@ -47,7 +47,7 @@ pub struct Target {
 /// one store call; when the store fails, by each target's failure policy. Returns the
 /// decisions in the targets' order and whether they came from the fallback buckets
 /// (`degraded`).
-pub async fn decide_limits(node: &Node, targets: &[Target], now_us: Micros) -> (Vec<Decision>, bool) {
+pub async fn decide_limits(node: &Node, targets: &[Target]) -> (Vec<Decision>, bool) {
     let items: Vec<Item<'_>> = targets
         .iter()
         .map(|t| Item {
@@ -64,7 +64,7 @@ pub async fn decide_limits(node: &Node, targets: &[Target], now_us: Micros) -> (
         Err(e) => {
             tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
             node.metrics.degraded();
-            (fail_over(node, targets, &items, now_us), true)
+            (fail_over(node, targets, &items), true)
         }
     };
     // A refused request took nothing: the limits that would have admitted it still hold
@@ -100,7 +100,7 @@ async fn store_decide(node: &Node, items: &[Item<'_>]) -> Result<Vec<Stamped>, S
 /// The decisions when the store could not answer: rules that fail closed deny; rules that
 /// fail open ask the fallback buckets together, which keep nothing when a closed rule
 /// denies the request anyway.
-fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>], now: Micros) -> Vec<Decision> {
+fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>]) -> Vec<Decision> {
     let fails_open = |m: &Target| m.failure == FailureMode::Open;
     let open: Vec<Item<'_>> = items
         .iter()
@@ -109,7 +109,7 @@ fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>], now: Micros) -
         .map(|(i, _)| *i)
         .collect();
     let closed_denies = matched.iter().any(|m| !fails_open(m) && !m.shadow);
-    let mut from_fallback = node.fallback.decide_all_at(&open, now, !closed_denies).into_iter();
+    let mut from_fallback = node.fallback.decide_all_now(&open, !closed_denies).into_iter();
     matched
         .iter()
         .map(|m| match fails_open(m).then(|| from_fallback.next()).flatten() {

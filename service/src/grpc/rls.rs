@@ -123,7 +123,7 @@ impl RateLimitService for RateLimiter {
         let (decisions, degraded) = if targets.is_empty() || overall == Code::OverLimit {
             (Vec::new(), false)
         } else {
-            decide_limits(node, &targets, now_us).await
+            decide_limits(node, &targets).await
         };
         if let Some(closed) = limited
             .iter()

@@ -81,7 +81,7 @@ pub async fn decide(
     let (decided, degraded) = if store_targets.is_empty() {
         (Vec::new(), false)
     } else {
-        decide_limits(node, &store_targets, now_us).await
+        decide_limits(node, &store_targets).await
     };
     let passes = decided.iter().zip(&store_targets).all(|(d, t)| d.allowed || t.shadow);
     if !passes {

@@ -93,9 +93,10 @@ impl MemoryStore {
     /// Grants up to `want` units of `limit` under `key` for `ttl` (see `sluice_core::lease`)
     /// as the lease `id`, and records what it holds so that no more than that can come back.
     pub fn grant(&self, key: &str, limit: &Limit, want: u64, ttl: Micros, id: u64) -> Grant {
+        let mut shard = self.lock(self.shard_index(key));
+        // Read under the key's lock: its decisions are taken in time order (see decide_all).
         let now = self.clock.now_us();
         let room = self.leases.lock().unwrap_or_else(PoisonError::into_inner).has_room(now);
-        let mut shard = self.lock(self.shard_index(key));
         let mut state = shard.state(key, now);
         if !room {
             // Nowhere to record it: refused, the state untouched (the proxy checks exactly).
@@ -138,6 +139,7 @@ impl MemoryStore {
             (back, granted_at, end)
         };
         let mut shard = self.lock(self.shard_index(key));
+        let now = now.max(self.clock.now_us()); // under the key's lock, as every decision
         let mut state = shard.state(key, now);
         if lease::give_back(limit, &mut state, (granted_at, expires_at), back, now) {
             shard.keep(key, limit, state, now);
@@ -159,20 +161,31 @@ impl MemoryStore {
 
     /// Decides one request against every item at the store's clock, all-or-nothing.
     pub fn decide_all(&self, items: &[Item<'_>]) -> Vec<Stamped> {
-        let at = self.clock.now_us();
-        self.decide_all_at(items, at, true)
-            .into_iter()
-            .map(|decision| Stamped { decision, at })
-            .collect()
+        let (decisions, at) = self.decide_locked(items, || self.clock.now_us(), true);
+        decisions.into_iter().map(|decision| Stamped { decision, at }).collect()
     }
 
-    /// Decides at an explicit time, under one critical section for all the items' keys
-    /// (the fallback buckets and tests). With `keep` false nothing is written: the
-    /// decisions are those the request would get (a request another rule denies anyway).
+    /// As [`MemoryStore::decide_all`], the decisions only; with `keep` false nothing is
+    /// written: the decisions are those the request would get (a request another rule
+    /// denies anyway). For the fallback buckets.
+    pub fn decide_all_now(&self, items: &[Item<'_>], keep: bool) -> Vec<Decision> {
+        self.decide_locked(items, || self.clock.now_us(), keep).0
+    }
+
+    /// Decides at an explicit time (tests).
     pub fn decide_all_at(&self, items: &[Item<'_>], now: Micros, keep: bool) -> Vec<Decision> {
+        self.decide_locked(items, || now, keep).0
+    }
+
+    /// Decides under one critical section for all the items' keys, at the time `now` reads
+    /// once they are locked: two decisions of a key are taken in the order of their times
+    /// (a time read before the lock could be older than the key's last decision, and a
+    /// window's count or a bucket's refill would be counted from the past). The time used.
+    fn decide_locked(&self, items: &[Item<'_>], now: impl FnOnce() -> Micros, keep: bool) -> (Vec<Decision>, Micros) {
         if let ([item], true) = (items, keep) {
             let mut shard = self.lock(self.shard_index(item.key));
-            return vec![shard.decide(item.key, item.part.limit, item.part.cost, now)];
+            let now = now();
+            return (vec![shard.decide(item.key, item.part.limit, item.part.cost, now)], now);
         }
         let shard_of: Vec<usize> = items.iter().map(|i| self.shard_index(i.key)).collect();
         let mut order = shard_of.clone();
@@ -180,6 +193,7 @@ impl MemoryStore {
         order.dedup();
         // Locked in ascending order, so two checks never wait on each other in a cycle.
         let mut guards: Vec<MutexGuard<'_, StateMap>> = order.iter().map(|&i| self.lock(i)).collect();
+        let now = now();
         let slot = |shard: usize| order.binary_search(&shard).unwrap_or_default();
         let mut states: Vec<State> = items
             .iter()
@@ -195,7 +209,7 @@ impl MemoryStore {
                 }
             }
         }
-        decisions
+        (decisions, now)
     }
 
     /// Drops every expired entry; returns how many keys remain.
