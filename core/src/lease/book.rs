@@ -339,19 +339,30 @@ impl LeaseBook {
 
     /// Puts `units` of `quota` back into the lease `lease` they were spent or handed on
     /// from, if it still runs; never into another one (that lease's units were granted
-    /// apart, so the quota would hold more than it was given). Whether they went back.
+    /// apart, so the quota would hold more than it was given). When `lease` was replaced
+    /// meanwhile (renewed, or the quota forgotten), the units go back to the store with the
+    /// next call instead, as that lease's return: the store takes them while it runs, and
+    /// never more than it holds. Whether they went back into the book.
     pub fn put_back(&mut self, quota: &QuotaKey, lease: u64, units: u64, now_ms: u64) -> bool {
-        let Some(h) = self
-            .held
-            .get_mut(quota)
-            .filter(|h| h.id == Some(lease) && h.live(now_ms))
-        else {
-            return false;
-        };
-        h.units += units;
-        h.remaining = h.remaining.saturating_add(units);
         self.tally.units_spent -= units.min(self.tally.units_spent);
-        true
+        match self.held.get_mut(quota) {
+            Some(h) if h.id == Some(lease) && h.live(now_ms) => {
+                h.units += units;
+                h.remaining = h.remaining.saturating_add(units);
+                true
+            }
+            // Ended: the store takes nothing back any more.
+            Some(h) if h.id == Some(lease) => false,
+            _ => {
+                self.returns.push(LeaseReturn {
+                    rule: quota.0.clone(),
+                    identity: quota.1.clone(),
+                    lease,
+                    unspent: units,
+                });
+                false
+            }
+        }
     }
 
     /// What to send now: the grants to ask for (quotas about to run out or end, sized for
@@ -555,6 +566,12 @@ mod tests {
         assert!(book.put_back(&a, 7, 5, 130), "back into its lease");
         assert!(book.holds(&a, 5, 140));
         assert!(!book.put_back(&a, 8, 5, 150), "never into another lease");
+        let (_, returns) = book.due(150);
+        assert_eq!(
+            returns.iter().map(|r| (r.lease, r.unspent)).collect::<Vec<_>>(),
+            [(8, 5)],
+            "but back to the store, as the lease it came from"
+        );
         // Too close to the lease's end to hand anything on.
         assert_eq!(book.hand_on(&a, 1, 250, 1_760), None);
         // Past the end nothing goes back.

@@ -97,7 +97,7 @@ fn give_back(region: &Region, ret: &LeaseReturn, now_ms: u64) -> u64 {
         return 0;
     };
     if !region.book().put_back(&quota, from, units, now_ms) {
-        return 0; // the node's lease ended or was renewed: the units come back as it refills
+        return 0; // the node's lease was renewed (they go back to the global store) or ended
     }
     region.counters.units_taken_back.fetch_add(units, Ordering::Relaxed);
     units
