@@ -26,9 +26,15 @@ struct Service {
 }
 
 impl Service {
-    fn check(&mut self, now_ms: u64) -> bool {
+    /// An exact check: whether it passed, and if not, when to retry (ms).
+    fn check(&mut self, now_ms: u64) -> Result<(), u64> {
         self.calls += 1;
-        self.limit.decide(&mut self.state, now_ms * MS, 1).allowed
+        let d = self.limit.decide(&mut self.state, now_ms * MS, 1);
+        if d.allowed {
+            Ok(())
+        } else {
+            Err(d.retry_after.div_ceil(MS))
+        }
     }
 
     fn lease(&mut self, asks: &[LeaseAsk], returns: &[LeaseReturn], now_ms: u64) -> Vec<LeaseGranted> {
@@ -55,6 +61,11 @@ impl Service {
                     remaining: g.decision.remaining,
                     reset_after_ms: g.decision.reset_after / MS,
                     window_ms: self.limit.window() / MS,
+                    retry_after_ms: if g.units == 0 {
+                        g.decision.retry_after.div_ceil(MS)
+                    } else {
+                        0
+                    },
                 }
             })
             .collect()
@@ -106,7 +117,14 @@ fn run(service: &mut Service, arrivals: &[(u64, usize)], latency: u64, tick: u64
             next.next();
             let ok = match books[proxy].spend(std::slice::from_ref(&quota), now) {
                 Spend::Spent(_) => true,
-                Spend::Missing => service.check(now),
+                Spend::Exhausted { .. } => false,
+                Spend::Missing => match service.check(now) {
+                    Ok(()) => true,
+                    Err(retry_after_ms) => {
+                        books[proxy].refused(&quota, retry_after_ms, now);
+                        false
+                    }
+                },
             };
             if ok {
                 admitted.push(now);
@@ -195,4 +213,39 @@ fn a_client_far_below_its_limit_costs_almost_no_calls() {
         arrivals.len()
     );
     assert!(per_request <= 0.02, "{per_request:.3} calls a request");
+}
+
+/// A client flooding at three times its limit (a fixed window of 100 a second and a token
+/// bucket of 100 a second, split 80/20 over two proxies) for 10 s: a spent quota is
+/// remembered until the service says it may grant again, so the proxies neither check nor
+/// ask for leases on every request and tick (the aim: ≤ 0.1 calls a request; it was
+/// above 2 before), and the limit's rate is still admitted (≥ 90 % of it).
+#[test]
+fn a_spent_quota_costs_few_calls_and_its_rate_is_still_admitted() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::TokenBucket] {
+        let limit = Limit::builder(algorithm, 100, 1_000 * MS).build().unwrap();
+        let mut service = Service {
+            limit,
+            state: State::Fresh,
+            ttl_ms: 1_000,
+            held: HashMap::new(),
+            next_id: 0,
+            calls: 0,
+        };
+        // 300 a second: one every 3.33 ms, for 10 s.
+        let arrivals: Vec<(u64, usize)> = (0..3_000u64).map(|i| (i * 10 / 3, usize::from(i % 5 == 4))).collect();
+        let (admitted, calls) = run(&mut service, &arrivals, 2, 50);
+        let per_request = calls as f64 / arrivals.len() as f64;
+        println!(
+            "{algorithm:?}: {calls} calls for {} requests ({per_request:.3} a request), {} admitted",
+            arrivals.len(),
+            admitted.len()
+        );
+        assert!(per_request <= 0.1, "{algorithm:?}: {per_request:.3} calls a request");
+        assert!(
+            admitted.len() >= 900,
+            "{algorithm:?}: {} admitted of the limit's 1,000 in 10 s",
+            admitted.len()
+        );
+    }
 }

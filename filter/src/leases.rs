@@ -15,6 +15,25 @@ use crate::metrics::Metrics;
 /// Bytes of a rules or lease answer read at most.
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 
+/// A request's decision by leases.
+#[derive(Debug)]
+pub enum ByLease {
+    /// Every quota it matches had a unit, now spent (none when no rule limits it): what each
+    /// holds, by rule.
+    Allowed(Vec<(String, Left)>),
+    /// A quota it matches is spent (a grant brought nothing, or a check refused it) for
+    /// `retry_after_ms` more: refuse it without a call.
+    Refused {
+        rule: String,
+        left: Left,
+        retry_after_ms: u64,
+    },
+    /// Decide it exactly: no rules known yet, a rule that is not leased or that refuses a
+    /// request without its identity, or a quota without a unit in hand (then asked for on
+    /// the timer). The leased quotas it matches, for [`Leasing::refused`].
+    Check(Vec<QuotaKey>),
+}
+
 /// A call of the root's in flight.
 #[derive(Debug, Clone)]
 pub enum Pending {
@@ -64,30 +83,46 @@ impl Leasing {
         }
     }
 
-    /// A request's decision by leases: `Some` with what each of its quotas holds (empty
-    /// when no rule limits it), or `None` to check it exactly — no rules known yet, a rule
-    /// that is not leased or that refuses a request without its identity, or a quota
-    /// without a unit in hand (then asked for on the timer).
-    pub fn decide(
-        &mut self,
-        identities: &BTreeMap<String, String>,
-        method: &str,
-        path: &str,
-        now_ms: u64,
-    ) -> Option<Vec<(String, Left)>> {
-        let rules = self.rules.as_ref()?;
+    /// A request's decision by leases (see [`ByLease`]).
+    pub fn decide(&mut self, identities: &BTreeMap<String, String>, method: &str, path: &str, now_ms: u64) -> ByLease {
+        let Some(rules) = self.rules.as_ref() else {
+            return ByLease::Check(Vec::new());
+        };
         let mut quotas: Vec<QuotaKey> = Vec::new();
+        let mut all_leased = true;
         for (rule, identity) in rules.matching(identities, method, path) {
             if rule.lease_ttl.is_none() || rule.refuses(identity) {
-                return None;
+                all_leased = false;
+            } else {
+                quotas.push((rule.name.clone(), identity.to_owned()));
             }
-            quotas.push((rule.name.clone(), identity.to_owned()));
+        }
+        if !all_leased {
+            return ByLease::Check(quotas);
         }
         let spent = self.book.spend(&quotas, now_ms);
         self.report();
         match spent {
-            Spend::Spent(left) => Some(quotas.into_iter().map(|(rule, _)| rule).zip(left).collect()),
-            Spend::Missing => None,
+            Spend::Spent(left) => ByLease::Allowed(quotas.into_iter().map(|(rule, _)| rule).zip(left).collect()),
+            Spend::Exhausted {
+                quota,
+                left,
+                retry_after_ms,
+            } => ByLease::Refused {
+                rule: quotas.swap_remove(quota).0,
+                left,
+                retry_after_ms,
+            },
+            Spend::Missing => ByLease::Check(quotas),
+        }
+    }
+
+    /// An exact check refused the request whose leased quotas were `quotas` by `rule`,
+    /// retry after `retry_after_ms`: that quota is spent until then, so the requests after
+    /// it are refused here, without a call, and its lease is not asked for meanwhile.
+    pub fn refused(&mut self, quotas: &[QuotaKey], rule: &str, retry_after_ms: u64, now_ms: u64) {
+        if let Some(quota) = quotas.iter().find(|(r, _)| r == rule) {
+            self.book.refused(quota, retry_after_ms, now_ms);
         }
     }
 

@@ -11,6 +11,8 @@ pub struct Metrics {
     pub allowed: u32,
     pub denied_local: u32,
     pub denied_global: u32,
+    /// Refused without a call: a leased quota the service said is spent, until it said.
+    pub denied_spent: u32,
     pub failed_open: u32,
     pub failed_closed: u32,
     pub delayed: u32,
@@ -44,6 +46,7 @@ impl Metrics {
             allowed: counter("sluice_filter_requests_allowed"),
             denied_local: counter("sluice_filter_requests_denied_local"),
             denied_global: counter("sluice_filter_requests_denied_global"),
+            denied_spent: counter("sluice_filter_requests_denied_spent"),
             failed_open: counter("sluice_filter_requests_failed_open"),
             failed_closed: counter("sluice_filter_requests_failed_closed"),
             delayed: counter("sluice_filter_requests_delayed"),

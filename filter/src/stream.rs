@@ -9,6 +9,7 @@ use proxy_wasm::types::{Action, LogLevel};
 use sluice_core::breaker::BreakerState;
 use sluice_core::headers::{denial_body, format_headers, Quota};
 use sluice_core::identity::{bounded, ip_key};
+use sluice_core::lease::book::QuotaKey;
 use sluice_core::rules::FailureMode;
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{check_method, CheckRequest, MAX_HOLD_MS};
@@ -19,6 +20,7 @@ use crate::buckets;
 use crate::clock::now_us;
 use crate::host::{self, add_response_header, log, property, request_header, request_ip, respond, resume_request};
 use crate::identity::check_path;
+use crate::leases::ByLease;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
 
@@ -31,6 +33,8 @@ pub struct Stream {
     identities: BTreeMap<String, String>,
     /// The key of the local and fallback buckets.
     bucket_key: Option<String>,
+    /// The leased quotas of a request sent to the exact check, to remember one it refuses.
+    leased: Vec<QuotaKey>,
     /// When the check call went out.
     called_at: Micros,
     /// The call out is the half-open breaker's probe.
@@ -47,6 +51,7 @@ impl Stream {
             shared,
             identities: BTreeMap::new(),
             bucket_key: None,
+            leased: Vec::new(),
             called_at: 0,
             probe: false,
             holding: false,
@@ -159,6 +164,9 @@ impl Stream {
         let quota = answer.quota(instant_ms(now));
         if !answer.allowed {
             Metrics::bump(metrics.denied_global);
+            if let (Some(rule), Some(leasing)) = (&answer.policy, self.shared.borrow_mut().leasing.as_mut()) {
+                leasing.refused(&self.leased, rule, answer.retry_after_ms, instant_ms(now));
+            }
             self.deny(&quota);
             return false;
         }
@@ -182,28 +190,47 @@ impl Stream {
         host::call(self, &s.config.check, (method, path), body, &[], timeout_ms)
     }
 
-    /// The request decided by leases, if it can be (see [`crate::leases`]): it goes on,
-    /// with the headers of its most restrictive quota.
-    fn by_lease(&mut self, method: &str, path: &str, now: Micros) -> bool {
+    /// The request decided by leases, if it can be (see [`crate::leases`]): it goes on with
+    /// the headers of its most restrictive quota, or is refused because a quota is spent.
+    /// `None`: check it exactly.
+    fn by_lease(&mut self, method: &str, path: &str, now: Micros) -> Option<Action> {
         let decided = {
             let mut s = self.shared.borrow_mut();
-            let leasing = s.leasing.as_mut();
-            leasing.and_then(|l| l.decide(&self.identities, method, path, instant_ms(now)))
-        };
-        let Some(quotas) = decided else {
-            return false;
+            let leasing = s.leasing.as_mut()?;
+            leasing.decide(&self.identities, method, path, instant_ms(now))
         };
         let (mode, metrics) = {
             let s = self.shared.borrow();
             (s.config.headers, s.metrics)
         };
-        if let Some((rule, left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
-            let quota = Quota::from_lease(rule, left, instant_ms(now));
-            format_headers(&quota, mode, &mut self.response_headers);
+        match decided {
+            ByLease::Allowed(quotas) => {
+                if let Some((rule, left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
+                    let quota = Quota::from_lease(rule, left, instant_ms(now));
+                    format_headers(&quota, mode, &mut self.response_headers);
+                }
+                Metrics::bump(metrics.allowed);
+                Metrics::bump(metrics.leased);
+                Some(Action::Continue)
+            }
+            ByLease::Refused {
+                rule,
+                left,
+                retry_after_ms,
+            } => {
+                Metrics::bump(metrics.denied_spent);
+                let quota = Quota {
+                    retry_after_ms: Some(retry_after_ms),
+                    ..Quota::from_lease(&rule, &left, instant_ms(now))
+                };
+                self.deny(&quota);
+                Some(Action::Pause)
+            }
+            ByLease::Check(quotas) => {
+                self.leased = quotas;
+                None
+            }
         }
-        Metrics::bump(metrics.allowed);
-        Metrics::bump(metrics.leased);
-        true
     }
 
     /// Holds the request `delay_ms` on the service's wait endpoint: the stream stays paused
@@ -267,8 +294,8 @@ impl HttpContext for Stream {
         let method = request_header(":method");
         let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
         let path = request_header(":path").map_or_else(|| "/".into(), |p| check_path(&p));
-        if self.by_lease(&method, &path, now) {
-            return Action::Continue;
+        if let Some(action) = self.by_lease(&method, &path, now) {
+            return action;
         }
 
         let (allowed, state) = {

@@ -161,6 +161,12 @@ pub async fn exchange(
             remaining: g.decision.remaining,
             reset_after_ms: wait_ms(g.decision.reset_after),
             window_ms: rule.window_ms,
+            // With nothing granted, when one unit could be: the proxy refuses until then.
+            retry_after_ms: if g.units == 0 {
+                wait_ms(g.decision.retry_after)
+            } else {
+                0
+            },
         })
     });
     let grants = join_all(grants).await.into_iter().collect::<Result<Vec<_>, _>>()?;

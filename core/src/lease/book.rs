@@ -45,6 +45,12 @@ pub struct BookConfig {
     /// Units a lease asks for at least (1, the default): more spares a holder whose quota's
     /// first request waited for its lease a second wait for the next (a region's node).
     pub min_lease_units: u64,
+    /// A quota whose grant brought nothing (or whose exact check refused, see
+    /// [`LeaseBook::refused`]) is spent until the service said: [`LeaseBook::spend`] answers
+    /// [`Spend::Exhausted`] without a call, and no grant is asked for before then (true, the
+    /// default). A holder whose calls carry many quotas at a fixed pace (a region's node)
+    /// may turn it off: asking for a spent quota costs it no call.
+    pub remember_spent: bool,
 }
 
 impl Default for BookConfig {
@@ -55,6 +61,7 @@ impl Default for BookConfig {
             return_margin_ms: 100,
             horizon_ms: 1_000,
             min_lease_units: 1,
+            remember_spent: true,
             keep_warm_ms: 0,
             max_items_per_call: MAX_LEASE_ITEMS,
         }
@@ -80,6 +87,9 @@ struct Held {
     last_ttl_ms: u64,
     /// Units the lease came with (0: none left to grant, or no lease).
     granted_units: u64,
+    /// The quota is spent until then (proxy clock; 0: not spent): its last grant brought no
+    /// unit, or an exact check refused it.
+    spent_until_ms: u64,
     /// A grant was asked for and not answered yet.
     asked: bool,
     /// That grant was asked while a lease with units was live: it renews it.
@@ -100,6 +110,21 @@ struct Held {
 impl Held {
     fn live(&self, now_ms: u64) -> bool {
         self.id.is_some() && now_ms < self.ends_ms
+    }
+
+    fn spent(&self, now_ms: u64) -> bool {
+        now_ms < self.spent_until_ms
+    }
+
+    /// What the quota holds after a spend at `now_ms`, as this holder sees it.
+    fn left(&self, now_ms: u64) -> Left {
+        Left {
+            remaining: self.remaining,
+            limit: self.limit,
+            reset_after_ms: self.reset_at_ms.saturating_sub(now_ms),
+            window_ms: self.window_ms,
+            lease: self.id.unwrap_or_default(),
+        }
     }
 
     /// The spending rate at `now_ms` (units a second): the last whole second's count, or
@@ -171,6 +196,17 @@ pub enum Spend {
     Spent(Vec<Left>),
     /// Some quota has no live lease with a unit left: nothing was spent; decide exactly.
     Missing,
+    /// The quota at this index of the request's is spent (its last grant brought nothing,
+    /// or an exact check refused it) for `retry_after_ms` more: nothing was spent; refuse
+    /// without a call. `left` is what it holds (nothing).
+    Exhausted {
+        /// Index of the spent quota in the request's quotas.
+        quota: usize,
+        /// What it holds, for the refusal's headers.
+        left: Left,
+        /// Milliseconds until it may grant again.
+        retry_after_ms: u64,
+    },
 }
 
 /// What befell the book's leases since [`LeaseBook::take_tally`] was last called, for
@@ -236,15 +272,28 @@ impl LeaseBook {
     /// Spends `units` of each of `quotas`, all or none, as [`LeaseBook::spend`] does one.
     pub fn spend_units(&mut self, quotas: &[QuotaKey], units: u64, now_ms: u64) -> Spend {
         let mut ready = true;
-        for q in quotas {
+        let mut exhausted = None;
+        for (i, q) in quotas.iter().enumerate() {
             if !self.held.contains_key(q) {
                 self.make_room(now_ms);
             }
             let h = self.held.entry(q.clone()).or_default();
             h.used_ms = now_ms;
-            ready &= h.live(now_ms) && h.units >= units;
+            let has = h.live(now_ms) && h.units >= units;
+            ready &= has;
+            if exhausted.is_none() && !has && h.spent(now_ms) {
+                let (left, retry_after_ms) = (h.left(now_ms), h.spent_until_ms - now_ms);
+                exhausted = Some(Spend::Exhausted {
+                    quota: i,
+                    left: Left { remaining: 0, ..left },
+                    retry_after_ms,
+                });
+            }
         }
         if !ready {
+            if let Some(spend) = exhausted {
+                return spend;
+            }
             for q in quotas {
                 if let Some(h) = self.held.get_mut(q) {
                     h.count(now_ms, units); // the demand counts, so the lease asked for fits it
@@ -259,13 +308,7 @@ impl LeaseBook {
                 h.remaining = h.remaining.saturating_sub(units);
                 h.count(now_ms, units);
                 self.tally.units_spent += units;
-                left.push(Left {
-                    remaining: h.remaining,
-                    limit: h.limit,
-                    reset_after_ms: h.reset_at_ms.saturating_sub(now_ms),
-                    window_ms: h.window_ms,
-                    lease: h.id.unwrap_or_default(),
-                });
+                left.push(h.left(now_ms));
             }
         }
         Spend::Spent(left)
@@ -278,7 +321,20 @@ impl LeaseBook {
     pub fn may_get(&self, quota: &QuotaKey, units: u64, now_ms: u64) -> bool {
         self.held
             .get(quota)
-            .is_none_or(|h| !h.live(now_ms) || (h.units < units && h.granted_units > 0))
+            .is_none_or(|h| !h.spent(now_ms) && (!h.live(now_ms) || (h.units < units && h.granted_units > 0)))
+    }
+
+    /// An exact check refused `quota` at `now_ms`, saying when to retry: with
+    /// [`BookConfig::remember_spent`], the quota is spent until then (see
+    /// [`Spend::Exhausted`]), so the requests after it are refused without a call. A quota
+    /// the book does not hold is not noted.
+    pub fn refused(&mut self, quota: &QuotaKey, retry_after_ms: u64, now_ms: u64) {
+        if !self.config.remember_spent {
+            return;
+        }
+        if let Some(h) = self.held.get_mut(quota) {
+            h.spent_until_ms = h.spent_until_ms.max(now_ms.saturating_add(retry_after_ms));
+        }
     }
 
     /// Whether `quota` has a live lease with `units` left at `now_ms`.
@@ -391,7 +447,9 @@ impl LeaseBook {
             let ahead_ms = c.renew_ahead_ms.min(h.last_ttl_ms / 2);
             let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(ahead_ms);
             let ends_soon = h.id.is_some() && now_ms + ahead_ms >= h.ends_ms;
-            let needed = (rate > 0 || warm) && (h.id.is_none() || runs_out || ends_soon);
+            // A spent quota asks again only shortly before the service said it may grant.
+            let spent = now_ms.saturating_add(ahead_ms) < h.spent_until_ms;
+            let needed = (rate > 0 || warm) && !spent && (h.id.is_none() || runs_out || ends_soon);
             // One call carries at most `max_items_per_call` asks; the rest wait for the next.
             if needed && !h.asked && asks.len() < c.max_items_per_call.max(1) {
                 h.asked = true;
@@ -428,11 +486,17 @@ impl LeaseBook {
                 });
                 continue;
             };
+            h.asked = false;
+            h.spent_until_ms = spent_until(&self.config, g, asked_at_ms);
+            if g.units == 0 && h.live(now_ms) && h.units > 0 {
+                // A renewal that brought nothing: the lease in hand is kept, and spent first.
+                h.renewing = false;
+                continue;
+            }
             end_lease(&mut self.returns, &mut self.tally, &quota, h, now_ms);
             if g.units > 0 && std::mem::take(&mut h.renewing) {
                 self.tally.renewed += 1;
             }
-            h.asked = false;
             h.id = Some(g.lease);
             (h.units, h.granted_units) = (g.units, g.units);
             h.remaining = g.remaining.saturating_add(g.units);
@@ -482,6 +546,22 @@ impl LeaseBook {
     }
 }
 
+/// Until when a quota granted `g` (asked at `asked_at_ms`) is spent: 0 when the grant
+/// brought units or did not say when to retry. Otherwise until the service may grant one
+/// unit again, and no sooner than the quota is whole again or a lease's length has passed,
+/// whichever comes first: asking for every unit as it comes back would cost a call a unit
+/// (a token bucket refills one at a time), while what comes back meanwhile waits for the
+/// next grant — a grant takes up to what the quota holds, so the rate it admits is kept.
+/// Counted from when the call went out, the earliest moment the service's answer could
+/// count from.
+fn spent_until(config: &BookConfig, g: &LeaseGranted, asked_at_ms: u64) -> u64 {
+    if !config.remember_spent || g.units > 0 || g.retry_after_ms == 0 {
+        return 0;
+    }
+    let wait = g.retry_after_ms.max(g.reset_after_ms.min(g.expires_in_ms));
+    asked_at_ms.saturating_add(wait)
+}
+
 /// Ends `h`'s lease: what it did not spend goes back with the next call if it is still
 /// live, and is tallied as expired if it is not.
 fn end_lease(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, (rule, identity): &QuotaKey, h: &Held, now_ms: u64) {
@@ -519,6 +599,7 @@ mod tests {
             remaining: 50,
             reset_after_ms: 1_000,
             window_ms: 1_000,
+            retry_after_ms: 0,
         }
     }
 
@@ -537,7 +618,7 @@ mod tests {
         book.granted(&asks, &grants, 0, 10);
         let left = |s: Spend| match s {
             Spend::Spent(l) => l.iter().map(|l| l.remaining).collect::<Vec<_>>(),
-            Spend::Missing => vec![],
+            Spend::Missing | Spend::Exhausted { .. } => vec![],
         };
         // 50 left at the grant and the lease's units: 52 and 51, less the one spent.
         assert_eq!(left(book.spend(&[a.clone(), b.clone()], 20)), [51, 50]);
@@ -875,5 +956,88 @@ mod tests {
         back.sort_unstable();
         assert_eq!(back, ["0", "1"], "the two used longest ago, their units going back");
         assert!(returns.iter().all(|r| r.unspent == 5));
+    }
+
+    #[test]
+    fn a_quota_granted_nothing_is_refused_and_not_asked_for_until_the_service_said() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        assert_eq!(book.spend(std::slice::from_ref(&a), 0), Spend::Missing);
+        let (asks, _) = book.due(0);
+        // Spent: nothing granted, one unit again in 300 ms, whole in 2 s; leases last 1 s.
+        let empty = LeaseGranted {
+            units: 0,
+            remaining: 0,
+            retry_after_ms: 300,
+            reset_after_ms: 2_000,
+            ..grant(1, 0, 1_000)
+        };
+        book.granted(&asks, std::slice::from_ref(&empty), 0, 10);
+        // Refused from the book until a lease's length has passed (1 s, sooner than whole).
+        match book.spend(std::slice::from_ref(&a), 20) {
+            Spend::Exhausted {
+                quota,
+                left,
+                retry_after_ms,
+            } => {
+                assert_eq!((quota, left.remaining, retry_after_ms), (0, 0, 980));
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+        // No ask every tick while spent: only within the renewal margin of its end.
+        for now in (50..750).step_by(50) {
+            let _ = book.spend(std::slice::from_ref(&a), now);
+            assert!(book.due(now).0.is_empty(), "asked for a spent quota at {now} ms");
+        }
+        let (asks, _) = book.due(760);
+        assert_eq!(asks.len(), 1, "asked again ahead of the end");
+        book.granted(&asks, &[grant(2, 5, 1_000)], 760, 770);
+        assert!(
+            matches!(book.spend(std::slice::from_ref(&a), 780), Spend::Spent(_)),
+            "units again"
+        );
+        // A grant that does not say when to retry (an older service) leaves it unspent.
+        let mut old = LeaseBook::new(BookConfig::default());
+        let _ = old.spend(std::slice::from_ref(&a), 0);
+        let (asks, _) = old.due(0);
+        old.granted(
+            &asks,
+            &[LeaseGranted {
+                retry_after_ms: 0,
+                ..empty
+            }],
+            0,
+            10,
+        );
+        assert_eq!(old.spend(std::slice::from_ref(&a), 20), Spend::Missing);
+    }
+
+    #[test]
+    fn a_quota_an_exact_check_refused_is_refused_until_its_retry_after() {
+        let mut book = LeaseBook::new(BookConfig::default());
+        let a = q("r", "x");
+        assert_eq!(book.spend(std::slice::from_ref(&a), 0), Spend::Missing);
+        book.refused(&a, 200, 5);
+        assert!(matches!(
+            book.spend(std::slice::from_ref(&a), 100),
+            Spend::Exhausted {
+                retry_after_ms: 105,
+                ..
+            }
+        ));
+        assert!(!book.may_get(&a, 1, 100));
+        assert_eq!(
+            book.spend(std::slice::from_ref(&a), 205),
+            Spend::Missing,
+            "checked again after"
+        );
+        // Off: nothing remembered.
+        let mut off = LeaseBook::new(BookConfig {
+            remember_spent: false,
+            ..BookConfig::default()
+        });
+        let _ = off.spend(std::slice::from_ref(&a), 0);
+        off.refused(&a, 200, 5);
+        assert_eq!(off.spend(std::slice::from_ref(&a), 100), Spend::Missing);
     }
 }

@@ -80,6 +80,10 @@ pub struct LeaseGranted {
     pub reset_after_ms: u64,
     /// The rule's window in milliseconds.
     pub window_ms: u64,
+    /// With 0 units: milliseconds until the quota could grant one again (the refusal's
+    /// `retry_after`), so the holder refuses without asking until then; 0 otherwise, and
+    /// from a service that does not say (the field is optional on the wire).
+    pub retry_after_ms: u64,
 }
 
 impl LeaseRequest {
@@ -175,6 +179,7 @@ impl LeaseGranted {
             remaining: f.req("remaining", Json::u64),
             reset_after_ms: f.req("reset_after_ms", Json::u64),
             window_ms: f.req("window_ms", Json::u64),
+            retry_after_ms: f.opt("retry_after_ms", Json::u64).unwrap_or(0),
         };
         f.finish_lenient().map(|()| granted)
     }
@@ -193,7 +198,7 @@ mod tests {
         fn both_directions_round_trip(
             asks in prop::collection::vec(("(?s).{1,20}", "(?s).{1,20}", 1..=MAX_WANT), 0..4),
             returns in prop::collection::vec(("(?s).{1,20}", "(?s).{1,20}", any::<u64>(), any::<u64>()), 0..4),
-            granted in prop::collection::vec(any::<[u64; 7]>(), 0..4),
+            granted in prop::collection::vec(any::<[u64; 8]>(), 0..4),
             returned in prop::collection::vec(any::<u64>(), 0..4),
             rules_version in any::<u64>(),
         ) {
@@ -209,8 +214,8 @@ mod tests {
                 rules_version,
                 grants: granted
                     .into_iter()
-                    .map(|[lease, units, expires_in_ms, limit, remaining, reset_after_ms, window_ms]| LeaseGranted {
-                        lease, units, expires_in_ms, limit, remaining, reset_after_ms, window_ms,
+                    .map(|[lease, units, expires_in_ms, limit, remaining, reset_after_ms, window_ms, retry_after_ms]| {
+                        LeaseGranted { lease, units, expires_in_ms, limit, remaining, reset_after_ms, window_ms, retry_after_ms }
                     })
                     .collect(),
                 returned,

@@ -157,6 +157,11 @@ fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u6
             alone,
             waited: false,
         },
+        // Not with the region's book (`remember_spent` is off); refused as a spent quota is.
+        Spend::Exhausted { quota, .. } => {
+            let (i, _) = pooled[quota];
+            Plan::Refused(vec![(i, closed_decision(&targets[i].limit))], Source::Empty)
+        }
         Spend::Missing => {
             // The quotas without units refuse; the others are not counted.
             let refused = pooled

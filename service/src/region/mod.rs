@@ -178,6 +178,9 @@ impl Region {
             // A cold quota's first lease is the decision of the check that waited for it
             // plus a few units for the requests after it, so they do not wait again.
             min_lease_units: 8,
+            // One exchange a tick carries every quota's asks: asking for a spent one costs no
+            // call, and a check waiting cold is answered by the next exchange.
+            remember_spent: false,
             ..BookConfig::default()
         };
         Region {

@@ -128,6 +128,8 @@ fn hand_on(region: &Region, rules: &RuleSet, ask: &LeaseAsk, now_ms: u64) -> Res
             remaining: 0,
             reset_after_ms: 0,
             window_ms: rule.window_ms,
+            // Not known here: the proxy asks again at its next tick.
+            retry_after_ms: 0,
         });
     };
     let ends_ms = h.ends_ms.min(now_ms.saturating_add(ttl_ms));
@@ -150,6 +152,7 @@ fn hand_on(region: &Region, rules: &RuleSet, ask: &LeaseAsk, now_ms: u64) -> Res
         remaining: h.left.remaining,
         reset_after_ms: h.left.reset_after_ms,
         window_ms: h.left.window_ms,
+        retry_after_ms: 0,
     })
 }
 
