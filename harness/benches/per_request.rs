@@ -104,6 +104,7 @@ fn proxy(c: &mut Criterion) {
             clusters: HashMap::new(),
             flavor: Flavor::Envoy,
             admin: None,
+            xff_num_trusted_hops: 0,
         };
         tokio::spawn(async move { serve(config, listener).await });
         (proxy_addr, upstream_addr)

@@ -66,6 +66,12 @@ struct ProxyArgs {
     /// VM's memory and the module's metrics as JSON (like Envoy's admin port).
     #[arg(long, value_name = "HOST:PORT")]
     admin: Option<SocketAddr>,
+    /// Envoy flavour: Envoy's `xff_num_trusted_hops` (with `use_remote_address: true`). The
+    /// proxy appends the peer to `x-forwarded-for` and gives the filter, as `source.address`,
+    /// the address this many entries from the right of the header as it came (the peer's
+    /// with 0, or when the header has no address there), as Envoy does.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    xff_num_trusted_hops: u32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -187,6 +193,7 @@ async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         clusters,
         flavor,
         admin: args.admin,
+        xff_num_trusted_hops: args.xff_num_trusted_hops,
     };
     // The module first: once the port accepts, the proxy is ready.
     let proxy = Proxy::start(config).await.context("the module did not start")?;

@@ -29,6 +29,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::{Flavor, HarnessError, Host, HostOptions};
 
 mod calls;
+mod envoy;
 mod nginx;
 mod vm;
 
@@ -49,6 +50,10 @@ pub struct ProxyConfig {
     pub clusters: HashMap<String, Vec<SocketAddr>>,
     /// Which host to imitate.
     pub flavor: Flavor,
+    /// Envoy flavour: the proxies in front whose `x-forwarded-for` entries Envoy trusts
+    /// (`xff_num_trusted_hops`, with `use_remote_address: true`): the client's address is
+    /// the one this many entries from the right of the header as it came.
+    pub xff_num_trusted_hops: u32,
     /// Where to answer `GET /stats`, if anywhere.
     pub admin: Option<SocketAddr>,
 }
@@ -240,7 +245,11 @@ impl Worker {
                 };
                 let mut host = Host::new(wasm, options)?;
                 host.start(b"", &config.plugin_config)?;
-                Some(RefCell::new(Vm::new(host, config.clusters.clone())))
+                Some(RefCell::new(Vm::new(
+                    host,
+                    config.clusters.clone(),
+                    config.xff_num_trusted_hops,
+                )))
             }
             None => None,
         };

@@ -138,6 +138,7 @@ async fn stack_with(wasm: Option<Vec<u8>>, plugin_config: &str) -> Stack {
         clusters: HashMap::from([("backend".to_owned(), vec![free, backend])]),
         flavor: Flavor::Envoy,
         admin: Some(admin),
+        xff_num_trusted_hops: 0,
     };
     tokio::spawn(async move { serve(config, listener).await });
     Stack {

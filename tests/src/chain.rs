@@ -35,7 +35,8 @@ failure   = "closed"
 "#;
 
 /// The filter configuration; a generous check timeout, since debug builds share two cores.
-/// Every client is `source.address` (127.0.0.1) unless a test trusts `x-forwarded-for`.
+/// Every client is `source.address` (127.0.0.1) unless a test trusts proxies in front
+/// ([`Options::trusted_hops`]).
 pub const FILTER: &str = r#"{
   "check": {"cluster": "sluice_check", "authority": "sluice-check", "path": "/v1/check", "timeout_ms": 2000},
   "identities": {"ip": {"header": "x-forwarded-for", "trusted_hops": 0}, "api_key": {"header": "x-api-key"},
@@ -181,6 +182,12 @@ pub struct Options {
     /// The data token the nodes ask for (`--data-token-file`) and the filter sends
     /// (`check.token`); `None` for none.
     pub data_token: Option<String>,
+    /// Proxies in front whose `x-forwarded-for` entries are trusted, so a test client can
+    /// name its IP: as operations.md says to set it on each host — Envoy's
+    /// `xff_num_trusted_hops` (the harness's `--xff-num-trusted-hops`; the filter reads
+    /// the `source.address` Envoy derives), the filter's `identities.ip.trusted_hops` on
+    /// Nginx, which hands the filter the header as it came.
+    pub trusted_hops: u32,
 }
 
 impl Default for Options {
@@ -192,6 +199,7 @@ impl Default for Options {
             store_timeout_ms: 200,
             host: ProxyHost::Envoy,
             data_token: None,
+            trusted_hops: 0,
         }
     }
 }
@@ -200,6 +208,14 @@ impl Default for Options {
 pub fn with_token(filter: &str, token: &str) -> String {
     let mut config: serde_json::Value = serde_json::from_str(filter).expect("filter configuration is JSON");
     config["check"]["token"] = token.into();
+    config.to_string()
+}
+
+/// `filter` (JSON) reading the client's IP from `x-forwarded-for` with `hops` trusted
+/// proxies in front (`identities.ip`).
+pub fn with_trusted_hops(filter: &str, hops: u32) -> String {
+    let mut config: serde_json::Value = serde_json::from_str(filter).expect("filter configuration is JSON");
+    config["identities"]["ip"] = serde_json::json!({"header": "x-forwarded-for", "trusted_hops": hops});
     config.to_string()
 }
 
@@ -246,10 +262,13 @@ impl Chain {
         let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         std::fs::write(dir.join("rules.toml"), &options.rules).expect("rules file");
-        let filter = match &options.data_token {
+        let mut filter = match &options.data_token {
             Some(token) => with_token(&options.filter, token),
             None => options.filter.clone(),
         };
+        if options.host != ProxyHost::Envoy {
+            filter = with_trusted_hops(&filter, options.trusted_hops);
+        }
         std::fs::write(dir.join("filter.json"), &filter).expect("filter config");
         std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token file");
 
@@ -281,7 +300,11 @@ impl Chain {
         let proxy_children = (0..2)
             .map(|i| {
                 let mut command = match options.host {
-                    ProxyHost::Envoy => proxy_command(proxies[i], &dir.join("filter.json"), upstream, &node_ports),
+                    ProxyHost::Envoy => {
+                        let mut c = proxy_command(proxies[i], &dir.join("filter.json"), upstream, &node_ports);
+                        c.args(["--xff-num-trusted-hops", &options.trusted_hops.to_string()]);
+                        c
+                    }
                     ProxyHost::Nginx | ProxyHost::NginxUnixSocket => {
                         let config = dir.join(format!("filter-{i}.json"));
                         let check = match options.host {

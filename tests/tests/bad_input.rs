@@ -12,7 +12,7 @@ use sluice_tests::http::{http, raw, send, send_bytes};
 fn malformed_and_oversized_headers_are_answered_and_the_proxy_goes_on() {
     let mut chain = Chain::with(Options {
         rules: RULES.replace("limit     = 10", "limit     = 1000"),
-        filter: FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1"),
+        trusted_hops: 1,
         ..Options::default()
     });
     let long_key = "k".repeat(10_000);
@@ -135,10 +135,9 @@ fn what_a_client_sends_cannot_open_the_filters_breaker_on_envoy_or_nginx() {
     for host in [ProxyHost::Envoy, ProxyHost::Nginx] {
         let mut chain = Chain::with(Options {
             rules: PER_IDENTITY.to_owned(),
-            filter: FILTER
-                .replace("\"trusted_hops\": 0", "\"trusted_hops\": 1")
-                .replace("\"failures\": 1000", "\"failures\": 3"),
+            filter: FILTER.replace("\"failures\": 1000", "\"failures\": 3"),
             host,
+            trusted_hops: 1,
             ..Options::default()
         });
         let proxy = chain.proxies[0];
@@ -183,10 +182,11 @@ fn header_values_that_are_not_utf8_reach_the_filter_and_are_limited_as_their_own
     // filter alone, as long as the filter keeps its state.
     let mut chain = Chain::with(Options {
         rules: PER_IDENTITY.to_owned(),
-        filter: FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1").replace(
+        filter: FILTER.replace(
             "\"rate_per_s\": 1000, \"burst\": 1000",
             "\"rate_per_s\": 1, \"burst\": 20",
         ),
+        trusted_hops: 1,
         ..Options::default()
     });
     let proxy = chain.proxies[0]; // the local buckets live in this proxy's VM
@@ -289,9 +289,8 @@ fn floods_of_new_client_ips_past_the_key_cap_leave_filter_and_service_memory_bou
     // Local buckets capped at 2,000 clients; each flood brings 4 times as many new ones.
     let chain = Chain::with(Options {
         rules: RULES.replace("limit     = 10", "limit     = 1000"),
-        filter: FILTER
-            .replace("\"trusted_hops\": 0", "\"trusted_hops\": 1")
-            .replace("\"max_keys\": 10000", &format!("\"max_keys\": {MAX_KEYS}")),
+        filter: FILTER.replace("\"max_keys\": 10000", &format!("\"max_keys\": {MAX_KEYS}")),
+        trusted_hops: 1,
         ..Options::default()
     });
     let vm = || chain.proxy_stats(0)["vm_memory_bytes"].as_u64().expect("vm memory");

@@ -5,14 +5,8 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::rules::format_rfc3339;
-use sluice_tests::chain::{Chain, Options, ProxyHost, FILTER};
+use sluice_tests::chain::{Chain, Options, ProxyHost};
 use sluice_tests::http::{http, send, Reply};
-
-/// The filter trusting one proxy hop of `x-forwarded-for`, so each test client can have its
-/// own IP.
-fn filter_trusting_xff() -> String {
-    FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1")
-}
 
 fn policy(r: &Reply) -> Option<&str> {
     r.header("ratelimit-policy")
@@ -150,7 +144,7 @@ fn assert_limited_by(replies: &[Reply], n: usize, rule: &str, q: u64) {
 fn rules_per_ip_user_key_tier_and_path_combine_and_the_429_names_the_rule_that_denied() {
     let chain = Chain::with(Options {
         rules: LEVELS.to_owned(),
-        filter: filter_trusting_xff(),
+        trusted_hops: 1,
         ..Options::default()
     });
     // A free user is held to 3 though the IP allows 10; the headers on the way describe the

@@ -153,8 +153,8 @@ fn redis_killed_under_load_fails_open_or_closed_per_rule_never_5xx_and_recovers_
 fn a_redis_cluster_master_killed_and_its_replica_promoted_checks_recover() {
     let mut chain = Chain::with(Options {
         rules: ROOMY.replace("failure = \"open\"", "failure = \"closed\""),
-        filter: FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1"),
         cluster_masters: 3,
+        trusted_hops: 1,
         ..Options::default()
     });
     // 30 clients: their keys spread over the three masters' slots.

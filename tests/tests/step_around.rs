@@ -3,7 +3,7 @@
 //! spell the same request differently — path variants, long keys that share a prefix, the
 //! addresses of one IPv6 /64, IPv4-mapped addresses — and a caller without the data token.
 
-use sluice_tests::chain::{Chain, Options, ProxyHost, FILTER};
+use sluice_tests::chain::{Chain, Options, ProxyHost};
 use sluice_tests::http::{http, send};
 
 /// The rules: `/api/search*` by IP, `/keyed*` by API key, `/v6*` by IP, 3 an hour each.
@@ -12,8 +12,8 @@ const RULES: &str = include_str!("../step-around.toml");
 fn chain(host: ProxyHost) -> Chain {
     Chain::with(Options {
         rules: RULES.to_owned(),
-        filter: FILTER.replace("\"trusted_hops\": 0", "\"trusted_hops\": 1"),
         host,
+        trusted_hops: 1,
         ..Options::default()
     })
 }

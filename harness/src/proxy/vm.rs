@@ -41,17 +41,20 @@ pub struct Vm {
     started: u32,
     /// Round-robin position over a cluster's endpoints.
     turn: usize,
+    /// Envoy's `xff_num_trusted_hops` (see [`super::envoy`]).
+    xff_num_trusted_hops: u32,
     stats: ProxyStats,
 }
 
 impl Vm {
-    pub fn new(host: Host, clusters: HashMap<String, Vec<SocketAddr>>) -> Vm {
+    pub fn new(host: Host, clusters: HashMap<String, Vec<SocketAddr>>, xff_num_trusted_hops: u32) -> Vm {
         Vm {
             host,
             clusters,
             waiting: HashMap::new(),
             started: 0,
             turn: 0,
+            xff_num_trusted_hops,
             stats: ProxyStats::default(),
         }
     }
@@ -72,18 +75,18 @@ impl Vm {
     /// A request's headers: forward, answer, or hold until the module resumes it.
     pub fn request(&mut self, headers: &Headers, peer: SocketAddr) -> Step {
         let host = &mut self.host;
-        let nginx = (host.flavor() == Flavor::Nginx).then(|| super::nginx::request_view(headers, peer));
-        let headers = nginx.as_ref().map_or(headers, |(shown, _)| shown);
-        let outcome = host.new_stream().and_then(|s| {
-            match &nginx {
-                Some((_, properties)) => {
-                    for (path, value) in properties {
-                        host.set_property(s, path, value.clone());
-                    }
-                }
-                None => host.set_property(s, "source.address", peer.to_string()),
+        let (headers, properties) = match host.flavor() {
+            Flavor::Nginx => super::nginx::request_view(headers, peer),
+            Flavor::Envoy => {
+                let (shown, source) = super::envoy::request_view(headers, peer, self.xff_num_trusted_hops);
+                (shown, vec![("source.address".to_owned(), source.into_bytes())])
             }
-            host.request_headers(s, &pairs(headers), false).map(|o| (s, o))
+        };
+        let outcome = host.new_stream().and_then(|s| {
+            for (path, value) in properties {
+                host.set_property(s, &path, value);
+            }
+            host.request_headers(s, &pairs(&headers), false).map(|o| (s, o))
         });
         match outcome {
             Ok((s, Outcome::Continue)) => {
