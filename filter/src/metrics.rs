@@ -20,6 +20,8 @@ pub struct Metrics {
     pub leased: u32,
     /// Sent to the exact check (a call went out).
     pub checked: u32,
+    /// Check calls sent again after a failure that came at once (a refused connection).
+    pub check_retries: u32,
     /// Leases granted with units, and the units they brought; of them, those granted while
     /// the quota's previous lease still ran (renewals).
     pub leases_granted: u32,
@@ -52,6 +54,7 @@ impl Metrics {
             delayed: counter("sluice_filter_requests_delayed"),
             leased: counter("sluice_filter_requests_leased"),
             checked: counter("sluice_filter_requests_checked"),
+            check_retries: counter("sluice_filter_check_retries"),
             leases_granted: counter("sluice_filter_leases_granted"),
             lease_units_granted: counter("sluice_filter_lease_units_granted"),
             leases_renewed: counter("sluice_filter_leases_renewed"),

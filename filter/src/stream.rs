@@ -37,6 +37,9 @@ pub struct Stream {
     leased: Vec<QuotaKey>,
     /// When the check call went out.
     called_at: Micros,
+    /// The check's body, kept for its one retry; whether it was retried.
+    check_body: Vec<u8>,
+    retried: bool,
     /// The call out is the half-open breaker's probe.
     probe: bool,
     /// The call out is the wait call holding a shaped request.
@@ -53,6 +56,8 @@ impl Stream {
             bucket_key: None,
             leased: Vec::new(),
             called_at: 0,
+            check_body: Vec::new(),
+            retried: false,
             probe: false,
             holding: false,
             response_headers: Vec::new(),
@@ -151,6 +156,13 @@ impl Stream {
                 self.shared.borrow_mut().breaker.success();
                 a
             }
+            Err(Failure::NoAnswer(why)) => {
+                self.shared.borrow_mut().breaker.failure(now);
+                if self.retry(now) {
+                    return false; // still paused: the retry's answer decides
+                }
+                return self.fail(now, &why);
+            }
             Err(Failure::Service(why)) => {
                 self.shared.borrow_mut().breaker.failure(now);
                 return self.fail(now, &why);
@@ -165,7 +177,7 @@ impl Stream {
         if !answer.allowed {
             Metrics::bump(metrics.denied_global);
             if let (Some(rule), Some(leasing)) = (&answer.policy, self.shared.borrow_mut().leasing.as_mut()) {
-                leasing.refused(&self.leased, rule, answer.retry_after_ms, instant_ms(now));
+                leasing.refused(&self.leased, rule, &answer, instant_ms(now));
             }
             self.deny(&quota);
             return false;
@@ -180,6 +192,30 @@ impl Stream {
             return !self.hold(answer.delay_ms);
         }
         true
+    }
+
+    /// Sends the check once more after a failure that came at once — a refused or reset
+    /// connection (a node that went away, a pooled connection it closed), not a stall: the
+    /// host picks the cluster's next endpoint. Once per request, only within the first half
+    /// of the timeout (with the rest as the retry's own), never as the breaker's probe or
+    /// once it opened. Whether the retry went out.
+    fn retry(&mut self, now: Micros) -> bool {
+        let (path, timeout_ms) = {
+            let c = &self.shared.borrow().config.check;
+            (c.path.clone(), u64::from(c.timeout_ms))
+        };
+        let elapsed_ms = instant_ms(now.saturating_sub(self.called_at));
+        if self.retried || self.probe || elapsed_ms * 2 >= timeout_ms || !self.shared.borrow_mut().breaker.allow(now) {
+            return false;
+        }
+        self.retried = true;
+        let body = std::mem::take(&mut self.check_body);
+        let sent = self.call("POST", &path, Some(&body), timeout_ms - elapsed_ms).is_ok();
+        if sent {
+            let metrics = self.shared.borrow().metrics;
+            Metrics::bump(metrics.check_retries);
+        }
+        sent
     }
 
     /// Dispatches a call to the check service's cluster; whether it went out.
@@ -320,6 +356,7 @@ impl HttpContext for Stream {
         match self.call("POST", &path, Some(&body), u64::from(timeout)) {
             Ok(_) => {
                 self.called_at = now;
+                self.check_body = body;
                 Metrics::bump(metrics.checked);
                 Action::Pause
             }

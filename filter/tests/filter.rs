@@ -553,6 +553,55 @@ fn options(flavor: Flavor) -> sluice_harness::HostOptions {
     }
 }
 
+/// A call that finds no node at once (a refused connection: no answer, or Envoy's own 503)
+/// is sent once more — the host's round robin takes the next node — and that answer decides;
+/// the node's own failure, and a call that stalled past half its timeout, are not retried.
+fn a_call_that_finds_no_node_is_retried_once(flavor: Flavor) {
+    let mut host = host_in(flavor);
+    let envoy_refused = CallResponse::new(
+        503,
+        "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure",
+    );
+    for refused in [None, Some(envoy_refused)] {
+        let (s, _) = request(&mut host, "8.8.8.8", "/", &[]);
+        let (first, body) = the_call(&host);
+        match refused.clone() {
+            None => host.fail_call(first.token).unwrap(),
+            Some(r) => host.respond_call(first.token, r).unwrap(),
+        }
+        let (again, retried_body) = the_call(&host);
+        assert_ne!(again.token, first.token, "{refused:?}: not retried");
+        assert_eq!(retried_body, body, "the same check");
+        host.respond_call(again.token, answer(false, 0, 1_000, 0)).unwrap();
+        let stream = host.stream(s).unwrap();
+        assert_eq!(
+            stream.local_response.as_ref().map(|r| r.status),
+            Some(429),
+            "the retry decided"
+        );
+        host.finish_stream(s).unwrap();
+    }
+    assert_eq!(host.metric("sluice_filter_check_retries"), Some(2));
+    // The node answered 503 itself: its answer stands (the failure policy), no retry.
+    let (s, _) = request(&mut host, "8.8.8.9", "/", &[]);
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, CallResponse::new(503, r#"{"error":"store down"}"#))
+        .unwrap();
+    assert!(host.pending_calls().is_empty(), "a node's own 503 was retried");
+    host.finish_stream(s).unwrap();
+    // A stall: the timeout (25 ms) passes with no answer; the failure policy answers.
+    let (s, _) = request(&mut host, "8.8.8.10", "/", &[]);
+    host.advance(std::time::Duration::from_millis(30)).unwrap();
+    assert!(host.pending_calls().is_empty(), "a stalled call was retried");
+    assert_eq!(
+        host.stream(s).unwrap().request_resumes,
+        1,
+        "fail open after the timeout"
+    );
+    host.finish_stream(s).unwrap();
+    assert_eq!(host.metric("sluice_filter_check_retries"), Some(2));
+}
+
 // Each behaviour above, on both hosts: `name::envoy` and `name::nginx`.
 on_both_hosts!(
     an_allowed_request_is_checked_resumed_and_gets_the_headers,
@@ -571,4 +620,5 @@ on_both_hosts!(
     a_client_cannot_open_the_breaker,
     an_answer_without_a_verdict_is_a_failure_never_an_allow,
     a_probe_whose_stream_ends_first_lets_the_next_request_probe,
+    a_call_that_finds_no_node_is_retried_once,
 );

@@ -45,8 +45,8 @@ pub struct ProxyConfig {
     /// Where requests the module lets through go.
     pub upstream: SocketAddr,
     /// Cluster name → its endpoints for dispatched calls (Nginx flavour: `host:port` works
-    /// as is). Calls take the endpoints in turn; one that refuses the connection passes the
-    /// call to the next, as Envoy's connect-failure retry does.
+    /// as is). Calls take the endpoints in turn, as Envoy's round robin does; as in Envoy, a
+    /// call an endpoint refuses is not tried on another: the module gets Envoy's 503.
     pub clusters: HashMap<String, Vec<SocketAddr>>,
     /// Which host to imitate.
     pub flavor: Flavor,

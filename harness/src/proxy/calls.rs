@@ -46,8 +46,9 @@ pub async fn make(client: &CallClient, call: Call) -> Option<CallResponse> {
     tokio::time::timeout(timeout, call_out).await.ok().flatten()
 }
 
-/// One call to the first endpoint that accepts a connection (pooled connections are
-/// reused); `None` on any other failure.
+/// One call to the first endpoint (pooled connections are reused), as Envoy makes a
+/// module's call: no retry on another endpoint; an endpoint that refuses the connection is
+/// answered as Envoy answers it, 503 with its text. `None` on any other failure.
 async fn perform(
     client: &CallClient,
     endpoints: &[SocketAddr],
@@ -59,7 +60,7 @@ async fn perform(
         .iter()
         .find(|(k, _)| k == ":path")
         .map_or("/", |(_, v)| v.as_str());
-    for addr in endpoints {
+    if let Some(addr) = endpoints.first() {
         let mut builder = Request::builder().uri(format!("http://{addr}{path}"));
         for (k, v) in headers {
             builder = match k.as_str() {
@@ -74,7 +75,7 @@ async fn perform(
             Ok(resp) => resp,
             Err(e) if e.is_connect() => {
                 tracing::debug!(%addr, "endpoint refused the call's connection: {e}");
-                continue;
+                return Some(connect_failure());
             }
             Err(e) => {
                 tracing::debug!(%addr, "call failed: {e}");
@@ -84,6 +85,19 @@ async fn perform(
         return answer(resp).await;
     }
     None
+}
+
+/// What Envoy hands a module whose call found no connection (Envoy 1.40).
+fn connect_failure() -> CallResponse {
+    let body = "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure";
+    CallResponse {
+        headers: vec![
+            (":status".into(), "503".into()),
+            ("content-type".into(), "text/plain".into()),
+            ("content-length".into(), body.len().to_string()),
+        ],
+        body: body.as_bytes().to_vec(),
+    }
 }
 
 /// A call to an ngx_wasm_module `unix:PATH` upstream, as the module makes it: a new
