@@ -26,14 +26,15 @@ struct Service {
 }
 
 impl Service {
-    /// An exact check: whether it passed, and if not, when to retry (ms).
-    fn check(&mut self, now_ms: u64) -> Result<(), u64> {
+    /// An exact check: whether it passed, and if not, when to retry and when the quota is
+    /// whole (ms).
+    fn check(&mut self, now_ms: u64) -> Result<(), (u64, u64)> {
         self.calls += 1;
         let d = self.limit.decide(&mut self.state, now_ms * MS, 1);
         if d.allowed {
             Ok(())
         } else {
-            Err(d.retry_after.div_ceil(MS))
+            Err((d.retry_after.div_ceil(MS), d.reset_after.div_ceil(MS)))
         }
     }
 
@@ -120,8 +121,8 @@ fn run(service: &mut Service, arrivals: &[(u64, usize)], latency: u64, tick: u64
                 Spend::Exhausted { .. } => false,
                 Spend::Missing => match service.check(now) {
                     Ok(()) => true,
-                    Err(retry_after_ms) => {
-                        books[proxy].refused(&quota, retry_after_ms, now);
+                    Err((retry_after_ms, reset_after_ms)) => {
+                        books[proxy].refused(&quota, retry_after_ms, reset_after_ms, now);
                         false
                     }
                 },

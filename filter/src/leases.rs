@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use sluice_core::lease::book::{BookConfig, LeaseBook, Left, QuotaKey, Spend};
 use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseResponse};
 use sluice_core::rules::RuleSet;
+use sluice_core::wire::CheckResponse;
 
 use crate::config::Lease;
 use crate::metrics::Metrics;
@@ -117,12 +118,14 @@ impl Leasing {
         }
     }
 
-    /// An exact check refused the request whose leased quotas were `quotas` by `rule`,
-    /// retry after `retry_after_ms`: that quota is spent until then, so the requests after
-    /// it are refused here, without a call, and its lease is not asked for meanwhile.
-    pub fn refused(&mut self, quotas: &[QuotaKey], rule: &str, retry_after_ms: u64, now_ms: u64) {
+    /// An exact check refused the request whose leased quotas were `quotas` by `rule`
+    /// (`answer` says when to retry and when it is whole): that quota is spent, so the
+    /// requests after it are refused here, without a call, and its lease is not asked for
+    /// meanwhile (see `LeaseBook::refused`).
+    pub fn refused(&mut self, quotas: &[QuotaKey], rule: &str, answer: &CheckResponse, now_ms: u64) {
         if let Some(quota) = quotas.iter().find(|(r, _)| r == rule) {
-            self.book.refused(quota, retry_after_ms, now_ms);
+            self.book
+                .refused(quota, answer.retry_after_ms, answer.reset_after_ms, now_ms);
         }
     }
 

@@ -324,16 +324,17 @@ impl LeaseBook {
             .is_none_or(|h| !h.spent(now_ms) && (!h.live(now_ms) || (h.units < units && h.granted_units > 0)))
     }
 
-    /// An exact check refused `quota` at `now_ms`, saying when to retry: with
-    /// [`BookConfig::remember_spent`], the quota is spent until then (see
-    /// [`Spend::Exhausted`]), so the requests after it are refused without a call. A quota
-    /// the book does not hold is not noted.
-    pub fn refused(&mut self, quota: &QuotaKey, retry_after_ms: u64, now_ms: u64) {
+    /// An exact check refused `quota` at `now_ms`, saying when to retry and when it is
+    /// whole again: with [`BookConfig::remember_spent`], the quota is spent as after a grant
+    /// that brought nothing ([`spent_for`]; see [`Spend::Exhausted`]), so the requests after
+    /// it are refused without a call. A quota the book does not hold is not noted.
+    pub fn refused(&mut self, quota: &QuotaKey, retry_after_ms: u64, reset_after_ms: u64, now_ms: u64) {
         if !self.config.remember_spent {
             return;
         }
         if let Some(h) = self.held.get_mut(quota) {
-            h.spent_until_ms = h.spent_until_ms.max(now_ms.saturating_add(retry_after_ms));
+            let until = now_ms.saturating_add(spent_for(retry_after_ms, reset_after_ms, h.last_ttl_ms));
+            h.spent_until_ms = h.spent_until_ms.max(until);
         }
     }
 
@@ -487,7 +488,7 @@ impl LeaseBook {
                 continue;
             };
             h.asked = false;
-            h.spent_until_ms = spent_until(&self.config, g, asked_at_ms);
+            h.spent_until_ms = spent_until(&self.config, ask, g, asked_at_ms);
             if g.units == 0 && h.live(now_ms) && h.units > 0 {
                 // A renewal that brought nothing: the lease in hand is kept, and spent first.
                 h.renewing = false;
@@ -546,20 +547,26 @@ impl LeaseBook {
     }
 }
 
-/// Until when a quota granted `g` (asked at `asked_at_ms`) is spent: 0 when the grant
-/// brought units or did not say when to retry. Otherwise until the service may grant one
-/// unit again, and no sooner than the quota is whole again or a lease's length has passed,
-/// whichever comes first: asking for every unit as it comes back would cost a call a unit
-/// (a token bucket refills one at a time), while what comes back meanwhile waits for the
-/// next grant — a grant takes up to what the quota holds, so the rate it admits is kept.
-/// Counted from when the call went out, the earliest moment the service's answer could
-/// count from.
-fn spent_until(config: &BookConfig, g: &LeaseGranted, asked_at_ms: u64) -> u64 {
-    if !config.remember_spent || g.units > 0 || g.retry_after_ms == 0 {
+/// Until when a quota granted `g` for `ask` (asked at `asked_at_ms`) is spent: 0 when the
+/// grant brought all that was asked. A grant takes all the quota holds up to the ask, so a
+/// short one leaves it empty: then no grant is asked for, and once the units in hand are
+/// spent requests are refused without a call, for [`spent_for`]. Counted from when the
+/// call went out, the earliest moment the service's answer could count from.
+fn spent_until(config: &BookConfig, ask: &LeaseAsk, g: &LeaseGranted, asked_at_ms: u64) -> u64 {
+    if !config.remember_spent || g.units >= ask.want {
         return 0;
     }
-    let wait = g.retry_after_ms.max(g.reset_after_ms.min(g.expires_in_ms));
-    asked_at_ms.saturating_add(wait)
+    asked_at_ms.saturating_add(spent_for(g.retry_after_ms, g.reset_after_ms, g.expires_in_ms))
+}
+
+/// How long an empty quota stays spent: until the service may grant one unit again
+/// (`retry_after_ms`), and no sooner than it is whole again (`reset_after_ms`) or a lease's
+/// length (`lease_ms`) has passed, whichever comes first. Asking for every unit as it comes
+/// back would cost a call a unit (a token bucket refills one at a time); what comes back
+/// meanwhile waits for the next grant, which takes up to all the quota holds, so the rate
+/// the quota admits is kept.
+fn spent_for(retry_after_ms: u64, reset_after_ms: u64, lease_ms: u64) -> u64 {
+    retry_after_ms.max(reset_after_ms.min(lease_ms))
 }
 
 /// Ends `h`'s lease: what it did not spend goes back with the next call if it is still
@@ -996,20 +1003,30 @@ mod tests {
             matches!(book.spend(std::slice::from_ref(&a), 780), Spend::Spent(_)),
             "units again"
         );
-        // A grant that does not say when to retry (an older service) leaves it unspent.
-        let mut old = LeaseBook::new(BookConfig::default());
-        let _ = old.spend(std::slice::from_ref(&a), 0);
-        let (asks, _) = old.due(0);
-        old.granted(
-            &asks,
-            &[LeaseGranted {
-                retry_after_ms: 0,
-                ..empty
-            }],
-            0,
-            10,
-        );
-        assert_eq!(old.spend(std::slice::from_ref(&a), 20), Spend::Missing);
+        // A grant short of the ask emptied the quota: its units are spent, then it is
+        // refused, and not asked for meanwhile.
+        let mut short = LeaseBook::new(BookConfig::default());
+        for _ in 0..10 {
+            let _ = short.spend(std::slice::from_ref(&a), 0); // demand: 10 a second
+        }
+        let (asks, _) = short.due(0);
+        let two = LeaseGranted {
+            units: 2,
+            retry_after_ms: 0,
+            ..empty
+        };
+        assert!(asks[0].want > 2);
+        short.granted(&asks, std::slice::from_ref(&two), 0, 10);
+        assert!(matches!(short.spend(std::slice::from_ref(&a), 20), Spend::Spent(_)));
+        assert!(matches!(short.spend(std::slice::from_ref(&a), 30), Spend::Spent(_)));
+        assert!(matches!(
+            short.spend(std::slice::from_ref(&a), 40),
+            Spend::Exhausted {
+                retry_after_ms: 960,
+                ..
+            }
+        ));
+        assert!(short.due(100).0.is_empty(), "asked for an emptied quota");
     }
 
     #[test]
@@ -1017,7 +1034,8 @@ mod tests {
         let mut book = LeaseBook::new(BookConfig::default());
         let a = q("r", "x");
         assert_eq!(book.spend(std::slice::from_ref(&a), 0), Spend::Missing);
-        book.refused(&a, 200, 5);
+        // Never leased: a lease's length is unknown, so until the retry.
+        book.refused(&a, 200, 5_000, 5);
         assert!(matches!(
             book.spend(std::slice::from_ref(&a), 100),
             Spend::Exhausted {
@@ -1037,7 +1055,7 @@ mod tests {
             ..BookConfig::default()
         });
         let _ = off.spend(std::slice::from_ref(&a), 0);
-        off.refused(&a, 200, 5);
+        off.refused(&a, 200, 5_000, 5);
         assert_eq!(off.spend(std::slice::from_ref(&a), 100), Spend::Missing);
     }
 }
