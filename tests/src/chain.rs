@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use sluice_testkit::{free_port, wait_for_port, wasm_module, Child, RedisCluster, RedisServer};
 
+use crate::envoy::{sluice_example, Envoy};
 use crate::http::http;
 
 /// Rules of the default chain: one fail-open rule per IP, one fail-closed rule per API key.
@@ -165,7 +166,14 @@ pub enum ProxyHost {
     /// Nginx calling each node over a Unix socket (`unix:PATH`), the node's `--listen`:
     /// a connection per call, as ngx_wasm_module makes them.
     NginxUnixSocket,
+    /// A real Envoy (two workers) from `examples/envoy.yaml`, its check cluster listing both
+    /// nodes ([`crate::envoy::sluice_example`]): the filter's configuration is the example's,
+    /// not [`Options::filter`].
+    RealEnvoy,
 }
+
+/// The data token of a real Envoy's chain when a test names none: the example sends one.
+const ENVOY_DATA_TOKEN: &str = "chain-data-token";
 
 /// How to build a chain.
 pub struct Options {
@@ -233,8 +241,10 @@ pub struct Chain {
     pub admin_ports: [u16; 2],
     /// The service nodes, by index.
     pub nodes: Vec<Child>,
-    /// The proxies, by index.
+    /// The proxies, by index (the harness's; none with real Envoys).
     pub proxy_children: Vec<Child>,
+    /// The real Envoys, by index ([`ProxyHost::RealEnvoy`]).
+    pub envoys: Vec<Envoy>,
     /// The counter store.
     pub store: Store,
     dir: PathBuf,
@@ -262,6 +272,10 @@ impl Chain {
         let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         std::fs::write(dir.join("rules.toml"), &options.rules).expect("rules file");
+        let data_token = match options.host {
+            ProxyHost::RealEnvoy => Some(options.data_token.clone().unwrap_or_else(|| ENVOY_DATA_TOKEN.into())),
+            _ => options.data_token.clone(),
+        };
         let mut filter = match &options.data_token {
             Some(token) => with_token(&options.filter, token),
             None => options.filter.clone(),
@@ -288,7 +302,7 @@ impl Chain {
                 c.args(["--admin-listen", &format!("127.0.0.1:{admin}")])
                     .arg("--admin-token-file")
                     .arg(dir.join("admin-token"));
-                if let Some(token) = &options.data_token {
+                if let Some(token) = &data_token {
                     std::fs::write(dir.join("data-token"), token).expect("token file");
                     c.arg("--data-token-file").arg(dir.join("data-token"));
                 }
@@ -298,6 +312,7 @@ impl Chain {
         let proxies = [free_port(), free_port()];
         let proxy_admins = [free_port(), free_port()];
         let proxy_children = (0..2)
+            .filter(|_| options.host != ProxyHost::RealEnvoy)
             .map(|i| {
                 let mut command = match options.host {
                     ProxyHost::Envoy => {
@@ -305,6 +320,7 @@ impl Chain {
                         c.args(["--xff-num-trusted-hops", &options.trusted_hops.to_string()]);
                         c
                     }
+                    ProxyHost::RealEnvoy => unreachable!("real Envoys are started below"),
                     ProxyHost::Nginx | ProxyHost::NginxUnixSocket => {
                         let config = dir.join(format!("filter-{i}.json"));
                         let check = match options.host {
@@ -331,15 +347,31 @@ impl Chain {
             ProxyHost::NginxUnixSocket => &[],
             _ => &node_ports,
         };
+        let harness_ports: &[u16] = match options.host {
+            ProxyHost::RealEnvoy => &[],
+            _ => &[proxies[0], proxies[1], proxy_admins[0], proxy_admins[1]],
+        };
         for port in [upstream]
             .iter()
             .chain(data_ports)
             .chain(&admin_ports)
-            .chain(&proxies)
-            .chain(&proxy_admins)
+            .chain(harness_ports)
         {
             wait_for_port(*port, Duration::from_secs(30));
         }
+        // Real Envoys once the nodes are up (each waits for its own listener).
+        let envoys = (0..2)
+            .filter(|_| options.host == ProxyHost::RealEnvoy)
+            .map(|i| {
+                let token = data_token.as_deref().unwrap_or(ENVOY_DATA_TOKEN);
+                let yaml = sluice_example(proxies[i], upstream, &node_ports, token, options.trusted_hops);
+                Envoy::start(&yaml, proxies[i], 2)
+            })
+            .collect::<Vec<_>>();
+        let proxy_admins = match envoys.as_slice() {
+            [a, b] => [a.admin, b.admin],
+            _ => proxy_admins,
+        };
         Chain {
             upstream,
             proxies,
@@ -348,6 +380,7 @@ impl Chain {
             admin_ports,
             nodes,
             proxy_children,
+            envoys,
             store,
             dir,
             _upstream: upstream_child,
@@ -431,6 +464,9 @@ impl Chain {
     pub fn assert_proxies_up(&mut self) {
         for (i, proxy) in self.proxy_children.iter_mut().enumerate() {
             assert!(proxy.is_running(), "proxy {i} is not running");
+        }
+        for envoy in &mut self.envoys {
+            envoy.assert_healthy();
         }
         for (i, port) in self.proxies.iter().enumerate() {
             let r = http(*port, "GET", "/ok", &[("x-forwarded-for", "192.0.2.99")]);

@@ -72,12 +72,36 @@ fn exchange(port: u16, raw: &[u8]) -> std::io::Result<Vec<u8>> {
     // answered is read even when the write or the read then fails.
     let sent = stream.write_all(raw);
     let mut answer = Vec::new();
-    let read = stream.read_to_end(&mut answer);
+    let read = read_answer(&mut stream, &mut answer);
     if answer.is_empty() {
         sent?;
         read?;
     }
     Ok(answer)
+}
+
+/// Reads one answer: its head, then `content-length` bytes of body (to the end of the
+/// connection without one). Not to the connection's end regardless: a real Envoy keeps a
+/// connection it closes after a local reply open up to its `delayed_close_timeout` (1 s),
+/// for the client to close first, as a client that has its whole answer does.
+fn read_answer(stream: &mut TcpStream, answer: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if length.is_some_and(|n| answer.len() >= end + 4 + n) {
+                return Ok(());
+            }
+        }
+        match stream.read(&mut chunk)? {
+            0 => return Ok(()),
+            n => answer.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 fn parse(raw: &[u8]) -> Option<Reply> {

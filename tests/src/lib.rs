@@ -2,5 +2,6 @@
 //! plain HTTP/1.1 client that can also send what a correct client never would.
 
 pub mod chain;
+pub mod envoy;
 pub mod http;
 pub mod regions;

@@ -23,6 +23,19 @@ fn a_global_limit_holds_across_both_proxies_and_both_nodes() {
     global_limit_holds(Chain::start(), "Envoy");
 }
 
+/// As above, in two real Envoys from examples/envoy.yaml.
+#[test]
+fn a_global_limit_holds_across_two_real_envoys_and_both_nodes() {
+    let chain = Chain::with(Options {
+        host: ProxyHost::RealEnvoy,
+        ..Options::default()
+    });
+    let mut chain = global_limit_holds(chain, "real Envoy");
+    for envoy in &mut chain.envoys {
+        envoy.assert_healthy();
+    }
+}
+
 /// As above, with Nginx's filters calling their nodes over Unix sockets (`--listen unix:`).
 #[test]
 fn a_global_limit_holds_with_nginx_calling_the_nodes_over_unix_sockets() {
@@ -33,7 +46,8 @@ fn a_global_limit_holds_with_nginx_calling_the_nodes_over_unix_sockets() {
     global_limit_holds(chain, "Nginx over Unix sockets");
 }
 
-fn global_limit_holds(chain: Chain, host: &str) {
+/// Asserts the chain's global limit holds; the chain, for what else a test asks of it.
+fn global_limit_holds(chain: Chain, host: &str) -> Chain {
     let mut statuses = Vec::new();
     for i in 0..30 {
         let r = http(chain.proxies[i % 2], "GET", "/api/hello", &[]);
@@ -67,6 +81,7 @@ fn global_limit_holds(chain: Chain, host: &str) {
             "{host}: node {node} decided nothing"
         );
     }
+    chain
 }
 
 const LEVELS: &str = r#"

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_testkit::{free_port, wait_for_port, Child};
-use sluice_tests::chain::{proxy_command, upstream_command, Chain, Options, FILTER};
+use sluice_tests::chain::{proxy_command, upstream_command, Chain, Options, ProxyHost, FILTER};
 use sluice_tests::http::http;
 
 /// Generous limits (load must not be denied by the limit itself): one fail-open rule per IP,
@@ -194,7 +194,19 @@ fn a_redis_cluster_master_killed_and_its_replica_promoted_checks_recover() {
 
 #[test]
 fn with_one_service_node_killed_the_proxies_decide_through_the_other() {
-    let mut chain = Chain::start();
+    one_node_killed(ProxyHost::Envoy);
+}
+
+#[test]
+fn with_one_service_node_killed_real_envoys_decide_through_the_other() {
+    one_node_killed(ProxyHost::RealEnvoy);
+}
+
+fn one_node_killed(host: ProxyHost) {
+    let mut chain = Chain::with(Options {
+        host,
+        ..Options::default()
+    });
     for i in 0..4 {
         assert_eq!(http(chain.proxies[i % 2], "GET", "/x", &[]).status, 200);
     }
@@ -204,9 +216,17 @@ fn with_one_service_node_killed_the_proxies_decide_through_the_other() {
     let statuses: Vec<u16> = (0..26)
         .map(|i| http(chain.proxies[i % 2], "GET", "/y", &[]).status)
         .collect();
-    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 6, "{statuses:?}");
-    assert!(statuses[6..].iter().all(|&s| s == 429), "{statuses:?}");
-    assert_eq!(chain.upstream_count(), 10);
+
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        6,
+        "{host:?}: {statuses:?}"
+    );
+    assert!(statuses[6..].iter().all(|&s| s == 429), "{host:?}: {statuses:?}");
+    assert_eq!(chain.upstream_count(), 10, "{host:?}");
+    for envoy in &mut chain.envoys {
+        envoy.assert_healthy();
+    }
 }
 
 #[test]

@@ -64,6 +64,11 @@ fn path_variants_share_the_limit_nginx() {
     path_variants_share_the_limit(ProxyHost::Nginx);
 }
 
+#[test]
+fn path_variants_share_the_limit_real_envoy() {
+    path_variants_share_the_limit(ProxyHost::RealEnvoy);
+}
+
 fn identities_name_one_client_each(host: ProxyHost) {
     let chain = chain(host);
     // Two keys longer than the wire bound that share their first 300 bytes: two clients.
@@ -110,6 +115,11 @@ fn identities_name_one_client_each_envoy() {
 #[test]
 fn identities_name_one_client_each_nginx() {
     identities_name_one_client_each(ProxyHost::Nginx);
+}
+
+#[test]
+fn identities_name_one_client_each_real_envoy() {
+    identities_name_one_client_each(ProxyHost::RealEnvoy);
 }
 
 #[test]
