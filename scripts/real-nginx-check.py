@@ -8,8 +8,9 @@ wasm32-wasip1 --profile wasm`), then run `python3 scripts/real-nginx-check.py`. 
 the demo upstream, check services (examples/rules.toml, over TCP and over a Unix socket; a
 leased rule; the step-around rules), a fake service that answers `{}`, and Nginx with a
 server for each, sends hostile and ordinary traffic, and prints one PASS/FAIL line per
-check and a count. Ports 28080-28093 and 29000 on 127.0.0.1; source addresses 127.0.x.y
-stand for clients.
+check and a closing line `N passed, M failed`; exits 1 when a check failed (or the run
+stopped early), 0 when all passed. Ports 28080-28093 and 29000 on 127.0.0.1; source
+addresses 127.0.x.y stand for clients.
 """
 import json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -260,4 +261,5 @@ def run_checks():
     codes = [get(28090, path="/leased/x", src="127.0.7.2", headers=h)[0] for h in hostile]
     check("leasing + non-UTF-8 headers: answered, never 500", all(c in (200, 429) for c in codes), str(codes))
 
-main()
+main()  # a check that raised has printed the count and leaves with the traceback (exit 1)
+sys.exit(1 if any(not ok for _, ok in results) else 0)
