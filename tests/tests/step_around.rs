@@ -25,7 +25,9 @@ fn get(chain: &Chain, path: &str, ip: &str, headers: &[(&str, &str)]) -> u16 {
     http(chain.proxies[0], "GET", path, &all).status
 }
 
-const VARIANTS: [&str; 8] = [
+const VARIANTS: [&str; 10] = [
+    "/api/search/",
+    "/api/search//",
     "//api/search",
     "/api//search",
     "/api/%73earch",

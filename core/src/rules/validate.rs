@@ -166,10 +166,14 @@ impl Rule {
     }
 
     /// Whether the path, method and tier conditions hold (the identity is checked apart).
+    /// A path with a trailing `/` matches as itself or without it: most servers serve
+    /// `/api/search/` as `/api/search` (Express's and Flask's defaults do), so a rule on the
+    /// one holds the other, and the slash steps around nothing.
     pub fn applies(&self, identities: &BTreeMap<String, String>, method: &str, path: &str) -> bool {
+        let without_slash = path.strip_suffix('/').filter(|p| !p.is_empty());
         (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
             && self.tier.as_ref().is_none_or(|t| identities.get("tier") == Some(t))
-            && self.path.matches(path)
+            && (self.path.matches(path) || without_slash.is_some_and(|p| self.path.matches(p)))
     }
 }
 
