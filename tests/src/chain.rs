@@ -196,6 +196,9 @@ pub struct Options {
     /// the `source.address` Envoy derives), the filter's `identities.ip.trusted_hops` on
     /// Nginx, which hands the filter the header as it came.
     pub trusted_hops: u32,
+    /// With [`ProxyHost::RealEnvoy`]: more `(from, to)` replacements in the example, after
+    /// the chain's own (a failure mode, a breaker's threshold).
+    pub envoy_edits: Vec<(&'static str, &'static str)>,
 }
 
 impl Default for Options {
@@ -208,6 +211,7 @@ impl Default for Options {
             host: ProxyHost::Envoy,
             data_token: None,
             trusted_hops: 0,
+            envoy_edits: Vec::new(),
         }
     }
 }
@@ -365,6 +369,7 @@ impl Chain {
             .map(|i| {
                 let token = data_token.as_deref().unwrap_or(ENVOY_DATA_TOKEN);
                 let yaml = sluice_example(proxies[i], upstream, &node_ports, token, options.trusted_hops);
+                let yaml = crate::envoy::substitute(&yaml, &options.envoy_edits);
                 Envoy::start(&yaml, proxies[i], 2)
             })
             .collect::<Vec<_>>();

@@ -6,8 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_tests::chain::{filter_wasm, Chain, Options, ProxyHost};
-use sluice_tests::envoy::{example, jwt, substitute, validate};
+use sluice_testkit::{free_port, wait_for_port, Child};
+use sluice_tests::chain::{filter_wasm, node_command, upstream_command, Chain, Options, ProxyHost};
+use sluice_tests::envoy::{example, jwt, substitute, validate, Envoy};
 use sluice_tests::http::{http, raw, Reply};
 
 /// Every `examples/envoy*.yaml` is one Envoy accepts as it stands (the filter's module path
@@ -270,4 +271,257 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
         .map(|e| e.filter_metric("sluice_filter_requests_denied_spent"))
         .sum();
     assert!(denied_spent > 0, "no request was refused from a spent quota's memory");
+}
+
+/// A service node alone: memory store, `rules`, gRPC on `grpc` (`extra` flags), and the
+/// demo upstream; what Envoy's own filters talk to.
+struct GrpcStack {
+    upstream: u16,
+    grpc: u16,
+    node: Child,
+    _upstream: Child,
+}
+
+impl GrpcStack {
+    fn start(rules: &std::path::Path, extra: &[&str]) -> GrpcStack {
+        let (upstream, grpc, listen) = (free_port(), free_port(), free_port());
+        let up = Child::spawn("demo upstream", &mut upstream_command(upstream));
+        let mut c = node_command(&format!("127.0.0.1:{listen}"), rules, "memory", 200);
+        c.args(["--grpc-listen", &format!("127.0.0.1:{grpc}")]).args(extra);
+        let node = Child::spawn("sluice-service", &mut c);
+        for port in [upstream, grpc, listen] {
+            wait_for_port(port, Duration::from_secs(30));
+        }
+        GrpcStack {
+            upstream,
+            grpc,
+            node,
+            _upstream: up,
+        }
+    }
+
+    fn upstream_count(&self) -> u64 {
+        let body = http(self.upstream, "GET", "/__count", &[]).body;
+        body.trim_matches(|c: char| !c.is_ascii_digit())
+            .parse()
+            .expect("a count")
+    }
+
+    /// `examples/NAME` with its listener on `port` and its clusters on this stack.
+    fn example(&self, name: &str, port: u16, more: &[(&str, &str)]) -> String {
+        let mut pairs = vec![
+            (
+                "address: 0.0.0.0, port_value: 10000",
+                format!("address: 127.0.0.1, port_value: {port}"),
+            ),
+            (
+                "address: 127.0.0.1, port_value: 9000",
+                format!("address: 127.0.0.1, port_value: {}", self.upstream),
+            ),
+            (
+                "address: 127.0.0.1, port_value: 8089",
+                format!("address: 127.0.0.1, port_value: {}", self.grpc),
+            ),
+        ];
+        pairs.extend(more.iter().map(|(a, b)| (*a, (*b).to_owned())));
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (*a, b.as_str())).collect();
+        substitute(&example(name), &pairs)
+    }
+}
+
+fn example_path(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+}
+
+/// Envoy's rate limit filter (examples/envoy-rls.yaml) asking Sluice's gRPC API over
+/// examples/ratelimit.yaml: the per-address limit held exactly (counted at the upstream),
+/// Sluice's headers on the refusal, Envoy's own draft-03 headers when asked for, and
+/// `failure_mode_deny` both ways once the service is gone.
+#[test]
+fn envoys_rate_limit_filter_against_sluice() {
+    for draft03 in [false, true] {
+        let headers = if draft03 { "never" } else { "refusals" };
+        let mut stack = GrpcStack::start(&example_path("ratelimit.yaml"), &["--grpc-headers", headers]);
+        let port = free_port();
+        let mode: &[(&str, &str)] = if draft03 {
+            &[(
+                r#"enable_x_ratelimit_headers: "OFF""#,
+                "enable_x_ratelimit_headers: DRAFT_VERSION_03",
+            )]
+        } else {
+            &[]
+        };
+        let mut envoy = Envoy::start(&stack.example("envoy-rls.yaml", port, mode), port, 2);
+        // examples/ratelimit.yaml: 60 a minute per client address.
+        let replies: Vec<Reply> = (0..62).map(|_| http(port, "GET", "/x", &[])).collect();
+        let codes: Vec<u16> = replies.iter().map(|r| r.status).collect();
+        assert_eq!(codes.iter().filter(|&&c| c == 200).count(), 60, "{codes:?}");
+        assert_eq!(stack.upstream_count(), 60, "the upstream saw the limit exactly");
+        let refused = &replies[61];
+        assert_eq!(refused.status, 429);
+        if draft03 {
+            assert_eq!(
+                refused.header("x-ratelimit-limit").map(|v| v.starts_with("60")),
+                Some(true),
+                "{refused:?}"
+            );
+            assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"), "{refused:?}");
+        } else {
+            assert_eq!(
+                refused.header("ratelimit-policy"),
+                Some("\"per-ip\";q=60;w=60"),
+                "{refused:?}"
+            );
+            assert!(refused.header("retry-after").is_some(), "{refused:?}");
+        }
+        envoy.assert_healthy();
+        // The service gone: failure_mode_deny false lets requests through, true refuses.
+        stack.node.kill();
+        assert_eq!(http(port, "GET", "/x", &[("x-api-key", "k")]).status, 200, "fail open");
+        drop(envoy);
+        let deny: Vec<(&str, &str)> = mode
+            .iter()
+            .copied()
+            .chain([("failure_mode_deny: false", "failure_mode_deny: true")])
+            .collect();
+        let port = free_port();
+        let envoy = Envoy::start(&stack.example("envoy-rls.yaml", port, &deny), port, 2);
+        let status = http(port, "GET", "/x", &[]).status;
+        assert!(status >= 400 && status != 429, "failure_mode_deny: {status}");
+        drop(envoy);
+    }
+}
+
+/// Envoy's rate limit quota filter (examples/envoy-rlqs.yaml) with Sluice's RLQS over
+/// examples/rlqs.toml (one user: 20 a second, bursts of 40, 2 s assignments): under three
+/// times the rate for 10 s, what Envoy admits (counted at the upstream) stays within the
+/// bound docs/envoy.md states — `burst + rate·(t + L)` by every second `t`, `L` the
+/// assignment's 2 s and its delivery — and a second Envoy joining shares the same quota.
+#[test]
+fn envoys_quota_filter_against_sluice_stays_within_the_lease_bound() {
+    let stack = GrpcStack::start(&example_path("rlqs.toml"), &["--rlqs"]);
+    let ports = [free_port(), free_port()];
+    let mut first = Envoy::start(&stack.example("envoy-rlqs.yaml", ports[0], &[]), ports[0], 2);
+    let user = [("x-user-id", "u1")];
+    // The bucket's first request: Envoy admits it (no assignment yet) and reports it.
+    let _ = http(ports[0], "GET", "/x", &user);
+    std::thread::sleep(Duration::from_millis(500));
+    let base = stack.upstream_count();
+    let start = Instant::now();
+    let mut second = None;
+    let mut by_second = Vec::new();
+    for i in 0..600u32 {
+        // 60 a second; from the fifth second on, half of them through a second Envoy.
+        let due = Duration::from_millis(u64::from(i) * 1_000 / 60);
+        std::thread::sleep(due.saturating_sub(start.elapsed()));
+        if i == 240 {
+            second = Some(Envoy::start(
+                &stack.example("envoy-rlqs.yaml", ports[1], &[]),
+                ports[1],
+                2,
+            ));
+        }
+        let port = if second.is_some() && i % 2 == 1 {
+            ports[1]
+        } else {
+            ports[0]
+        };
+        let _ = http(port, "GET", "/x", &user);
+        if i % 60 == 59 {
+            by_second.push((start.elapsed().as_secs_f64(), stack.upstream_count() - base));
+        }
+    }
+    println!("RLQS, admitted by time (s, requests): {by_second:?}");
+    // The bound, with L = 2 s + delivery (allowed 1 s), and the bucket's first request.
+    for (t, admitted) in &by_second {
+        let bound = 40.0 + 20.0 * (t + 3.0) + 1.0;
+        assert!(
+            (*admitted as f64) <= bound,
+            "{admitted} admitted by {t:.1} s, over {bound}"
+        );
+    }
+    // Served, not starved: in the last five seconds, half the rate at least (a new bucket
+    // starts at an eighth of it until Envoy's first report, every 5 s, shows its demand).
+    let last_five = by_second[9].1 - by_second[4].1;
+    assert!(
+        last_five >= 50,
+        "{last_five} admitted in the last 5 s: the quota was not served"
+    );
+    first.assert_healthy();
+    if let Some(mut e) = second {
+        e.assert_healthy();
+    }
+}
+
+/// The service stopped, then paused: the example's failure policy answers in a real Envoy —
+/// fail open through the fallback bucket, fail closed with a 503 — no request is held past
+/// the check timeout (1 s in the tests) and a margin, and once each worker's breaker opens
+/// (5 failures) requests are answered at once, without a call.
+#[test]
+fn a_stopped_or_paused_service_is_answered_by_the_failure_policy_in_envoy() {
+    // A long cooldown, so that an open breaker stays open for the test (no probes).
+    let cooldown = (r#""cooldown_ms": 1000"#, r#""cooldown_ms": 60000"#);
+    for (mode, edits) in [
+        ("open", vec![cooldown]),
+        ("closed", vec![cooldown, (r#""mode": "open""#, r#""mode": "closed""#)]),
+    ] {
+        let mut chain = Chain::with(Options {
+            host: ProxyHost::RealEnvoy,
+            envoy_edits: edits,
+            ..Options::default()
+        });
+        let want = if mode == "open" { 200 } else { 503 };
+        assert_eq!(get(&chain, "/x", &[]).status, 200, "decided by the service first");
+        // Paused: calls stall until the timeout; each such request waits about the timeout.
+        let pids: Vec<u32> = chain.nodes.iter().filter_map(|n| n.id()).collect();
+        let signal = |sig: &str| {
+            for pid in &pids {
+                let _ = std::process::Command::new("kill")
+                    .args([sig, &pid.to_string()])
+                    .status();
+            }
+        };
+        signal("-STOP");
+        let mut held = Vec::new();
+        for _ in 0..16 {
+            let start = Instant::now();
+            let r = get(&chain, "/x", &[]);
+            held.push(start.elapsed());
+            assert_eq!(r.status, want, "fail {mode}: {}", r.body);
+            if mode == "closed" {
+                assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+            }
+        }
+        signal("-CONT");
+        println!("fail {mode}, service paused: requests took {held:?}");
+        for d in &held {
+            assert!(
+                *d < Duration::from_millis(1_500),
+                "a request was held {d:?}, past the timeout and a margin"
+            );
+        }
+        // Two workers, five failures each open their breakers: then requests are answered at
+        // once, without a call.
+        let waited = held.iter().filter(|d| **d >= Duration::from_millis(500)).count();
+        assert!(
+            waited <= 10,
+            "{waited} requests waited for a call: the breakers did not open: {held:?}"
+        );
+        // Stopped for good: the policy answers, and the VM is unharmed.
+        for node in &mut chain.nodes {
+            node.kill();
+        }
+        assert_eq!(get(&chain, "/y", &[]).status, want, "fail {mode} with the service gone");
+        let failed: u64 = chain
+            .envoys
+            .iter()
+            .map(|e| e.filter_metric(&format!("sluice_filter_requests_failed_{mode}")))
+            .sum();
+        assert!(failed >= 17, "fail {mode}: the filter counted {failed}");
+        for envoy in &mut chain.envoys {
+            envoy.assert_healthy();
+        }
+    }
 }
