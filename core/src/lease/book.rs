@@ -326,8 +326,9 @@ impl LeaseBook {
 
     /// An exact check refused `quota` at `now_ms`, saying when to retry and when it is
     /// whole again: with [`BookConfig::remember_spent`], the quota is spent as after a grant
-    /// that brought nothing ([`spent_for`]; see [`Spend::Exhausted`]), so the requests after
-    /// it are refused without a call. A quota the book does not hold is not noted.
+    /// that brought nothing (until the retry, and no sooner than it is whole or a lease's
+    /// length has passed; see [`Spend::Exhausted`]), so the requests after it are refused
+    /// without a call. A quota the book does not hold is not noted.
     pub fn refused(&mut self, quota: &QuotaKey, retry_after_ms: u64, reset_after_ms: u64, now_ms: u64) {
         if !self.config.remember_spent {
             return;
