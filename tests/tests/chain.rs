@@ -6,6 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::rules::format_rfc3339;
 use sluice_tests::chain::{Chain, Options, ProxyHost};
+use sluice_tests::envoy::jwt;
 use sluice_tests::http::{http, send, Reply};
 
 fn policy(r: &Reply) -> Option<&str> {
@@ -491,22 +492,29 @@ fn example_rule(name: &str) -> String {
 }
 
 #[test]
-fn the_uploads_shaped_example_rule_spaces_uploads_out_on_envoy_and_nginx() {
+fn the_uploads_shaped_example_rule_spaces_uploads_out_on_envoy_nginx_and_a_real_envoy() {
     // limit 10 per 1s, burst 2, max_delay 2s: uploads beyond the burst are held 100 ms
     // apart, those that would wait longer than 2 s are refused.
     let rule = example_rule("uploads-shaped");
-    for host in [ProxyHost::Envoy, ProxyHost::Nginx] {
+    for host in [ProxyHost::Envoy, ProxyHost::Nginx, ProxyHost::RealEnvoy] {
         let chain = Chain::with(Options {
             rules: rule.clone(),
             host,
             ..Options::default()
         });
         let proxy = chain.proxies[0];
+        // The user: a header the harness's filter configuration reads, or the subject of a
+        // verified JWT, as examples/envoy.yaml reads it.
+        let user = match host {
+            ProxyHost::RealEnvoy => ("authorization", format!("Bearer {}", jwt("uploader", "pro", false))),
+            _ => ("x-user-id", "uploader".to_owned()),
+        };
         let started = Instant::now();
         let uploads: Vec<_> = (0..30)
             .map(|_| {
+                let user = user.clone();
                 std::thread::spawn(move || {
-                    let r = send(proxy, "POST", "/api/upload", &[("x-user-id", "uploader")], b"data");
+                    let r = send(proxy, "POST", "/api/upload", &[(user.0, &user.1)], b"data");
                     (r.status, started.elapsed())
                 })
             })

@@ -525,3 +525,38 @@ fn a_stopped_or_paused_service_is_answered_by_the_failure_policy_in_envoy() {
         }
     }
 }
+
+/// The local prefilter in a real Envoy: a client over its local rate is refused by the filter
+/// itself (`429`, policy `local`, no call) — by each worker's own bucket, so a client whose
+/// connections reach both workers gets up to twice the burst (docs/filter.md).
+#[test]
+fn the_local_prefilter_refuses_at_once_per_worker() {
+    let chain = Chain::with(Options {
+        rules: PER_IP.replace("limit     = 2", "limit     = 1000"),
+        host: ProxyHost::RealEnvoy,
+        envoy_edits: vec![(r#""rate_per_s": 200, "burst": 400"#, r#""rate_per_s": 1, "burst": 2"#)],
+        ..Options::default()
+    });
+    let replies: Vec<Reply> = (0..12).map(|_| get(&chain, "/x", &[])).collect();
+    let admitted = replies.iter().filter(|r| r.status == 200).count();
+    let local: Vec<&Reply> = replies.iter().filter(|r| r.status == 429).collect();
+    assert_eq!(admitted + local.len(), 12);
+    // Two workers, a burst of 2 each, and at most a token refilled meanwhile in each.
+    assert!((2..=6).contains(&admitted), "{admitted} admitted of 12");
+    assert!(
+        local
+            .iter()
+            .all(|r| r.header("ratelimit-policy").is_some_and(|p| p.starts_with("\"local\""))),
+        "{local:?}"
+    );
+    let envoy = &chain.envoys[0];
+    assert_eq!(
+        envoy.filter_metric("sluice_filter_requests_denied_local") as usize,
+        local.len()
+    );
+    assert_eq!(
+        envoy.filter_metric("sluice_filter_requests_checked") as usize,
+        admitted,
+        "a call per admitted request only"
+    );
+}

@@ -20,6 +20,16 @@ pub struct Call {
     pub endpoints: Option<Vec<SocketAddr>>,
 }
 
+/// How a call ended.
+pub enum Ended {
+    /// The endpoint answered.
+    Answered(CallResponse),
+    /// No endpoint took the connection: the host's own answer to the module (Envoy's 503).
+    Unreached(CallResponse),
+    /// It failed or timed out without an answer.
+    Failed,
+}
+
 /// The client for dispatched calls.
 pub type CallClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
@@ -29,32 +39,31 @@ pub fn call_client() -> CallClient {
     Client::builder(TokioExecutor::new()).build(connector)
 }
 
-/// Makes `call` within its timeout; `None` when it failed or timed out.
-pub async fn make(client: &CallClient, call: Call) -> Option<CallResponse> {
+/// Makes `call` within its timeout.
+pub async fn make(client: &CallClient, call: Call) -> Ended {
     let Call { call, endpoints } = call;
     let timeout = Duration::from_millis(u64::from(call.timeout_ms));
     let call_out = async {
         let endpoints = match endpoints {
             Some(endpoints) => endpoints,
             None => match call.upstream.strip_prefix("unix:") {
-                Some(path) => return over_unix_socket(path, &call.headers, call.body).await,
+                Some(path) => {
+                    return over_unix_socket(path, &call.headers, call.body)
+                        .await
+                        .map_or(Ended::Failed, Ended::Answered)
+                }
                 None => resolve(&call.upstream).await,
             },
         };
         perform(client, &endpoints, &call.headers, call.body).await
     };
-    tokio::time::timeout(timeout, call_out).await.ok().flatten()
+    tokio::time::timeout(timeout, call_out).await.unwrap_or(Ended::Failed)
 }
 
 /// One call to the first endpoint (pooled connections are reused), as Envoy makes a
 /// module's call: no retry on another endpoint; an endpoint that refuses the connection is
 /// answered as Envoy answers it, 503 with its text. `None` on any other failure.
-async fn perform(
-    client: &CallClient,
-    endpoints: &[SocketAddr],
-    headers: &[(String, String)],
-    body: Vec<u8>,
-) -> Option<CallResponse> {
+async fn perform(client: &CallClient, endpoints: &[SocketAddr], headers: &[(String, String)], body: Vec<u8>) -> Ended {
     let body = Bytes::from(body);
     let path = headers
         .iter()
@@ -70,21 +79,23 @@ async fn perform(
                 _ => builder.header(k.as_str(), v.as_str()),
             };
         }
-        let request = builder.body(Full::new(body.clone())).ok()?;
+        let Ok(request) = builder.body(Full::new(body.clone())) else {
+            return Ended::Failed;
+        };
         let resp = match client.request(request).await {
             Ok(resp) => resp,
             Err(e) if e.is_connect() => {
                 tracing::debug!(%addr, "endpoint refused the call's connection: {e}");
-                return Some(connect_failure());
+                return Ended::Unreached(connect_failure());
             }
             Err(e) => {
                 tracing::debug!(%addr, "call failed: {e}");
-                return None;
+                return Ended::Failed;
             }
         };
-        return answer(resp).await;
+        return answer(resp).await.map_or(Ended::Failed, Ended::Answered);
     }
-    None
+    Ended::Failed
 }
 
 /// What Envoy hands a module whose call found no connection (Envoy 1.40).

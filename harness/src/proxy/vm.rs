@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 
 use tokio::sync::oneshot;
 
-use super::calls::Call;
+use super::calls::{Call, Ended};
 use super::{now_ns, Headers, ProxyStats};
-use crate::{CallResponse, Flavor, Host, Outcome};
+use crate::{Flavor, Host, Outcome};
 
 /// What becomes of a request the module has seen.
 pub enum Disposition {
@@ -140,11 +140,16 @@ impl Vm {
         let _ = self.host.finish_stream(stream);
     }
 
-    /// A dispatched call ended: its response, or a failure (no headers).
-    pub fn call_done(&mut self, token: u32, response: Option<CallResponse>) {
-        let result = match response {
-            Some(r) => self.host.respond_call(token, r),
-            None => {
+    /// A dispatched call ended: its response, the host's own for a call that reached no
+    /// endpoint (a failed call too), or a failure (no headers).
+    pub fn call_done(&mut self, token: u32, ended: Ended) {
+        let result = match ended {
+            Ended::Answered(r) => self.host.respond_call(token, r),
+            Ended::Unreached(r) => {
+                self.stats.calls_failed += 1;
+                self.host.respond_call(token, r)
+            }
+            Ended::Failed => {
                 self.stats.calls_failed += 1;
                 self.host.fail_call(token)
             }
