@@ -199,6 +199,8 @@ pub struct Options {
     /// With [`ProxyHost::RealEnvoy`]: more `(from, to)` replacements in the example, after
     /// the chain's own (a failure mode, a breaker's threshold).
     pub envoy_edits: Vec<(&'static str, &'static str)>,
+    /// More flags for every node.
+    pub node_args: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -212,6 +214,7 @@ impl Default for Options {
             data_token: None,
             trusted_hops: 0,
             envoy_edits: Vec::new(),
+            node_args: Vec::new(),
         }
     }
 }
@@ -303,7 +306,8 @@ impl Chain {
                     _ => format!("127.0.0.1:{port}"),
                 };
                 let mut c = node_command(&listen, &dir.join("rules.toml"), &store_url, options.store_timeout_ms);
-                c.args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+                c.args(&options.node_args)
+                    .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
                     .arg("--admin-token-file")
                     .arg(dir.join("admin-token"));
                 if let Some(token) = &data_token {

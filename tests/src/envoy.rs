@@ -196,8 +196,8 @@ const JWT_SECRET: &[u8] = b"sluice-tests-hs256-key-not-for-production";
 
 /// `examples/envoy.yaml` as a test runs it: its listener on 127.0.0.1:`port`, the upstream on
 /// `upstream`, the check cluster listing `nodes`, the filter module the tests build, the data
-/// token `token`, `xff_num_trusted_hops` = `hops`, a check timeout for debug builds on two
-/// cores (1 s), and jwt_authn verifying [`jwt`]'s tokens from a local JWKS (the example asks
+/// token `token`, `xff_num_trusted_hops` = `hops`, a check and health-check timeout for debug
+/// builds on two cores (1 s), and jwt_authn verifying [`jwt`]'s tokens from a local JWKS (the example asks
 /// an identity provider's).
 pub fn sluice_example(port: u16, upstream: u16, nodes: &[u16], token: &str, hops: u32) -> String {
     let endpoint = |p: u16| {
@@ -236,6 +236,8 @@ pub fn sluice_example(port: u16, upstream: u16, nodes: &[u16], token: &str, hops
             ("the-token-in-the-nodes-data-token-file", token),
             ("xff_num_trusted_hops: 0", &format!("xff_num_trusted_hops: {hops}")),
             (r#""timeout_ms": 25"#, r#""timeout_ms": 1000"#),
+            // Debug-built nodes on a loaded machine: a health check may wait longer.
+            ("- timeout: 0.25s", "- timeout: 1s"),
         ],
     )
 }

@@ -174,11 +174,15 @@ window    = "1s"
 lease     = true
 "#;
 
-/// Check and lease calls the nodes answered (each a service call a proxy made).
+/// Check and lease calls the nodes answered (each a service call a proxy made). A rule's
+/// check series appears with its first check: none yet is none made.
 fn service_calls(chain: &Chain) -> f64 {
     let checks = ["allowed", "denied"]
         .iter()
-        .map(|d| chain.nodes_metric(&format!("sluice_checks_total{{rule=\"per-ip\",decision=\"{d}\"}}")))
+        .flat_map(|d| {
+            let series = format!("sluice_checks_total{{rule=\"per-ip\",decision=\"{d}\"}}");
+            (0..2).filter_map(move |i| chain.node_metric(i, &series))
+        })
         .sum::<f64>();
     let leases = chain.nodes_metric("sluice_lease_calls_total");
     println!("service calls so far: {checks} checks, {leases} lease calls");
@@ -226,6 +230,17 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
     let took = started.elapsed().as_secs_f64();
     let calls = service_calls(&chain) - before;
     assert!(codes.iter().all(|&c| c == 200), "far from the limit, all pass");
+    // Decided by leases and checks, none by the failure policy.
+    let envoy = &chain.envoys[0];
+    let failed_open = envoy.filter_metric("sluice_filter_requests_failed_open");
+    let leased = envoy.filter_metric("sluice_filter_requests_leased");
+    assert_eq!(
+        failed_open,
+        0,
+        "the filter failed open ({leased} leased): {}",
+        envoy.log()
+    );
+    assert!(leased >= 2_000, "{leased} leased of 2,400");
     let per_request = calls / codes.len() as f64;
     println!(
         "far from the limit: {calls} service calls for {} requests in {took:.1} s ({per_request:.4} a request)",

@@ -285,3 +285,49 @@ fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
     }
     println!("stalled check service: requests took {held:?}");
 }
+
+/// Issue 40: no request passes unchecked after an idle gap. The nodes close a keep-alive
+/// connection idle past their header timeout (300 ms here, 10 s by default) while the
+/// proxies keep theirs pooled longer (the harness's pool 90 s, the example Envoy's 5 s): a
+/// check sent on such a connection finds it closed, and is sent again on a new one. Every
+/// request after each gap is decided by the service: none fails open.
+fn every_request_after_an_idle_gap_is_decided(host: ProxyHost) {
+    let chain = Chain::with(Options {
+        host,
+        rules: ROOMY.to_owned(),
+        node_args: vec!["--header-timeout-ms", "300"],
+        ..Options::default()
+    });
+    let checks = || {
+        ["allowed", "denied"]
+            .iter()
+            .map(|d| chain.nodes_metric(&format!("sluice_checks_total{{rule=\"open-ip\",decision=\"{d}\"}}")))
+            .sum::<f64>()
+    };
+    let mut decided = 0;
+    // Gaps about the node's timeout, where a proxy may send on a connection as the node
+    // closes it, and past it.
+    for gap in (0..40).map(|k| 260 + 3 * k).chain([700, 700]) {
+        std::thread::sleep(Duration::from_millis(gap));
+        for i in 0..2 {
+            let r = http(chain.proxies[i], "GET", "/x", &[]);
+            assert_eq!(r.status, 200, "{host:?}: {}", r.body);
+            assert!(
+                r.header("ratelimit-policy").is_some(),
+                "{host:?}: after gap {gap}, proxy {i}: not decided: {r:?}"
+            );
+            decided += 1;
+        }
+    }
+    assert_eq!(checks(), f64::from(decided), "{host:?}: every request was checked");
+}
+
+#[test]
+fn every_request_after_an_idle_gap_is_decided_envoy() {
+    every_request_after_an_idle_gap_is_decided(ProxyHost::Envoy);
+}
+
+#[test]
+fn every_request_after_an_idle_gap_is_decided_real_envoy() {
+    every_request_after_an_idle_gap_is_decided(ProxyHost::RealEnvoy);
+}
