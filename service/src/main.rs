@@ -41,6 +41,11 @@ struct Args {
     /// `--descriptors`).
     #[arg(long, value_name = "FILE.toml")]
     rules: Option<PathBuf>,
+    /// Let a rules file that holds no rule turn every limit off. Without it, an empty
+    /// file (a truncated write, a ConfigMap not mounted yet) or a deleted one keeps the rules
+    /// in force and logs a warning.
+    #[arg(long)]
+    allow_empty_rules: bool,
     /// Serve Envoy's rate limit service API (`envoy.service.ratelimit.v3.RateLimitService`)
     /// and the gRPC health service on this address (HTTP/2; HOST:PORT or unix:PATH).
     #[arg(long, value_name = "HOST:PORT|unix:PATH")]
@@ -252,7 +257,17 @@ fn descriptors(args: &mut Args) -> anyhow::Result<Arc<DescriptorSet>> {
 /// The rules file's rules and fingerprint (none without `--rules`: every check allowed).
 fn rules(args: &Args) -> anyhow::Result<(RuleSet, u64)> {
     Ok(match &args.rules {
-        Some(path) => rules_source::load_file(path).map_err(anyhow::Error::msg)?,
+        Some(path) => {
+            let (rules, fingerprint) = rules_source::load_file(path).map_err(anyhow::Error::msg)?;
+            if rules.rules().is_empty() {
+                tracing::warn!(file = %path.display(), "the rules file holds no rule: every HTTP check is allowed");
+            }
+            (rules, fingerprint)
+        }
+        None if !args.descriptors.is_empty() => {
+            tracing::info!("no TOML rules file: the gRPC API decides by the descriptor files; HTTP checks allow all");
+            (RuleSet::default(), 0)
+        }
         None => {
             tracing::warn!("no --rules file: every HTTP check is allowed");
             (RuleSet::default(), 0)
@@ -335,6 +350,7 @@ fn node_config(args: &Args) -> anyhow::Result<NodeConfig> {
         max_waits: args.max_waits,
         ipv6_prefix: args.ipv6_prefix,
         rules_poll: Duration::from_millis(args.rules_poll_ms),
+        allow_empty_rules: args.allow_empty_rules,
         ..NodeConfig::default()
     })
 }

@@ -42,6 +42,9 @@ pub struct NodeConfig {
     /// How often the node reads the published rules' version: the safety net under the
     /// store's change announcements, which arrive at once but can be lost across a reconnect.
     pub rules_poll: Duration,
+    /// Whether a rules file that holds no rule may put its emptiness in force (every limit
+    /// off); by default such a reload is refused and the rules in force stay.
+    pub allow_empty_rules: bool,
 }
 
 impl Default for NodeConfig {
@@ -58,6 +61,7 @@ impl Default for NodeConfig {
             ipv6_prefix: sluice_core::identity::DEFAULT_IPV6_PREFIX,
             violations_capacity: 10_000,
             rules_poll: Duration::from_millis(250),
+            allow_empty_rules: false,
         }
     }
 }

@@ -52,22 +52,45 @@ pub async fn replace(node: &Node, rules: RuleSet, expected: Option<u64>) -> Resu
 
 /// Reloads the file whenever its content differs from what was seen last (checked every
 /// 500 ms), starting from `seen`, the fingerprint [`load_file`] returned for the rules in
-/// force, and publishes it. A bad file keeps the rules in force; a file that cannot be
-/// published (store down) is in force on this node and published once the store answers.
+/// force, and publishes it. A bad file keeps the rules in force, and so do a file with no
+/// rule (unless `allow_empty_rules`) and a deleted one (each said once, as a warning); a
+/// file that cannot be published (store down) is in force on this node and published once
+/// the store answers.
 pub async fn watch_file(node: Arc<Node>, path: PathBuf, mut seen: u64) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut missing = false;
     loop {
         tick.tick().await;
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue; // being replaced, or gone: the rules in force stay
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if !std::mem::replace(&mut missing, true) {
+                    let count = node.rules().rules().len();
+                    tracing::warn!(file = %path.display(), rules = count, "the rules file is gone: keeping the rules in force");
+                }
+                continue;
+            }
+            Err(_) => continue, // being replaced: the rules in force stay
         };
+        missing = false;
         let now = fingerprint(&bytes);
         if now == seen {
             continue;
         }
         let rules = std::str::from_utf8(&bytes)
             .map_err(|e| format!("{}: not UTF-8: {e}", path.display()))
-            .and_then(|text| RuleSet::from_toml(text).map_err(|e| format!("{}: {e}", path.display())));
+            .and_then(|text| RuleSet::from_toml(text).map_err(|e| format!("{}: {e}", path.display())))
+            .and_then(|rules| {
+                if rules.rules().is_empty() && !node.config.allow_empty_rules {
+                    Err(format!(
+                        "{} holds no rule, which would turn every limit off (start the node with \
+                         --allow-empty-rules to allow that)",
+                        path.display()
+                    ))
+                } else {
+                    Ok(rules)
+                }
+            });
         let rules = match rules {
             Ok(rules) => rules,
             Err(e) => {

@@ -366,6 +366,45 @@ async fn a_rule_file_edit_keeping_length_and_mtime_is_reloaded() {
     .await;
 }
 
+/// Issue 40: an empty rules file (a truncated write, a ConfigMap not mounted yet) or a
+/// deleted one does not turn every limit off: the rules in force stay, and the next good
+/// file is taken; with `allow_empty_rules` an empty file is taken as it is.
+#[tokio::test]
+async fn an_empty_or_deleted_rule_file_keeps_the_rules_in_force() {
+    for allow_empty in [false, true] {
+        let dir = ScratchDir::new("empty-rules");
+        let file = dir.join("rules.toml");
+        std::fs::write(&file, rule_file(1)).unwrap();
+        let config = NodeConfig {
+            allow_empty_rules: allow_empty,
+            ..NodeConfig::default()
+        };
+        let n = TestNode::start(Store::Memory(MemoryStore::new(100)), &rule_file(1), config).await;
+        let (_, seen) = rules_source::load_file(&file).unwrap();
+        tokio::spawn(rules_source::watch_file(n.node.clone(), file.clone(), seen));
+        let names = || {
+            n.node
+                .rules()
+                .rules()
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>()
+        };
+        std::fs::write(&file, "# nothing yet\n").unwrap();
+        if allow_empty {
+            eventually("an allowed empty file not taken", async || names().is_empty()).await;
+            continue;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1_200)).await; // two looks at it
+        assert_eq!(names(), ["r1"], "an empty file turned every limit off");
+        std::fs::remove_file(&file).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+        assert_eq!(names(), ["r1"], "an empty, then deleted, file changed the rules");
+        std::fs::write(&file, rule_file(2)).unwrap();
+        eventually("the next good file not taken", async || names() == ["r2"]).await;
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
