@@ -153,7 +153,10 @@ pub fn plugin_configuration() -> Option<Vec<u8>> {
 
 /// The client IP: from the forwarding header with trusted hops, else the connection's.
 pub fn request_ip(source: &IpSource) -> Option<IpAddr> {
-    let forwarded = request_header(&source.header);
+    // No header to trust (Envoy: its own `source.address` is the client): no host call for it.
+    let forwarded = (source.trusted_hops > 0)
+        .then(|| request_header(&source.header))
+        .flatten();
     client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| {
         let raw = property_bytes(b"source\0address")?;
         source_ip(std::str::from_utf8(&raw).ok()?)

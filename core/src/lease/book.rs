@@ -274,10 +274,12 @@ impl LeaseBook {
         let mut ready = true;
         let mut exhausted = None;
         for (i, q) in quotas.iter().enumerate() {
+            // The key is cloned only for a quota seen the first time (the hot path is a hit).
             if !self.held.contains_key(q) {
                 self.make_room(now_ms);
+                self.held.insert(q.clone(), Held::default());
             }
-            let h = self.held.entry(q.clone()).or_default();
+            let Some(h) = self.held.get_mut(q) else { continue };
             h.used_ms = now_ms;
             let has = h.live(now_ms) && h.units >= units;
             ready &= has;
