@@ -232,7 +232,7 @@ pub fn sluice_example(port: u16, upstream: u16, nodes: &[u16], token: &str, hops
                             http_uri: { uri: "https://idp.example/.well-known/jwks.json", cluster: idp, timeout: 1s }"#,
                 &format!("local_jwks: {{ inline_string: '{jwks}' }}"),
             ),
-            ("/etc/envoy/sluice_filter.wasm", &wasm),
+            ("target/wasm32-wasip1/wasm/sluice_filter.wasm", &wasm),
             ("the-token-in-the-nodes-data-token-file", token),
             ("xff_num_trusted_hops: 0", &format!("xff_num_trusted_hops: {hops}")),
             (r#""timeout_ms": 25"#, r#""timeout_ms": 1000"#),

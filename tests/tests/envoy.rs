@@ -16,7 +16,10 @@ use sluice_tests::http::{http, raw, Reply};
 #[test]
 fn every_envoy_example_is_accepted_by_a_real_envoy() {
     let wasm = filter_wasm().display().to_string();
-    let sluice = substitute(&example("envoy.yaml"), &[("/etc/envoy/sluice_filter.wasm", &wasm)]);
+    let sluice = substitute(
+        &example("envoy.yaml"),
+        &[("target/wasm32-wasip1/wasm/sluice_filter.wasm", &wasm)],
+    );
     for (name, yaml) in [
         ("envoy.yaml", sluice.clone()),
         ("envoy-rls.yaml", example("envoy-rls.yaml")),
