@@ -45,10 +45,10 @@ pub struct BookConfig {
     /// Units a lease asks for at least (1, the default): more spares a holder whose quota's
     /// first request waited for its lease a second wait for the next (a region's node).
     pub min_lease_units: u64,
-    /// A quota whose grant brought nothing (or whose exact check refused, see
-    /// [`LeaseBook::refused`]) is spent until the service said: [`LeaseBook::spend`] answers
-    /// [`Spend::Exhausted`] without a call, and no grant is asked for before then (true, the
-    /// default). A holder whose calls carry many quotas at a fixed pace (a region's node)
+    /// A quota whose grant brought less than was asked, which leaves it empty (or whose exact
+    /// check refused, see [`LeaseBook::refused`]), is spent for a while: once its units in
+    /// hand are gone [`LeaseBook::spend`] answers [`Spend::Exhausted`] without a call, and no
+    /// grant is asked for meanwhile (true, the default). A holder whose calls carry many quotas at a fixed pace (a region's node)
     /// may turn it off: asking for a spent quota costs it no call.
     pub remember_spent: bool,
 }
@@ -87,8 +87,8 @@ struct Held {
     last_ttl_ms: u64,
     /// Units the lease came with (0: none left to grant, or no lease).
     granted_units: u64,
-    /// The quota is spent until then (proxy clock; 0: not spent): its last grant brought no
-    /// unit, or an exact check refused it.
+    /// The quota is spent until then (proxy clock; 0: not spent): its last grant brought
+    /// less than was asked, or an exact check refused it.
     spent_until_ms: u64,
     /// A grant was asked for and not answered yet.
     asked: bool,
@@ -196,9 +196,9 @@ pub enum Spend {
     Spent(Vec<Left>),
     /// Some quota has no live lease with a unit left: nothing was spent; decide exactly.
     Missing,
-    /// The quota at this index of the request's is spent (its last grant brought nothing,
-    /// or an exact check refused it) for `retry_after_ms` more: nothing was spent; refuse
-    /// without a call. `left` is what it holds (nothing).
+    /// The quota at this index of the request's is spent (its last grant brought less than
+    /// was asked and its units are gone, or an exact check refused it) for `retry_after_ms`
+    /// more: nothing was spent; refuse without a call. `left` is what it holds (nothing).
     Exhausted {
         /// Index of the spent quota in the request's quotas.
         quota: usize,
