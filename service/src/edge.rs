@@ -1,8 +1,9 @@
 //! Where the network meets the node: every listener (data, admin, gRPC) accepts through
 //! here. TLS, with client certificates when asked for (rustls); a cap on the connections
-//! open at once (past it, new ones wait in the kernel's backlog); and a header-read timeout
-//! that also ends a keep-alive connection left idle (hyper starts it whenever a connection
-//! waits for a request), so a client that sends half a request cannot hold a connection.
+//! open at once (past it, new ones wait in the kernel's backlog); a header timeout, so a
+//! client that sends half a request cannot hold a connection; and a much longer idle
+//! timeout for keep-alive connections between requests, so the proxy's pool, not the node,
+//! closes them (a request sent on a connection the node is closing would be lost).
 
 use std::future::Future;
 use std::io;
@@ -33,9 +34,11 @@ pub struct Edge {
     pub tls: Option<TlsAcceptor>,
     /// Most connections open at once, per listener.
     pub max_connections: usize,
-    /// Longest a client may take to send a request's headers, and longest a keep-alive
-    /// connection may sit idle (and the TLS handshake may take).
+    /// Longest a client may take to send a request's headers (and the TLS handshake may take).
     pub header_timeout: Duration,
+    /// Longest an HTTP/1.1 keep-alive connection may sit idle between requests: longer than
+    /// any proxy keeps a pooled connection by default, so the proxy, not the node, closes it.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Edge {
@@ -44,9 +47,14 @@ impl Default for Edge {
             tls: None,
             max_connections: 10_000,
             header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_millis(IDLE_TIMEOUT_MS),
         }
     }
 }
+
+/// The default idle timeout: past Envoy's default for a pooled connection (an hour), and
+/// nginx's (60 s), Go's (90 s) and Node's (5 s).
+pub const IDLE_TIMEOUT_MS: u64 = 65 * 60 * 1000;
 
 /// Why TLS cannot be set up; the message names the file and what to do.
 #[derive(Debug, Error)]
@@ -117,30 +125,110 @@ pub fn tls_acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result
 }
 
 /// A connection as the servers read it: plain TCP or TLS over it, holding its place under
-/// the listener's cap until it closes.
+/// the listener's cap until it closes, and dropped when its client takes too long.
 ///
-/// Until its first 24 bytes have come, a read that waits past the header
-/// timeout fails: hyper's own timeout starts only once the server has told HTTP/1.1 from
-/// HTTP/2 by those bytes, so without this a client that sends nothing (or half an HTTP/2
-/// preface) would hold its place for ever. Every HTTP/1.1 request (it has a `Host` line) and
-/// the HTTP/2 preface are that long.
+/// hyper's own header timeout starts whenever an HTTP/1.1 connection waits for a request, so
+/// it would also end every keep-alive connection idle that long — and a proxy that reuses a
+/// pooled connection just as the node closes it loses that check. So the connection keeps its
+/// own time ([`Watch`]): the first 24 bytes (which tell HTTP/1.1 from HTTP/2) and every
+/// HTTP/1.1 request's headers are due within the header timeout; between requests an
+/// HTTP/1.1 connection may idle for the (much longer) idle timeout. HTTP/2 connections have
+/// no deadline here: hyper pings their peers and closes the silent ones.
 pub struct Conn {
     io: Box<dyn Io>,
     _place: OwnedSemaphorePermit,
-    /// Bytes read so far and the deadline, until 24 have come.
-    first_bytes: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
+    watch: Watch,
+    timeouts: Timeouts,
+    deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 /// The bytes that tell HTTP/1.1 from HTTP/2: the HTTP/2 preface's length.
 const SNIFFED_BYTES: usize = 24;
+const H2_PREFACE: &[u8; SNIFFED_BYTES] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The end of an HTTP/1.1 request's headers.
+const HEADERS_END: &[u8; 4] = b"\r\n\r\n";
+
+/// A connection's two deadlines.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    header: Duration,
+    idle: Duration,
+}
+
+/// What a connection's reads wait for. Reads that wait past the deadline fail in the states
+/// that wait for the client: [`Watch::Start`], [`Watch::Headers`] and [`Watch::Idle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watch {
+    /// The first bytes: `seen` of them so far, all matching the HTTP/2 preface or not.
+    Start { seen: usize, h2: bool },
+    /// An HTTP/1.1 request's headers, `matched` bytes into their end.
+    Headers { matched: usize },
+    /// An HTTP/1.1 request being served, until its response starts.
+    Busy,
+    /// An HTTP/2 connection.
+    H2,
+    /// An HTTP/1.1 connection between requests.
+    Idle,
+}
+
+impl Watch {
+    /// The state after reading `bytes`.
+    fn read(self, bytes: &[u8]) -> Watch {
+        match self {
+            Watch::Start { seen, h2 } => {
+                let take = bytes.len().min(SNIFFED_BYTES - seen);
+                let h2 = h2 && bytes[..take] == H2_PREFACE[seen..seen + take];
+                if seen + take < SNIFFED_BYTES {
+                    Watch::Start { seen: seen + take, h2 }
+                } else if h2 {
+                    Watch::H2
+                } else {
+                    // The sniffed bytes are the first request's own: look for its headers' end in all.
+                    Watch::Headers { matched: 0 }.read_headers(bytes)
+                }
+            }
+            Watch::Headers { .. } => self.read_headers(bytes),
+            Watch::Idle if !bytes.is_empty() => Watch::Headers { matched: 0 }.read_headers(bytes),
+            other => other,
+        }
+    }
+
+    fn waits_for_client(self) -> bool {
+        !matches!(self, Watch::Busy | Watch::H2)
+    }
+
+    /// Follows `bytes` towards the end of the headers: [`Watch::Busy`] once it has come.
+    fn read_headers(self, bytes: &[u8]) -> Watch {
+        let Watch::Headers { mut matched } = self else {
+            return self;
+        };
+        for &b in bytes {
+            matched = if b == HEADERS_END[matched] {
+                matched + 1
+            } else {
+                usize::from(b == HEADERS_END[0])
+            };
+            if matched == HEADERS_END.len() {
+                return Watch::Busy;
+            }
+        }
+        Watch::Headers { matched }
+    }
+}
 
 impl Conn {
-    fn new(io: Box<dyn Io>, place: OwnedSemaphorePermit, timeout: Duration) -> Conn {
+    fn new(io: Box<dyn Io>, place: OwnedSemaphorePermit, timeouts: Timeouts) -> Conn {
         Conn {
             io,
             _place: place,
-            first_bytes: Some((0, Box::pin(tokio::time::sleep(timeout)))),
+            watch: Watch::Start { seen: 0, h2: true },
+            timeouts,
+            deadline: Box::pin(tokio::time::sleep(timeouts.header)),
         }
+    }
+
+    fn rearm(&mut self, after: Duration) {
+        self.deadline.as_mut().reset(tokio::time::Instant::now() + after);
     }
 }
 
@@ -149,22 +237,23 @@ impl AsyncRead for Conn {
         let this = self.get_mut();
         let before = buf.filled().len();
         let read = Pin::new(&mut *this.io).poll_read(cx, buf);
-        if let Some((seen, deadline)) = &mut this.first_bytes {
-            match &read {
-                Poll::Ready(Ok(())) => {
-                    *seen += buf.filled().len() - before;
-                    if *seen >= SNIFFED_BYTES {
-                        this.first_bytes = None;
-                    }
+        match &read {
+            Poll::Ready(Ok(())) => {
+                let was = this.watch;
+                this.watch = was.read(&buf.filled()[before..]);
+                if was == Watch::Idle && this.watch != Watch::Idle {
+                    this.rearm(this.timeouts.header);
                 }
-                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no request within the header timeout",
-                    )));
-                }
-                _ => {}
             }
+            Poll::Pending if this.watch.waits_for_client() && this.deadline.as_mut().poll(cx).is_ready() => {
+                let what = if this.watch == Watch::Idle {
+                    "idle past the idle timeout"
+                } else {
+                    "no whole request within the header timeout"
+                };
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)));
+            }
+            _ => {}
         }
         read
     }
@@ -172,7 +261,16 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut *self.io).poll_write(cx, buf);
+        // A response going out ends an HTTP/1.1 request: the connection idles until the next.
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) && matches!(self.watch, Watch::Busy | Watch::Idle) {
+            self.watch = Watch::Idle;
+            let idle = self.timeouts.idle;
+            self.rearm(idle);
+            // Wake the connection at the deadline even if nothing polls its reads before then.
+            let _ = self.deadline.as_mut().poll(cx);
+        }
+        written
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut *self.io).poll_flush(cx)
@@ -188,6 +286,13 @@ impl tonic::transport::server::Connected for Conn {
 }
 
 impl Edge {
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            header: self.header_timeout,
+            idle: self.idle_timeout,
+        }
+    }
+
     /// Accepts connections on `listener` until `stop` says so, each once it has a place
     /// under the cap and, with TLS, a finished handshake, and hands them to `each`.
     async fn accept(
@@ -218,13 +323,13 @@ impl Edge {
                 () = until_stopped(&mut stop) => return,
             };
             match &self.tls {
-                None => each(Conn::new(io, place, self.header_timeout)),
+                None => each(Conn::new(io, place, self.timeouts())),
                 Some(tls) => {
                     // The handshake in a task of its own: a slow client holds its place, not the loop.
-                    let (tls, timeout, each) = (tls.clone(), self.header_timeout, each.clone());
+                    let (tls, timeouts, each) = (tls.clone(), self.timeouts(), each.clone());
                     tokio::spawn(async move {
-                        if let Some(io) = handshake(&tls, io, timeout).await {
-                            each(Conn::new(io, place, timeout));
+                        if let Some(io) = handshake(&tls, io, timeouts.header).await {
+                            each(Conn::new(io, place, timeouts));
                         }
                     });
                 }
@@ -239,7 +344,8 @@ impl Edge {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(self.header_timeout);
+            // The connection keeps the time itself (Conn): hyper's would also end idle ones.
+            .header_read_timeout(None);
         builder
             .http2()
             .timer(TokioTimer::new())

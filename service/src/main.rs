@@ -130,10 +130,16 @@ struct Args {
     /// Ask every client for a certificate signed by one of these CAs (PEM): mutual TLS.
     #[arg(long, value_name = "FILE.pem", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
-    /// Longest a client may take to send a request's headers, and longest a keep-alive
-    /// connection may sit idle (ms). Set the proxies' idle timeout for this service below it.
+    /// Longest a client may take to send a request's headers (ms), on a new connection or a
+    /// kept-alive one.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     header_timeout_ms: u64,
+    /// Longest an HTTP/1.1 keep-alive connection may sit idle between requests (ms). The
+    /// default (65 minutes) outlasts every common proxy's pool (Envoy's an hour), so the proxy
+    /// closes its idle connections first and never sends a check on one the node is closing;
+    /// set your proxies' idle timeout for this service below it.
+    #[arg(long, default_value_t = edge::IDLE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_ms: u64,
     /// Most connections open at once on each listener; past it, new ones wait.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
@@ -284,6 +290,7 @@ fn edge(args: &Args) -> anyhow::Result<Edge> {
         },
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         header_timeout: Duration::from_millis(args.header_timeout_ms),
+        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
     })
 }
 

@@ -1,5 +1,6 @@
 //! The node's edge as a stranger meets it, on the real binary: a client that sends half a
-//! request is dropped within the header timeout, and so is an idle keep-alive connection;
+//! request is dropped within the header timeout, an idle keep-alive connection only past the
+//! (longer) idle timeout;
 //! waits past `--max-waits` are refused at once; TLS with client certificates keeps out
 //! clients without one.
 
@@ -45,7 +46,7 @@ fn until_closed(port: u16, bytes: &[u8]) -> (String, Duration) {
 }
 
 #[test]
-fn half_a_request_and_an_idle_connection_are_dropped_within_the_header_timeout() {
+fn half_a_request_is_dropped_within_the_header_timeout() {
     let (_node, port) = start(&["--header-timeout-ms", "400"]);
     let (read, took) = until_closed(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
     assert!(!read.contains("200 OK"), "half a request is not answered: {read}");
@@ -60,11 +61,79 @@ fn half_a_request_and_an_idle_connection_are_dropped_within_the_header_timeout()
         let (_, took) = until_closed(port, bytes);
         assert!(took < Duration::from_secs(4), "{bytes:?}: held {took:?}");
     }
+}
 
-    // A whole request is answered, then the idle keep-alive connection is closed.
-    let (read, took) = until_closed(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
-    assert!(read.starts_with("HTTP/1.1 200"), "{read}");
-    assert!(took < Duration::from_secs(4), "idle connection closed: {took:?}");
+/// Reads one response (headers and its `Content-Length` body) from a kept-alive connection.
+fn response(conn: &mut TcpStream) -> String {
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&read).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if read.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        match conn.read(&mut buf) {
+            Ok(0) => panic!("the node closed the connection; read so far: {text:?}"),
+            Ok(n) => read.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("no whole response ({e}); read so far: {text:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_keep_alive_connection_idles_past_the_header_timeout_until_the_idle_timeout() {
+    let (_node, port) = start(&["--header-timeout-ms", "300", "--idle-timeout-ms", "2500"]);
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    for gap in [0, 900, 1800] {
+        // Idle three header timeouts and more: the connection is still there for the next.
+        std::thread::sleep(Duration::from_millis(gap));
+        conn.write_all(request).expect("write");
+        let read = response(&mut conn);
+        assert!(read.starts_with("HTTP/1.1 200"), "after {gap} ms idle: {read}");
+    }
+    // Past the idle timeout the node closes it.
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let eof = conn.read(&mut buf);
+    let took = started.elapsed();
+    assert!(matches!(eof, Ok(0)), "the idle connection got {eof:?} after {took:?}");
+    assert!(
+        took >= Duration::from_millis(2000),
+        "closed at the header timeout, not the idle one: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "closed within the idle timeout: {took:?}"
+    );
+
+    // Half a request on a kept-alive connection is due within the header timeout all the same.
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    conn.write_all(request).expect("write");
+    assert!(response(&mut conn).starts_with("HTTP/1.1 200"));
+    std::thread::sleep(Duration::from_millis(500));
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHo").expect("write");
+    let started = Instant::now();
+    let eof = conn.read(&mut buf);
+    let took = started.elapsed();
+    assert!(matches!(eof, Ok(0)), "half a request got {eof:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "held half a request {took:?}: no header timeout"
+    );
 }
 
 #[test]
