@@ -120,6 +120,18 @@ pub fn grant(limit: &Limit, state: &mut State, now: Micros, want: u64, ttl: Micr
     }
 }
 
+/// Takes up to `want` units of `limit` at `now`, whatever is left of them, with no lease: a
+/// cost learnt after the request passed (the tokens an answer used). Never refuses; what is
+/// beyond the quota is not carried as a debt. The grant's decision is the next request's
+/// ([`Limit::peek`] after the take), so its caller knows whether the quota is spent.
+pub fn take(limit: &Limit, state: &mut State, now: Micros, want: u64) -> Grant {
+    let taken = grant(limit, state, now, want, 0);
+    Grant {
+        decision: limit.peek(state, now),
+        ..taken
+    }
+}
+
 /// Gives back, at `now`, `unspent` units of a lease granted at `granted_at` and ending at
 /// `expires_at` (the caller bounds `unspent` by what the lease holds); whether they were
 /// taken back.

@@ -92,7 +92,8 @@ pub struct CheckRequest {
     /// Path of the request being limited: 1 to [`MAX_PATH_BYTES`] bytes.
     #[serde(deserialize_with = "named::path")]
     pub path: String,
-    /// The request's weight, 1..=[`MAX_COST`]; default 1.
+    /// The request's weight, 0..=[`MAX_COST`]; default 1. Cost 0 is a peek: what a request
+    /// would get now, spending nothing.
     #[serde(default = "one", deserialize_with = "named::cost")]
     pub cost: u64,
 }
@@ -138,7 +139,7 @@ impl CheckRequest {
     /// Checks the limits on sizes and ranges: at most [`MAX_IDENTITIES`] identities, keys 1
     /// to [`MAX_IDENTITY_BYTES`] bytes and values at most that, the method an HTTP token of
     /// at most [`MAX_METHOD_BYTES`] bytes, the path 1 to [`MAX_PATH_BYTES`] bytes and the cost
-    /// in 1..=[`MAX_COST`].
+    /// in 0..=[`MAX_COST`] (0: a peek).
     pub fn validate(&self) -> Result<(), WireError> {
         if self.identities.len() > MAX_IDENTITIES {
             return Err(WireError(format!(
@@ -177,8 +178,8 @@ impl CheckRequest {
                 self.path.len()
             )));
         }
-        if !(1..=MAX_COST).contains(&self.cost) {
-            return Err(WireError(format!("cost {} out of range 1..={MAX_COST}", self.cost)));
+        if self.cost > MAX_COST {
+            return Err(WireError(format!("cost {} out of range 0..={MAX_COST}", self.cost)));
         }
         Ok(())
     }
@@ -413,10 +414,6 @@ mod tests {
             (
                 r#"{"identities":{},"method":"GET","path":"/","cost":1,"extra":1}"#.to_owned(),
                 "unknown field `extra`",
-            ),
-            (
-                r#"{"identities":{},"method":"GET","path":"/","cost":0}"#.to_owned(),
-                "cost 0 out of range",
             ),
             (
                 r#"{"identities":{},"method":"GET","path":"/","cost":1000001}"#.to_owned(),

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use sluice_core::identity::ip_identity;
-use sluice_core::rules::Rule;
+use sluice_core::rules::{Rule, RuleSet};
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 use sluice_core::Decision;
@@ -35,8 +35,7 @@ pub fn canonical(mut req: CheckRequest, ipv6_prefix: u8) -> CheckRequest {
 
 /// The answer to a request that a `deny` rule refuses for want of its identity: that rule
 /// denies, nothing is counted anywhere (a refused request takes nothing).
-fn refused_for_missing(node: &Node, rule: &Rule, now_ms: u64) -> CheckResponse {
-    node.metrics.check(&rule.name, Verdict::Denied);
+pub(crate) fn refused_for_missing(rule: &Rule, now_ms: u64) -> CheckResponse {
     let window = sluice_core::time::micros_from_ms(rule.window_ms);
     let decision = Decision {
         allowed: false,
@@ -56,8 +55,26 @@ fn refused_for_missing(node: &Node, rule: &Rule, now_ms: u64) -> CheckResponse {
     CheckResponse::from_outcomes(&[outcome], now_ms)
 }
 
-/// Decides a validated request (see [`canonical`] for a caller's request).
+/// The limits of the `matched` rules, each at `cost`.
+pub(crate) fn targets(rules: &RuleSet, matched: &[(&Rule, &str)], cost: u64, now_ms: u64) -> Vec<Target> {
+    matched
+        .iter()
+        .map(|&(rule, identity)| Target {
+            key: keys::limit(&rule.name, identity),
+            limit: rules.limit_for(rule, identity, now_ms),
+            shadow: rule.shadow,
+            failure: rule.failure,
+            cost,
+        })
+        .collect()
+}
+
+/// Decides a validated request (see [`canonical`] for a caller's request); a request of
+/// cost 0 is a peek ([`crate::quota::peek`]).
 pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
+    if req.cost == 0 {
+        return crate::quota::peek(node, req).await;
+    }
     let rules = node.rules();
     let now_us = node.clock.now_us();
     let now_ms = instant_ms(now_us);
@@ -66,18 +83,10 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
         return CheckResponse::from_outcomes(&[], now_ms);
     }
     if let Some((rule, _)) = matched.iter().find(|(rule, id)| rule.refuses(id) && !rule.shadow) {
-        return refused_for_missing(node, rule, now_ms);
+        node.metrics.check(&rule.name, Verdict::Denied);
+        return refused_for_missing(rule, now_ms);
     }
-    let targets: Vec<Target> = matched
-        .iter()
-        .map(|&(rule, identity)| Target {
-            key: keys::limit(&rule.name, identity),
-            limit: rules.limit_for(rule, identity, now_ms),
-            shadow: rule.shadow,
-            failure: rule.failure,
-            cost: req.cost,
-        })
-        .collect();
+    let targets = targets(&rules, &matched, req.cost, now_ms);
     let (decisions, degraded) = match &node.region {
         Some(region) if matched.iter().any(|(rule, _)| rule.global.is_some()) => {
             crate::region::decide::decide(node, region, &matched, &targets, now_us).await

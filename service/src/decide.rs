@@ -43,22 +43,26 @@ pub struct Target {
     pub cost: u64,
 }
 
+impl Target {
+    /// The target as a store decides it.
+    pub fn item(&self) -> Item<'_> {
+        Item {
+            key: &self.key,
+            part: Part {
+                limit: &self.limit,
+                shadow: self.shadow,
+                cost: self.cost,
+            },
+        }
+    }
+}
+
 /// Decides a request against every target at once, each at its cost, all-or-nothing, in
 /// one store call; when the store fails, by each target's failure policy. Returns the
 /// decisions in the targets' order and whether they came from the fallback buckets
 /// (`degraded`).
 pub async fn decide_limits(node: &Node, targets: &[Target]) -> (Vec<Decision>, bool) {
-    let items: Vec<Item<'_>> = targets
-        .iter()
-        .map(|t| Item {
-            key: &t.key,
-            part: Part {
-                limit: &t.limit,
-                shadow: t.shadow,
-                cost: t.cost,
-            },
-        })
-        .collect();
+    let items: Vec<Item<'_>> = targets.iter().map(Target::item).collect();
     let (mut decisions, degraded) = match store_decide(node, &items).await {
         Ok(stamps) => (stamps.iter().map(|s| s.decision).collect(), false),
         Err(e) => {

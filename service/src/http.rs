@@ -53,6 +53,7 @@ fn bad(msg: impl Into<String>) -> ApiError {
 pub fn router(node: Arc<Node>) -> Router {
     let data = Router::new()
         .route("/v1/check", post(check_handler))
+        .route("/v1/debit", post(debit_handler))
         .route("/v1/wait", get(wait))
         .route("/v1/lease", post(lease_handler))
         .route("/v1/rules", get(rules_for_proxies));
@@ -145,6 +146,27 @@ async fn check_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result
             Json(check(&node, &req).await).into_response()
         }
         Err(e) => bad(e.0).into_response(),
+    }
+}
+
+/// `POST /v1/debit`: spends a cost learnt after the response (see [`crate::quota::debit`]);
+/// the body is a check's, its `cost` at least 1. 503 when the store cannot answer: nothing
+/// was spent.
+async fn debit_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result<Bytes, BytesRejection>) -> Response {
+    let raw = match body(raw) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let req = match CheckRequest::from_json(&raw) {
+        Ok(req) if req.cost == 0 => {
+            return bad("a debit of cost 0 spends nothing: send the cost to spend, 1 or more").into_response()
+        }
+        Ok(req) => crate::check::canonical(req, node.config.ipv6_prefix),
+        Err(e) => return bad(e.0).into_response(),
+    };
+    match crate::quota::debit(&node, &req).await {
+        Ok(answer) => Json(answer).into_response(),
+        Err(e) => ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("nothing spent: {e}")).into_response(),
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! The binary (`sluice-service`) wires these modules together: [`http`] serves
 //! `POST /v1/check` and the admin API, [`check`] evaluates a request against the rules
-//! ([`decide`] takes the limits it matched to the store at once),
+//! ([`decide`] takes the limits it matched to the store at once; [`quota`] peeks at them
+//! and debits a cost learnt after the response),
 //! [`store`] holds the counters, the published rules and the violations log (memory, Redis,
 //! Redis Cluster: all Redis knowledge lives there), [`rules_source`] keeps every node on the
 //! published rules, [`housekeeping`] sweeps expired state and overrides, and [`breaker`] and
@@ -22,6 +23,7 @@ pub mod lease;
 pub mod listen;
 pub mod metrics;
 pub mod node;
+pub mod quota;
 pub mod region;
 pub mod rules_source;
 pub mod store;

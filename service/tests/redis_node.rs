@@ -312,3 +312,22 @@ async fn a_node_started_while_redis_is_down_serves_by_failure_policy_then_connec
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_spends_nothing_and_a_debit_spends_a_cost_learnt_afterwards_on_redis_and_a_cluster() {
+    let server = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
+    for url in [server.url(), cluster.url()] {
+        let store = RedisStore::connect(&url, RedisOptions::new(Duration::from_millis(500)))
+            .await
+            .unwrap();
+        TestNode::start(
+            Store::Redis(Box::new(store)),
+            common::TOKEN_BUDGET_RULES,
+            NodeConfig::default(),
+        )
+        .await
+        .peek_and_debit()
+        .await;
+    }
+}

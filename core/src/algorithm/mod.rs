@@ -312,6 +312,12 @@ impl Limit {
         }
     }
 
+    /// What a request of cost 1 would get at `now`, keeping nothing: a peek at the quota
+    /// ([`peeked`]).
+    pub fn peek(&self, state: &State, now: Micros) -> Decision {
+        peeked(self.decide(&mut state.clone(), now, 1))
+    }
+
     /// Gives back `cost` units admitted at `admitted_at`, because another rule of the same
     /// request denied it.
     pub fn refund(&self, state: &mut State, admitted_at: Micros, cost: u64) {
@@ -384,6 +390,16 @@ pub enum State {
         /// Cost admitted in window `id - 1`.
         previous: u64,
     },
+}
+
+/// A peek from the decision a request of cost 1 got without keeping it: the same answer,
+/// but `remaining` counts the unit it did not take. (A peek is decided at cost 1: "would a
+/// request pass now", which cost 0 cannot ask.)
+pub fn peeked(mut cost_one: Decision) -> Decision {
+    if cost_one.allowed {
+        cost_one.remaining += 1;
+    }
+    cost_one
 }
 
 /// A decision that denies; `remaining` and `reset_after` describe the current state.

@@ -116,6 +116,19 @@ impl MemoryStore {
         granted
     }
 
+    /// Takes up to `want` units of `limit` under `key` now, whatever is left of them, with no
+    /// lease: a cost learnt after the request passed (see `Store::take`).
+    pub fn take(&self, key: &str, limit: &Limit, want: u64) -> Grant {
+        let mut shard = self.lock(self.shard_index(key));
+        let now = self.clock.now_us();
+        let mut state = shard.state(key, now);
+        let taken = lease::take(limit, &mut state, now, want);
+        if taken.units > 0 {
+            shard.keep(key, limit, state, now);
+        }
+        taken
+    }
+
     /// Gives back up to `unspent` units of the lease `id` of `key`, if it has not ended:
     /// never more than it still holds. The units taken back.
     pub fn give_back(&self, key: &str, limit: &Limit, id: u64, unspent: u64) -> u64 {

@@ -107,6 +107,26 @@ impl Store {
         }
     }
 
+    /// The decisions `items` would get now (as [`Store::decide_all`]), keeping nothing: a
+    /// peek at the quotas.
+    pub async fn peek_all(&self, items: &[Item<'_>]) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.decide_all_now(items, false)),
+            Store::Redis(r) => r.peek_all(items).await,
+        }
+    }
+
+    /// Takes up to `want` units of `limit` under `key` now, whatever is left of them, and
+    /// never refuses: a cost learnt only after the request passed (the tokens an answer
+    /// used). What is beyond the quota is not carried as a debt: the quota is empty, and the
+    /// next request is refused until it refills.
+    pub async fn take(&self, key: &str, limit: &Limit, want: u64) -> Result<Grant, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.take(key, limit, want)),
+            Store::Redis(r) => r.take(key, limit, want).await,
+        }
+    }
+
     /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id` (see
     /// `sluice_core::lease`): the most the limit admits now, taken at once.
     pub async fn grant(&self, key: &str, limit: &Limit, want: u64, ttl: Micros, id: u64) -> Result<Grant, StoreError> {

@@ -14,6 +14,25 @@ use sluice_service::region::{self, Region};
 use sluice_service::store::Store;
 use sluice_service::{housekeeping, http, rules_source};
 
+/// The rules of [`TestNode::peek_and_debit`]: an LLM API's budget per user.
+pub const TOKEN_BUDGET_RULES: &str = r#"
+[[rule]]
+name = "tokens-day"
+by = "user"
+path = "/v1/chat"
+algorithm = "fixed_window"
+limit = 100
+window = "24h"
+
+[[rule]]
+name = "tokens-bucket"
+by = "user"
+path = "/v1/chat"
+algorithm = "token_bucket"
+limit = 1000
+window = "24h"
+"#;
+
 /// A running node and a client for it.
 pub struct TestNode {
     pub addr: SocketAddr,
@@ -120,6 +139,70 @@ impl TestNode {
             .expect("send");
         assert_eq!(r.status(), 200, "check failed");
         r.json().await.expect("json")
+    }
+
+    /// POSTs a debit (`POST /v1/debit`) of `cost` for `identities` on GET `path`: its status
+    /// and JSON answer.
+    pub async fn debit(&self, identities: Value, path: &str, cost: u64) -> (u16, Value) {
+        let body = json!({"identities": identities, "method": "GET", "path": path, "cost": cost});
+        let r = self
+            .client
+            .post(self.url("/v1/debit"))
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        (r.status().as_u16(), r.json().await.expect("json"))
+    }
+
+    /// A peek (a check of cost 0) for `identities` on GET `path`.
+    pub async fn peek(&self, identities: Value, path: &str) -> Value {
+        self.check_body(json!({"identities": identities, "method": "GET", "path": path, "cost": 0}))
+            .await
+    }
+
+    /// Peeks, checks and debits one user's quota of 100 (a fixed window, first rule) and
+    /// 1,000 (a token bucket, second): a peek spends nothing, a debit takes what is left
+    /// and says the quota is spent, and the next check is refused.
+    pub async fn peek_and_debit(&self) {
+        let who = json!({"user": "llm-user"});
+        for _ in 0..2 {
+            let p = self.peek(who.clone(), "/v1/chat").await;
+            assert_eq!(
+                (p["allowed"].clone(), p["remaining"].clone()),
+                (json!(true), json!(100)),
+                "{p}"
+            );
+        }
+        assert_eq!(self.check(who.clone(), "/v1/chat").await["remaining"], 99);
+        let (status, d) = self.debit(who.clone(), "/v1/chat", 90).await;
+        assert_eq!(status, 200, "{d}");
+        assert_eq!(
+            (d["allowed"].clone(), d["remaining"].clone()),
+            (json!(true), json!(9)),
+            "{d}"
+        );
+        assert_eq!(d["rules"][1]["remaining"], 1000 - 91, "both rules debited: {d}");
+        assert_eq!(self.peek(who.clone(), "/v1/chat").await["remaining"], 9);
+        let (_, d) = self.debit(who.clone(), "/v1/chat", 50).await;
+        assert_eq!(
+            (d["allowed"].clone(), d["remaining"].clone()),
+            (json!(false), json!(0)),
+            "spent: {d}"
+        );
+        assert!(d["retry_after_ms"].as_u64().unwrap_or(0) > 0, "{d}");
+        assert_eq!(
+            d["rules"][1]["remaining"],
+            1000 - 141,
+            "a rule with room takes the whole cost: {d}"
+        );
+        let r = self.check(who.clone(), "/v1/chat").await;
+        assert_eq!(r["allowed"], false, "the next request is refused: {r}");
+        let (status, d) = self.debit(who.clone(), "/v1/chat", 0).await;
+        assert_eq!(status, 400, "{d}");
+        assert!(d["error"].as_str().unwrap_or("").contains("cost 0"), "{d}");
+        // Another user's quota is untouched.
+        assert_eq!(self.peek(json!({"user": "other"}), "/v1/chat").await["remaining"], 100);
     }
 
     /// The violations log's entries for `identity` (admin API).

@@ -1,13 +1,16 @@
 -- The driver: decides one request against every rule it names, all-or-nothing, mirroring
 -- sluice-core's `decide_all`. The request passes when every enforced rule admits it; only
 -- then does each rule that admitted it (shadow rules too) keep its new state.
--- ARGV[1] 'decide' | 'refund' | 'grant' | 'giveback'; ARGV[2] clock (see common); ARGV[3]
+-- ARGV[1] 'decide' | 'peek' | 'refund' | 'grant' | 'take' | 'giveback'; ARGV[2] clock (see
+-- common); ARGV[3]
 -- for a refund the time the admissions were made at, for a grant the lease's length (a
 -- giveback: unused); then seven values per rule: algorithm, shadow
 -- (1/0), the request's cost to it (a grant: what is asked; a giveback: what is returned),
 -- limit and its three derived numbers. KEYS: each rule's state keys in turn, then for a
 -- grant or giveback the lease's record ("<units>:<granted at>:<end>").
--- 'decide' returns {now, then allowed, remaining, reset, retry, delay per rule}.
+-- 'decide' returns {now, then allowed, remaining, reset, retry, delay per rule}; 'peek' the
+-- same, keeping nothing; 'take' is a grant with no lease record (a cost learnt afterwards),
+-- answering the decision a next request of cost 1 would get.
 local op, at = ARGV[1], tonumber(ARGV[3])
 local built, out, commits, passes, next_key = {}, {now}, {}, true, 1
 for i = 4, #ARGV, 7 do
@@ -22,7 +25,7 @@ for i = 4, #ARGV, 7 do
   next_key = next_key + algorithm.keys
   local cost = tonumber(ARGV[i + 2])
   local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-  if op == 'grant' then
+  if op == 'grant' or op == 'take' then
     -- Mirrors sluice-core's lease::grant and lease_end: the most the rule admits now, up to
     -- what is asked, taken at once; a windowed rule's lease ends with its window.
     local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
@@ -43,8 +46,13 @@ for i = 4, #ARGV, 7 do
       local window_end = (idiv(now, a) + 1) * a
       if window_end < ends then ends = window_end end
     end
-    if units > 0 then
-      commit()
+    if units > 0 then commit() end
+    if op == 'take' then
+      -- What the next request (cost 1) would get now, as sluice-core's quota_after_take.
+      allowed, remaining, reset, retry, delay = algorithm.decide(k1, k2, limit, a, b, c, 1)
+      if allowed then remaining = remaining + 1 end
+    end
+    if units > 0 and op == 'grant' then
       local record = KEYS[#KEYS]
       local held = redis.call('GET', record)
       local total = units
@@ -76,7 +84,7 @@ for i = 4, #ARGV, 7 do
   end
 end
 if op == 'refund' then return 0 end
-if passes then
+if passes and op == 'decide' then
   for j = 1, #commits do commits[j]() end
 end
 return out

@@ -196,9 +196,9 @@ impl RedisStore {
                 .collect(),
         };
         if let [group] = &groups[..] {
-            return self.decide_group(&connection, group, now).await;
+            return self.decide_group(&connection, group, "decide", now).await;
         }
-        let answers = join_all(groups.iter().map(|g| self.decide_group(&connection, g, now))).await;
+        let answers = join_all(groups.iter().map(|g| self.decide_group(&connection, g, "decide", now))).await;
         let passed = answers
             .iter()
             .zip(&groups)
@@ -238,6 +238,28 @@ impl RedisStore {
             .collect()
     }
 
+    /// The decisions `items` would get now, all-or-nothing as [`RedisStore::decide_all`],
+    /// keeping nothing: one script per cluster slot involved.
+    pub async fn peek_all(&self, items: &[Item<'_>]) -> Result<Vec<Decision>, StoreError> {
+        let connection = self.connection()?;
+        let groups: Vec<Vec<usize>> = match connection.kind {
+            Kind::Single(_) => vec![(0..items.len()).collect()],
+            Kind::Cluster(_) => by_slot(items),
+        };
+        let peeks = groups.iter().map(|g| {
+            let group: Vec<Item<'_>> = g.iter().map(|&i| items[i]).collect();
+            let connection = &connection;
+            async move { self.decide_group(connection, &group, "peek", None).await }
+        });
+        let mut decisions = vec![Decision::default(); items.len()];
+        for (answer, group) in join_all(peeks).await.into_iter().zip(&groups) {
+            for (&i, stamp) in group.iter().zip(answer?) {
+                decisions[i] = stamp.decision;
+            }
+        }
+        Ok(decisions)
+    }
+
     /// Decides one item at an explicit clock or Redis's (tests).
     pub async fn decide_at(
         &self,
@@ -264,9 +286,9 @@ impl RedisStore {
         connection.decide::<Value>(&invocation).await.map(drop)
     }
 
-    /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`, at
-    /// Redis's clock or an explicit one (tests): one script call, the lease's record kept
-    /// beside the limit's keys (see `sluice_core::lease`).
+    /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`, at an
+    /// explicit clock (`Some`, tests only) or Redis's: the most the limit admits now, taken
+    /// at once and recorded under the lease, so unspent units can come back.
     pub async fn grant(
         &self,
         key: &str,
@@ -275,13 +297,33 @@ impl RedisStore {
         id: u64,
         now: Option<Micros>,
     ) -> Result<Grant, StoreError> {
+        self.take_or_grant(key, limit, (want, ttl), Some(id), now).await
+    }
+
+    /// Takes up to `want` units of `limit` under `key` now, whatever is left of them, with
+    /// no lease: a cost learnt after the request passed (see `Store::take`).
+    pub async fn take(&self, key: &str, limit: &Limit, want: u64) -> Result<Grant, StoreError> {
+        self.take_or_grant(key, limit, (want, 0), None, None).await
+    }
+
+    async fn take_or_grant(
+        &self,
+        key: &str,
+        limit: &Limit,
+        (want, ttl): (u64, Micros),
+        lease: Option<u64>,
+        now: Option<Micros>,
+    ) -> Result<Grant, StoreError> {
         let item = single(key, limit, want.max(1));
-        let mut invocation = check_invocation(&self.scripts.check, &[item], "grant", now, ttl);
-        invocation.key(keys::lease(key, id));
+        let op = if lease.is_some() { "grant" } else { "take" };
+        let mut invocation = check_invocation(&self.scripts.check, &[item], op, now, ttl);
+        if let Some(id) = lease {
+            invocation.key(keys::lease(key, id));
+        }
         let reply: Vec<i64> = self.connection()?.decide(&invocation).await?;
         let n = |v: &i64| u64::try_from(*v).unwrap_or(0);
         let [at, units, ends, allowed, remaining, reset, retry, delay] = reply[..] else {
-            return Err(StoreError::Protocol(format!("grant script returned {reply:?}")));
+            return Err(StoreError::Protocol(format!("{op} script returned {reply:?}")));
         };
         Ok(Grant {
             units: n(&units),
@@ -318,14 +360,16 @@ impl RedisStore {
         Ok(u64::try_from(back).unwrap_or(0))
     }
 
-    /// One script call deciding `group` (keys in one slot).
+    /// One script call deciding `group` (keys in one slot): `op` is `decide`, or `peek`
+    /// to keep nothing.
     async fn decide_group(
         &self,
         connection: &Connection,
         group: &[Item<'_>],
+        op: &str,
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
-        let invocation = check_invocation(&self.scripts.check, group, "decide", now, 0);
+        let invocation = check_invocation(&self.scripts.check, group, op, now, 0);
         let reply: Vec<i64> = connection.decide(&invocation).await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
