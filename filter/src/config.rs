@@ -30,6 +30,25 @@ pub struct Config {
     /// Leased quotas: the filter matches the service's rules itself and spends leases of
     /// leased rules locally; absent, every request is an exact check.
     pub lease: Option<Lease>,
+    /// Costs learnt after the response, spent at the service; absent, none are.
+    pub debit: Option<Debit>,
+}
+
+fn default_debit_path() -> String {
+    "/v1/debit".into()
+}
+
+/// A cost learnt only once the upstream answers (an LLM API's tokens): the response header
+/// that names it, spent at the service by the root on its next tick.
+#[derive(Debug, Clone)]
+pub struct Debit {
+    /// The response header holding the request's whole cost, e.g. `x-tokens-used`: the
+    /// request already spent 1, the rest is debited.
+    pub header: String,
+    /// The service's debit endpoint (`POST`).
+    pub path: String,
+    /// The root context's timer (ms) when leases do not set it: debits go out on it.
+    pub tick_ms: u64,
 }
 
 fn default_rules_path() -> String {
@@ -97,6 +116,15 @@ pub struct Check {
 
 fn default_token_header() -> String {
     "authorization".into()
+}
+
+impl Config {
+    /// The root context's timer, when leases or debits need one: the shorter of theirs.
+    pub fn tick_ms(&self) -> Option<u64> {
+        let lease = self.lease.as_ref().map(|l| l.tick_ms);
+        let debit = self.debit.as_ref().map(|d| d.tick_ms);
+        lease.into_iter().chain(debit).min()
+    }
 }
 
 impl Check {
@@ -309,6 +337,11 @@ impl Config {
             endpoint("lease.lease_path", &lease.lease_path)?;
             range("lease.tick_ms", lease.tick_ms, 10, 1_000)?;
             range("lease.poll_ms", lease.poll_ms, lease.tick_ms, 60_000)?;
+        }
+        if let Some(debit) = &self.debit {
+            header_name("debit.header", &debit.header)?;
+            endpoint("debit.path", &debit.path)?;
+            range("debit.tick_ms", debit.tick_ms, 10, 1_000)?;
         }
         header_name("check.token_header", &self.check.token_header)?;
         if let Some(token) = &self.check.token {

@@ -122,6 +122,11 @@ pub fn request_header(name: &str) -> Option<String> {
     map_value(MapType::HttpRequestHeaders, name).map(|raw| header_text(&raw).into_owned())
 }
 
+/// Response header `name` as text ([`header_text`]); `None` when absent.
+pub fn response_header(name: &str) -> Option<String> {
+    map_value(MapType::HttpResponseHeaders, name).map(|raw| header_text(&raw).into_owned())
+}
+
 /// Adds a header to the upstream's response.
 pub fn add_response_header(name: &str, value: &str) {
     let map = MapType::HttpResponseHeaders as u32;

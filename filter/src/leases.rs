@@ -20,8 +20,8 @@ pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 #[derive(Debug)]
 pub enum ByLease {
     /// Every quota it matches had a unit, now spent (none when no rule limits it): what each
-    /// holds, by rule.
-    Allowed(Vec<(String, Left)>),
+    /// holds.
+    Allowed(Vec<(QuotaKey, Left)>),
     /// A quota it matches is spent (a grant brought nothing, or a check refused it) for
     /// `retry_after_ms` more: refuse it without a call.
     Refused {
@@ -104,7 +104,7 @@ impl Leasing {
         let spent = self.book.spend(&quotas, now_ms);
         self.report();
         match spent {
-            Spend::Spent(left) => ByLease::Allowed(quotas.into_iter().map(|(rule, _)| rule).zip(left).collect()),
+            Spend::Spent(left) => ByLease::Allowed(quotas.into_iter().zip(left).collect()),
             Spend::Exhausted {
                 quota,
                 left,

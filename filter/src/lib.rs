@@ -9,12 +9,14 @@
 //! One root context per VM (`root`) builds the state its streams share (`shared`: the
 //! configuration, the buckets, the breaker, the metric ids); each HTTP stream gets a
 //! `stream` context over it. The modules depend one way: `root` → `stream` → `answer`,
-//! `host`, `clock`, `metrics`, `shared`, `buckets`, `identity`, `config`.
+//! `host`, `clock`, `metrics`, `shared`, `buckets`, `identity`, `config`; `root` → `leases`,
+//! `debits` (costs learnt after the response, sent on the root's tick).
 
 mod answer;
 pub mod buckets;
 mod clock;
 pub mod config;
+mod debits;
 // The one module that may use `unsafe` (the workspace denies it): it calls the proxy-wasm
 // ABI's imports itself, through raw pointers, so that no status a host answers traps.
 #[allow(unsafe_code)]

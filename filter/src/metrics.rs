@@ -38,6 +38,11 @@ pub struct Metrics {
     pub leases_expired: u32,
     pub lease_units_expired: u32,
     pub check_latency_ms: u32,
+    /// Costs learnt after the response and sent to the service, and the units they carried.
+    pub debits: u32,
+    pub debit_units: u32,
+    /// Debits lost: the queue full, the call not sent, or no answer from the service.
+    pub debits_failed: u32,
 }
 
 impl Metrics {
@@ -64,6 +69,9 @@ impl Metrics {
             leases_expired: counter("sluice_filter_leases_expired"),
             lease_units_expired: counter("sluice_filter_lease_units_expired"),
             check_latency_ms: host::define_metric(MetricType::Histogram, "sluice_filter_check_latency_ms"),
+            debits: counter("sluice_filter_debits"),
+            debit_units: counter("sluice_filter_debit_units"),
+            debits_failed: counter("sluice_filter_debits_failed"),
         }
     }
 

@@ -6,6 +6,7 @@ use sluice_core::time::micros_from_ms;
 
 use crate::buckets::Buckets;
 use crate::config::Config;
+use crate::debits::Debits;
 use crate::leases::Leasing;
 use crate::metrics::Metrics;
 
@@ -23,6 +24,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Leased quotas, when the configuration asks for them.
     pub leasing: Option<Leasing>,
+    /// Costs learnt after the response, when the configuration names their header.
+    pub debits: Option<Debits>,
 }
 
 impl Shared {
@@ -40,6 +43,7 @@ impl Shared {
         let breaker = Breaker::new(settings.failures, micros_from_ms(settings.cooldown_ms));
         let metrics = Metrics::define();
         let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics));
+        let debits = config.debit.clone().map(Debits::new);
         Ok(Shared {
             config,
             local,
@@ -47,6 +51,7 @@ impl Shared {
             breaker,
             metrics,
             leasing,
+            debits,
         })
     }
 }

@@ -18,7 +18,10 @@ use sluice_core::{Decision, Micros};
 use crate::answer::{read_answer, Failure};
 use crate::buckets;
 use crate::clock::now_us;
-use crate::host::{self, add_response_header, log, property, request_header, request_ip, respond, resume_request};
+use crate::debits;
+use crate::host::{
+    self, add_response_header, log, property, request_header, request_ip, respond, response_header, resume_request,
+};
 use crate::identity::check_path;
 use crate::leases::ByLease;
 use crate::metrics::Metrics;
@@ -46,6 +49,8 @@ pub struct Stream {
     holding: bool,
     /// Headers to add to the upstream's response.
     response_headers: Vec<(&'static str, String)>,
+    /// The request as a debit would name it, while a cost learnt after the response may come.
+    debit: Option<CheckRequest>,
 }
 
 impl Stream {
@@ -61,6 +66,7 @@ impl Stream {
             probe: false,
             holding: false,
             response_headers: Vec::new(),
+            debit: None,
         }
     }
 
@@ -241,7 +247,8 @@ impl Stream {
         };
         match decided {
             ByLease::Allowed(quotas) => {
-                if let Some((rule, left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
+                self.leased = quotas.iter().map(|(quota, _)| quota.clone()).collect();
+                if let Some(((rule, _), left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
                     let quota = Quota::from_lease(rule, left, instant_ms(now));
                     format_headers(&quota, mode, &mut self.response_headers);
                 }
@@ -266,6 +273,25 @@ impl Stream {
                 self.leased = quotas;
                 None
             }
+        }
+    }
+
+    /// Queues the cost the response's debit header names beyond the request's own (see
+    /// [`crate::debits`]), if the request passed and the header is there.
+    fn queue_debit(&mut self) {
+        let Some(mut request) = self.debit.take() else { return };
+        let mut s = self.shared.borrow_mut();
+        let metrics = s.metrics;
+        let Some(debits) = s.debits.as_mut() else { return };
+        let Some(cost) = response_header(&debits.config.header).and_then(|v| debits::extra_cost(&v)) else {
+            return;
+        };
+        request.cost = cost;
+        if debits.queue(&request, std::mem::take(&mut self.leased)) {
+            Metrics::bump(metrics.debits);
+            Metrics::add(metrics.debit_units, cost);
+        } else {
+            Metrics::bump(metrics.debits_failed);
         }
     }
 
@@ -330,6 +356,14 @@ impl HttpContext for Stream {
         let method = request_header(":method");
         let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
         let path = request_header(":path").map_or_else(|| "/".into(), |p| check_path(&p));
+        if self.shared.borrow().debits.is_some() {
+            self.debit = Some(CheckRequest {
+                identities: self.identities.clone(),
+                method: method.clone(),
+                path: path.clone(),
+                cost: 0,
+            });
+        }
         if let Some(action) = self.by_lease(&method, &path, now) {
             return action;
         }
@@ -372,6 +406,7 @@ impl HttpContext for Stream {
         for (name, value) in std::mem::take(&mut self.response_headers) {
             add_response_header(name, &value);
         }
+        self.queue_debit();
         Action::Continue
     }
 

@@ -547,3 +547,112 @@ fn the_uploads_shaped_example_rule_spaces_uploads_out_on_envoy_nginx_and_a_real_
         );
     }
 }
+
+/// An LLM API's budget: 100 tokens an hour per client, a request's tokens known only from
+/// its answer (`x-tokens-used`, which the demo upstream echoes from `?tokens=`).
+const TOKEN_BUDGET: &str = r#"
+[[rule]]
+name      = "tokens"
+by        = "ip"
+path      = "/v1/chat"
+algorithm = "fixed_window"
+limit     = 100
+window    = "1h"
+"#;
+
+/// What node 0 says is left of the client's token budget, spending nothing (a peek).
+fn tokens_left(chain: &Chain, token: &str) -> u64 {
+    let body = r#"{"identities":{"ip":"127.0.0.1"},"method":"GET","path":"/v1/chat","cost":0}"#;
+    let auth = format!("Bearer {token}");
+    let r = send(
+        chain.node_ports[0],
+        "POST",
+        "/v1/check",
+        &[("authorization", &auth)],
+        body.as_bytes(),
+    );
+    let answer: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {r:?}"));
+    answer["remaining"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no remaining in {answer}"))
+}
+
+/// Issue 40: a cost learnt after the response is spent. Each answer's `x-tokens-used` is
+/// debited (less the 1 its check spent) on the filter's next tick; once the budget is spent
+/// the next request is refused.
+fn a_cost_learnt_after_the_response_is_spent(host: ProxyHost) {
+    let token = "debit-token";
+    let mut filter: serde_json::Value = serde_json::from_str(sluice_tests::chain::FILTER).expect("FILTER is JSON");
+    filter["debit"] = serde_json::json!({"header": "x-tokens-used"});
+    let chain = Chain::with(Options {
+        host,
+        rules: TOKEN_BUDGET.to_owned(),
+        filter: filter.to_string(),
+        data_token: Some(token.to_owned()),
+        envoy_edits: vec![(
+            "\"lease\": {}",
+            "\"lease\": {}, \"debit\": {\"header\": \"x-tokens-used\"}",
+        )],
+        ..Options::default()
+    });
+    let left_after = |expected: u64| {
+        let started = Instant::now();
+        loop {
+            let left = tokens_left(&chain, token);
+            if left == expected {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{host:?}: {left} tokens left, not {expected}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(tokens_left(&chain, token), 100, "{host:?}: a peek spends nothing");
+    let r = http(chain.proxies[0], "GET", "/v1/chat?tokens=60", &[]);
+    assert_eq!(r.status, 200, "{host:?}: {r:?}");
+    assert_eq!(r.header("x-tokens-used"), Some("60"), "{host:?}");
+    left_after(40);
+    // 60 more, though 40 are left: the whole 40 is taken, the rest is not a debt.
+    let r = http(chain.proxies[1], "GET", "/v1/chat?tokens=60", &[]);
+    assert_eq!(r.status, 200, "{host:?}: {r:?}");
+    left_after(0);
+    let r = http(chain.proxies[0], "GET", "/v1/chat?tokens=1", &[]);
+    assert_eq!(r.status, 429, "{host:?}: the budget is spent: {r:?}");
+    assert_eq!(policy(&r), Some("\"tokens\";q=100;w=3600"), "{host:?}");
+    // A response without the header spends nothing more than its check; another path none.
+    let r = http(chain.proxies[1], "GET", "/other?tokens=500", &[]);
+    assert_eq!(r.status, 200, "{host:?}: {r:?}");
+    let debits: u64 = match host {
+        ProxyHost::RealEnvoy => chain
+            .envoys
+            .iter()
+            .map(|e| e.filter_metric("sluice_filter_debits"))
+            .sum(),
+        _ => (0..2)
+            .map(|i| {
+                chain.proxy_stats(i)["metrics"]["sluice_filter_debits"]
+                    .as_u64()
+                    .unwrap_or(0)
+            })
+            .sum(),
+    };
+    // The /other request's debit goes out and matches no rule.
+    assert_eq!(debits, 3, "{host:?}: one debit per answer that named more than 1 token");
+}
+
+#[test]
+fn a_cost_learnt_after_the_response_is_spent_envoy() {
+    a_cost_learnt_after_the_response_is_spent(ProxyHost::Envoy);
+}
+
+#[test]
+fn a_cost_learnt_after_the_response_is_spent_nginx() {
+    a_cost_learnt_after_the_response_is_spent(ProxyHost::Nginx);
+}
+
+#[test]
+fn a_cost_learnt_after_the_response_is_spent_real_envoy() {
+    a_cost_learnt_after_the_response_is_spent(ProxyHost::RealEnvoy);
+}

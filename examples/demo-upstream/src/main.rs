@@ -3,6 +3,8 @@
 //! Every request gets `200 OK` with a small JSON echo of its method, path and request
 //! number. `GET /__count` returns how many other requests it has served, and
 //! `POST /__reset` sets that count to zero, so a test can see exactly what got through.
+//! A request whose query has `tokens=N` is answered with `x-tokens-used: N`, as an LLM API
+//! says what an answer cost (the filter's `debit.header`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -53,6 +55,11 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn answer(req: Request<Incoming>, served: Arc<AtomicU64>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let tokens = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|pair| pair.strip_prefix("tokens=")))
+        .and_then(|n| n.parse::<u64>().ok());
     let body = match (req.method(), req.uri().path()) {
         (&Method::GET, "/__count") => format!("{{\"served\":{}}}\n", served.load(Ordering::Relaxed)),
         (&Method::POST, "/__reset") => {
@@ -70,5 +77,10 @@ async fn answer(req: Request<Incoming>, served: Arc<AtomicU64>) -> Result<Respon
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),
     );
+    if let Some(n) = tokens {
+        response
+            .headers_mut()
+            .insert("x-tokens-used", hyper::header::HeaderValue::from(n));
+    }
     Ok(response)
 }

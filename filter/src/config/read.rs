@@ -22,8 +22,9 @@ impl Config {
                 })
                 .unwrap_or_default(),
             lease: f.opt("lease", Lease::read),
+            debit: f.opt("debit", Debit::read),
         };
-        f.finish(&["check", "identities", "local", "failure", "headers", "lease"])
+        f.finish(&["check", "identities", "local", "failure", "headers", "lease", "debit"])
             .map(|()| c)
     }
 }
@@ -45,6 +46,18 @@ impl Lease {
         };
         f.finish(&["rules_path", "lease_path", "poll_ms", "tick_ms"])
             .map(|()| l)
+    }
+}
+
+impl Debit {
+    fn read(v: &Json<'_>) -> Result<Debit, JsonError> {
+        let mut f = v.object()?;
+        let d = Debit {
+            header: f.req("header", Json::string),
+            path: f.opt("path", Json::string).unwrap_or_else(default_debit_path),
+            tick_ms: f.opt("tick_ms", Json::u64).unwrap_or_else(default_tick_ms),
+        };
+        f.finish(&["header", "path", "tick_ms"]).map(|()| d)
     }
 }
 
