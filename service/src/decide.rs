@@ -15,7 +15,7 @@ use sluice_core::{Decision, Limit};
 
 use crate::metrics::Verdict;
 use crate::node::Node;
-use crate::store::{closed_decision, within, Item, Stamped, StoreError};
+use crate::store::{closed_decision, within, Item, Stamped, Store, StoreError};
 
 /// How a limit's decision counts in the metrics: a shadow limit's denial apart, since it
 /// refused nothing.
@@ -79,7 +79,23 @@ pub async fn decide_limits(node: &Node, targets: &[Target]) -> (Vec<Decision>, b
             d.remaining = d.remaining.saturating_add(t.cost.max(1));
         }
     }
+    if !degraded {
+        remember(node, targets, &decisions);
+    }
     (decisions, degraded)
+}
+
+/// Seeds the fallback bucket of every target that fails open with what the store said is
+/// left of it, so a failover starts each from there, not from a whole quota.
+fn remember(node: &Node, targets: &[Target], decisions: &[Decision]) {
+    if matches!(*node.store, Store::Memory(_)) {
+        return; // never fails over
+    }
+    for (t, d) in targets.iter().zip(decisions) {
+        if t.failure == FailureMode::Open {
+            node.fallback.seed(&t.key, &t.limit, d.remaining);
+        }
+    }
 }
 
 /// One store call through the breaker, with the node's timeout.

@@ -33,6 +33,10 @@ failure = "closed"
 "#;
 
 async fn node(server: &RedisServer) -> TestNode {
+    node_with(server, RULES).await
+}
+
+async fn node_with(server: &RedisServer, rules: &str) -> TestNode {
     let store = RedisStore::connect(&server.url(), RedisOptions::new(Duration::from_millis(200)))
         .await
         .unwrap();
@@ -42,7 +46,7 @@ async fn node(server: &RedisServer) -> TestNode {
         breaker_cooldown: Duration::from_millis(200),
         ..NodeConfig::default()
     };
-    TestNode::start(Store::Redis(Box::new(store)), RULES, config).await
+    TestNode::start(Store::Redis(Box::new(store)), rules, config).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -330,4 +334,41 @@ async fn a_peek_spends_nothing_and_a_debit_spends_a_cost_learnt_afterwards_on_re
         .peek_and_debit()
         .await;
     }
+}
+
+/// Issue 41: a failover does not hand out a second limit. A rule that fails open is decided
+/// by the node's fallback bucket while the store is down; it starts from what the store last
+/// said was left of each key, not from a whole quota. A key the node never asked about starts
+/// whole (docs/redis.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_starts_from_what_the_store_last_said() {
+    const BUDGET: &str = r#"
+[[rule]]
+name = "open-day"
+by = "ip"
+algorithm = "fixed_window"
+limit = 100
+window = "24h"
+failure = "open"
+"#;
+    let mut server = RedisServer::start();
+    let n = node_with(&server, BUDGET).await;
+    assert_eq!(n.admitted(json!({"ip": "10.0.0.1"}), "/", 95).await, 95);
+    server.stop();
+    let r = n.check(json!({"ip": "10.0.0.1"}), "/").await;
+    assert_eq!(
+        (r["degraded"].clone(), r["allowed"].clone()),
+        (json!(true), json!(true)),
+        "{r}"
+    );
+    assert_eq!(
+        1 + n.admitted(json!({"ip": "10.0.0.1"}), "/", 30).await,
+        5,
+        "the fallback admitted what the store had left, no more"
+    );
+    assert_eq!(
+        n.admitted(json!({"ip": "10.0.0.2"}), "/", 30).await,
+        30,
+        "an unseen key starts whole"
+    );
 }

@@ -312,6 +312,17 @@ impl Limit {
         }
     }
 
+    /// A state that has `remaining` cost units left at `at`: a fresh quota less what the
+    /// rest would have taken then (for the fallback buckets, from what the store last said).
+    pub fn with_remaining(&self, remaining: u64, at: Micros) -> State {
+        let mut state = State::Fresh;
+        let used = self.capacity.saturating_sub(remaining);
+        if used > 0 {
+            self.decide(&mut state, at, used);
+        }
+        state
+    }
+
     /// What a request of cost 1 would get at `now`, keeping nothing: a peek at the quota
     /// ([`peeked`]).
     pub fn peek(&self, state: &State, now: Micros) -> Decision {

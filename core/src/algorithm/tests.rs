@@ -196,3 +196,29 @@ fn algorithm_names_round_trip() {
         .to_string()
         .contains("token_bucket"));
 }
+
+#[test]
+fn a_state_with_remaining_units_admits_exactly_those_and_a_peek_says_so() {
+    for algorithm in Algorithm::ALL {
+        let l = limit(algorithm, 50, 3_600 * SEC);
+        for remaining in [0, 1, 7, 49, 50, 80] {
+            let mut s = l.with_remaining(remaining, 100 * SEC);
+            let left = remaining.min(50);
+            assert_eq!(
+                l.peek(&s, 100 * SEC).remaining,
+                left,
+                "{algorithm}: peek of {remaining}"
+            );
+            for i in 0..left {
+                assert!(
+                    l.decide(&mut s, 100 * SEC, 1).allowed,
+                    "{algorithm}: {i} of {left} denied"
+                );
+            }
+            assert!(
+                !l.decide(&mut s, 100 * SEC, 1).allowed,
+                "{algorithm}: more than {left} admitted"
+            );
+        }
+    }
+}

@@ -116,6 +116,15 @@ impl MemoryStore {
         granted
     }
 
+    /// Sets `key`'s quota to `remaining` units left now: what the store last said of it, so a
+    /// fallback bucket that takes over when the store fails starts from there rather than
+    /// from a whole quota (a second limit in every failover).
+    pub fn seed(&self, key: &str, limit: &Limit, remaining: u64) {
+        let mut shard = self.lock(self.shard_index(key));
+        let now = self.clock.now_us();
+        shard.keep(key, limit, limit.with_remaining(remaining, now), now);
+    }
+
     /// Takes up to `want` units of `limit` under `key` now, whatever is left of them, with no
     /// lease: a cost learnt after the request passed (see `Store::take`).
     pub fn take(&self, key: &str, limit: &Limit, want: u64) -> Grant {
