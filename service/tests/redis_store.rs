@@ -14,7 +14,7 @@ use proptest::test_runner::{Config, TestRunner};
 use sluice_core::algorithm::{decide_all, Part};
 use sluice_core::{Algorithm, Limit, State};
 use sluice_service::store::memory::MemoryStore;
-use sluice_service::store::redis::{RedisOptions, RedisStore};
+use sluice_service::store::redis::{Engine, RedisOptions, RedisStore};
 use sluice_service::store::{keys, Item, StoreError};
 use sluice_testkit::{reset_stats, script_calls, RedisCluster, RedisServer};
 
@@ -63,13 +63,33 @@ fn case() -> impl Strategy<Value = Case> {
     })
 }
 
+/// The store's options for each way Redis runs the check: as Functions (Redis 7), and as
+/// the script (Redis 6, or a user without the right to load Functions).
+fn engines() -> [(Engine, RedisOptions); 2] {
+    [
+        (Engine::Functions, RedisOptions::new(TIMEOUT)),
+        (
+            Engine::Script,
+            RedisOptions {
+                script_only: true,
+                ..RedisOptions::new(TIMEOUT)
+            },
+        ),
+    ]
+}
+
 #[test]
-fn lua_scripts_agree_with_core_on_random_traces() {
+fn lua_agrees_with_core_on_random_traces_as_functions_and_as_the_script() {
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt
-        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
-        .unwrap();
+    for (engine, options) in engines() {
+        let store = rt.block_on(RedisStore::connect(&server.url(), options)).unwrap();
+        assert_eq!(store.engine(), Some(engine));
+        lua_agrees_with_core_on_random_traces(&rt, &store, engine);
+    }
+}
+
+fn lua_agrees_with_core_on_random_traces(rt: &tokio::runtime::Runtime, store: &RedisStore, engine: Engine) {
     let counter = AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 1_500,
@@ -78,7 +98,7 @@ fn lua_scripts_agree_with_core_on_random_traces() {
     });
     runner
         .run(&case(), |c| {
-            let key = format!("sluice:{{diff:{}}}", counter.fetch_add(1, Ordering::Relaxed));
+            let key = format!("sluice:{{diff:{engine:?}:{}}}", counter.fetch_add(1, Ordering::Relaxed));
             let mut state = State::Fresh;
             let mut now = c.start;
             for (i, &(gap, cost, refund)) in c.steps.iter().enumerate() {
@@ -163,15 +183,15 @@ fn several_rules_agree_with_core(
 }
 
 #[test]
-fn one_script_decides_several_rules_as_core_does_on_random_traces() {
+fn one_call_decides_several_rules_as_core_does_on_random_traces() {
     let server = RedisServer::start();
     let rt = runtime();
-    let store = rt
-        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
-        .unwrap();
-    several_rules_agree_with_core(&rt, &store, 300, |n, j| {
-        keys::limit(&format!("r{j}"), &format!("multi-{n}"))
-    });
+    for (engine, options) in engines() {
+        let store = rt.block_on(RedisStore::connect(&server.url(), options)).unwrap();
+        several_rules_agree_with_core(&rt, &store, 300, |n, j| {
+            keys::limit(&format!("r{j}"), &format!("multi-{n}-{engine:?}"))
+        });
+    }
 }
 
 #[test]
@@ -508,7 +528,7 @@ fn exactly_the_limit_is_admitted_under_concurrency_on_a_cluster() {
 }
 
 #[test]
-fn every_key_gets_a_ttl_and_a_script_flush_is_survived() {
+fn every_key_gets_a_ttl_and_a_function_flush_is_survived() {
     let server = RedisServer::start();
     runtime().block_on(async {
         let store = RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT))
@@ -532,10 +552,16 @@ fn every_key_gets_a_ttl_and_a_script_flush_is_survived() {
             assert!(ttl > 0 && ttl <= 120_000, "{key} has pttl {ttl}");
         }
         server.cli(&["script", "flush"]);
+        server.cli(&["function", "flush"]);
         let limit = Limit::builder(Algorithm::Gcra, 5, 60_000_000).build().unwrap();
         assert!(
             store.decide("sluice:{after-flush}", &limit, 1).await.is_ok(),
-            "NOSCRIPT not recovered"
+            "FUNCTION FLUSH not recovered"
+        );
+        assert_eq!(store.engine(), Some(Engine::Functions));
+        assert!(
+            server.cli(&["function", "list"]).contains("sluice_decide"),
+            "the library is back"
         );
     });
 }
@@ -565,6 +591,8 @@ fn a_dead_redis_fails_fast_and_a_restarted_one_is_used_again() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert!(recovered, "store did not reconnect to the restarted Redis");
+        // A restart without persistence lost the library; the store loaded it again.
+        assert!(server.cli(&["function", "list"]).contains("sluice_decide"));
     });
 }
 
@@ -655,4 +683,49 @@ fn leases_in_lua_agree_with_core() {
             Ok(())
         })
         .unwrap();
+}
+
+/// A user who may not load Functions (`-function`) still decides, as the script.
+#[test]
+fn a_user_without_the_right_to_load_functions_decides_as_the_script() {
+    let server = RedisServer::start();
+    server.cli(&[
+        "acl",
+        "setuser",
+        "checker",
+        "on",
+        ">secret",
+        "~*",
+        "&*",
+        "+@all",
+        "-function",
+    ]);
+    runtime().block_on(async {
+        let url = format!("redis://checker:secret@127.0.0.1:{}", server.port());
+        let store = RedisStore::connect(&url, RedisOptions::new(TIMEOUT)).await.unwrap();
+        assert_eq!(store.engine(), Some(Engine::Script));
+        let limit = Limit::builder(Algorithm::FixedWindow, 2, 60_000_000).build().unwrap();
+        let allowed: Vec<bool> = [0; 3]
+            .iter()
+            .map(|_| async { store.decide("sluice:{acl}", &limit, 1).await.unwrap().decision.allowed })
+            .collect::<futures_util::future::JoinAll<_>>()
+            .await;
+        assert_eq!(allowed.iter().filter(|a| **a).count(), 2);
+    });
+}
+
+/// Every master of a cluster has the library once a store connects.
+#[test]
+fn every_master_of_a_cluster_has_the_library() {
+    let cluster = RedisCluster::start(3, 0);
+    runtime().block_on(async {
+        let store = RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT))
+            .await
+            .unwrap();
+        assert_eq!(store.engine(), Some(Engine::Functions));
+    });
+    for port in cluster.master_ports() {
+        let list = cluster.cli(port, &["function", "list"]);
+        assert!(list.contains("sluice_decide"), "master {port}: {list}");
+    }
 }

@@ -13,7 +13,7 @@ mod wan;
 mod wasm;
 
 pub use process::{free_port, wait_for_port, Child, Stopped};
-pub use redis::{evalsha_calls, reset_stats, script_calls, RedisCluster, RedisOptions, RedisServer};
+pub use redis::{check_calls, reset_stats, script_calls, RedisCluster, RedisOptions, RedisServer};
 pub use scratch::ScratchDir;
 pub use sentinel::RedisSentinel;
 pub use tls::TlsFiles;

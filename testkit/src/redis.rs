@@ -166,22 +166,28 @@ impl RedisOptions {
     }
 }
 
-/// `EVALSHA` calls counted in the text of `INFO commandstats` (since the server started or
-/// its last `CONFIG RESETSTAT`); 0 when there were none.
-pub fn evalsha_calls(commandstats: &str) -> u64 {
-    commandstats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+/// The check calls (`FCALL`s of the check library and `EVALSHA`s of the check script) in
+/// `commandstats` (the text of `INFO commandstats`).
+pub fn check_calls(commandstats: &str) -> u64 {
+    ["cmdstat_fcall:calls=", "cmdstat_evalsha:calls="]
+        .iter()
+        .map(|stat| {
+            commandstats
+                .lines()
+                .find_map(|l| l.strip_prefix(stat))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
-/// `EVALSHA` calls served by the Redis on each of `ports` since `CONFIG RESETSTAT`, summed.
+/// Check calls ([`check_calls`]) served by the Redis on each of `ports` since
+/// `CONFIG RESETSTAT`, summed.
 pub fn script_calls(ports: &[u16]) -> u64 {
     ports
         .iter()
-        .map(|&p| evalsha_calls(&cli(p, &["info", "commandstats"])))
+        .map(|&p| check_calls(&cli(p, &["info", "commandstats"])))
         .sum()
 }
 

@@ -248,13 +248,14 @@ fn ticks_per_second() -> anyhow::Result<f64> {
         .context("getconf CLK_TCK printed no number")
 }
 
-/// `EVALSHA` calls the Redis on `port` has served since it started (or its last reset).
+/// Check calls (`FCALL`, `EVALSHA`) the Redis on `port` has served since it started (or its
+/// last reset).
 fn script_calls(port: u16) -> anyhow::Result<u64> {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "info", "commandstats"])
         .output()
         .context("cannot run redis-cli; install redis-tools")?;
-    Ok(sluice_testkit::evalsha_calls(&String::from_utf8_lossy(&out.stdout)))
+    Ok(sluice_testkit::check_calls(&String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Connection `c`'s share of `total` requests over `connections`; `u64::MAX` when there is
@@ -471,56 +472,55 @@ fn grpc_error_slot(code: tonic::Code) -> usize {
     }
 }
 
-/// Loads Sluice's check script into the local Redis and runs redis-benchmark on it, one
-/// token-bucket rule per call.
+/// Loads Sluice's check into the local Redis, as the script and as the Function library,
+/// and runs redis-benchmark on each: one token-bucket rule per call, 10,000 keys.
 fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
-    let script = check_script::check_script();
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "SCRIPT", "LOAD", &script])
-        .output()
-        .context("cannot run redis-cli; install redis-tools")?;
-    let sha = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let cli = |args: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .context("cannot run redis-cli; install redis-tools")?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let sha = cli(&["SCRIPT", "LOAD", &check_script::check_script()])?;
     if sha.len() != 40 {
         bail!("SCRIPT LOAD failed: {sha}");
     }
-    let out = Command::new("redis-benchmark")
-        .args([
-            "-p",
-            &port.to_string(),
-            "-c",
-            &connections.to_string(),
-            "-n",
-            "200000",
-            "-r",
-            "10000",
-            "-q",
-        ])
-        .args([
+    let library = cli(&["FUNCTION", "LOAD", "REPLACE", &check_script::check_library()])?;
+    if library != check_script::LIBRARY_NAME {
+        bail!("FUNCTION LOAD failed: {library}");
+    }
+    // The driver's arguments (lua/check.lua): the clock (Redis's), the unused `at`, then one
+    // rule: token_bucket, not a shadow, cost 1, 1,000,000 a second.
+    let args = ["", "0", "token_bucket", "0", "1", "1000000", "1000000", "1", "1"];
+    let key = "sluice:{__rand_int__}:bench:tb";
+    let sample = cli(&[&["EVALSHA", &sha, "1", "sluice:{0}:bench:tb", "decide"][..], &args[..]].concat())?;
+    if sample.lines().nth(1).is_none_or(|allowed| allowed != "1") {
+        bail!("the check script did not admit the benchmark's call: {sample}");
+    }
+    for (name, call) in [
+        (
             "EVALSHA",
-            &sha,
-            "1",
-            "sluice:{__rand_int__}:bench:tb",
-            "decide",
-            "",
-            "1",
-            "0",
-            "token_bucket",
-            "0",
-            "1000000",
-            "1000000",
-            "1",
-            "1",
-        ])
-        .output()
-        .context("cannot run redis-benchmark; install redis-tools")?;
-    // redis-benchmark redraws its progress line with `\r`: the last one is the result.
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let result = stdout
-        .rsplit('\r')
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("no output");
-    let result = result.rsplit(": ").next().unwrap_or(result);
-    println!("redis-benchmark EVALSHA ceiling ({connections} clients): {result}");
+            [&["EVALSHA", &sha, "1", key, "decide"][..], &args[..]].concat(),
+        ),
+        ("FCALL", [&["FCALL", "sluice_decide", "1", key][..], &args[..]].concat()),
+    ] {
+        let out = Command::new("redis-benchmark")
+            .args(["-p", &port.to_string(), "-c", &connections.to_string()])
+            .args(["-n", "200000", "-r", "10000", "-q"])
+            .args(&call)
+            .output()
+            .context("cannot run redis-benchmark; install redis-tools")?;
+        // redis-benchmark redraws its progress line with `\r`: the last one is the result.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let result = stdout
+            .rsplit('\r')
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("no output");
+        let result = result.rsplit(": ").next().unwrap_or(result);
+        println!("redis-benchmark {name} ceiling ({connections} clients): {result}");
+    }
     Ok(())
 }

@@ -1,90 +1,95 @@
 -- The driver: decides one request against every rule it names, all-or-nothing, mirroring
 -- sluice-core's `decide_all`. The request passes when every enforced rule admits it; only
 -- then does each rule that admitted it (shadow rules too) keep its new state.
--- ARGV[1] 'decide' | 'peek' | 'refund' | 'grant' | 'take' | 'giveback'; ARGV[2] clock (see
--- common); ARGV[3]
--- for a refund the time the admissions were made at, for a grant the lease's length (a
--- giveback: unused); then seven values per rule: algorithm, shadow
--- (1/0), the request's cost to it (a grant: what is asked; a giveback: what is returned),
--- limit and its three derived numbers. KEYS: each rule's state keys in turn, then for a
--- grant or giveback the lease's record ("<units>:<granted at>:<end>").
+-- `run(op, KEYS, ARGV, base)`: op 'decide' | 'peek' | 'refund' | 'grant' | 'take' |
+-- 'giveback'; ARGV[base] the clock (see common); ARGV[base + 1] for a refund the time the
+-- admissions were made at, for a grant the lease's length (otherwise unused); then seven
+-- values per rule: algorithm, shadow (1/0), the request's cost to it (a grant: what is
+-- asked; a giveback: what is returned), limit and its three derived numbers. KEYS: each
+-- rule's state keys in turn, then for a grant or giveback the lease's record
+-- ("<units>:<granted at>:<end>"). The script calls it with the op first in ARGV (base 2);
+-- the Function library has an entry point per op (base 1).
 -- 'decide' returns {now, then allowed, remaining, reset, retry, delay per rule}; 'peek' the
 -- same, keeping nothing; 'take' is a grant with no lease record (a cost learnt afterwards),
 -- answering the decision a next request of cost 1 would get.
-local op, at = ARGV[1], tonumber(ARGV[3])
-local built, out, commits, passes, next_key = {}, {now}, {}, true, 1
-for i = 4, #ARGV, 7 do
-  local name = ARGV[i]
-  local algorithm = built[name]
-  if not algorithm then
-    if not algorithms[name] then return redis.error_reply('unknown algorithm ' .. name) end
-    algorithm = algorithms[name]()
-    built[name] = algorithm
-  end
-  local k1, k2 = KEYS[next_key], KEYS[next_key + 1]
-  next_key = next_key + algorithm.keys
-  local cost = tonumber(ARGV[i + 2])
-  local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-  if op == 'grant' or op == 'take' then
-    -- Mirrors sluice-core's lease::grant and lease_end: the most the rule admits now, up to
-    -- what is asked, taken at once; a windowed rule's lease ends with its window.
-    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
-    local units = cost
-    if not allowed then
-      local lo, hi = 0, remaining
-      if hi > cost - 1 then hi = cost - 1 end
-      while lo < hi do
-        local mid = lo + idiv(hi - lo + 1, 2)
-        if (algorithm.decide(k1, k2, limit, a, b, c, mid)) then lo = mid else hi = mid - 1 end
+local built = {}
+local function run(op, KEYS, ARGV, base)
+  set_clock(ARGV[base])
+  local at = tonumber(ARGV[base + 1])
+  local out, commits, passes, next_key = {now}, {}, true, 1
+  for i = base + 2, #ARGV, 7 do
+    local name = ARGV[i]
+    local algorithm = built[name]
+    if not algorithm then
+      if not algorithms[name] then return redis.error_reply('unknown algorithm ' .. name) end
+      algorithm = algorithms[name]()
+      built[name] = algorithm
+    end
+    local k1, k2 = KEYS[next_key], KEYS[next_key + 1]
+    next_key = next_key + algorithm.keys
+    local cost = tonumber(ARGV[i + 2])
+    local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
+    if op == 'grant' or op == 'take' then
+      -- Mirrors sluice-core's lease::grant and lease_end: the most the rule admits now, up to
+      -- what is asked, taken at once; a windowed rule's lease ends with its window.
+      local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
+      local units = cost
+      if not allowed then
+        local lo, hi = 0, remaining
+        if hi > cost - 1 then hi = cost - 1 end
+        while lo < hi do
+          local mid = lo + idiv(hi - lo + 1, 2)
+          if (algorithm.decide(k1, k2, limit, a, b, c, mid)) then lo = mid else hi = mid - 1 end
+        end
+        units = lo
+        local n = units; if n < 1 then n = 1 end
+        allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, n)
       end
-      units = lo
-      local n = units; if n < 1 then n = 1 end
-      allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, n)
-    end
-    local ends = now + at
-    if name == 'fixed_window' or name == 'sliding_window_counter' then
-      local window_end = (idiv(now, a) + 1) * a
-      if window_end < ends then ends = window_end end
-    end
-    if units > 0 then commit() end
-    if op == 'take' then
-      -- What the next request (cost 1) would get now, as sluice-core's quota_after_take.
-      allowed, remaining, reset, retry, delay = algorithm.decide(k1, k2, limit, a, b, c, 1)
-      if allowed then remaining = remaining + 1 end
-    end
-    if units > 0 and op == 'grant' then
+      local ends = now + at
+      if name == 'fixed_window' or name == 'sliding_window_counter' then
+        local window_end = (idiv(now, a) + 1) * a
+        if window_end < ends then ends = window_end end
+      end
+      if units > 0 then commit() end
+      if op == 'take' then
+        -- What the next request (cost 1) would get now, as sluice-core's quota_after_take.
+        allowed, remaining, reset, retry, delay = algorithm.decide(k1, k2, limit, a, b, c, 1)
+        if allowed then remaining = remaining + 1 end
+      end
+      if units > 0 and op == 'grant' then
+        local record = KEYS[#KEYS]
+        local held = redis.call('GET', record)
+        local total = units
+        if held then total = total + tonumber(string.match(held, '^(%d+)')) end
+        redis.call('SET', record, int(total) .. ':' .. int(now) .. ':' .. int(ends), 'PX', ttl_ms(ends - now))
+      end
+      return {now, units, ends, allowed and 1 or 0, remaining, reset, retry, delay}
+    elseif op == 'giveback' then
+      -- Never more than the lease still holds, and nothing once it has ended.
       local record = KEYS[#KEYS]
       local held = redis.call('GET', record)
-      local total = units
-      if held then total = total + tonumber(string.match(held, '^(%d+)')) end
-      redis.call('SET', record, int(total) .. ':' .. int(now) .. ':' .. int(ends), 'PX', ttl_ms(ends - now))
+      if not held then return 0 end
+      local units, granted, ends = string.match(held, '^(%d+):(%d+):(%d+)$')
+      units, ends = tonumber(units), tonumber(ends)
+      if now > ends then return 0 end
+      local back = cost; if back > units then back = units end
+      if back == units then redis.call('DEL', record)
+      else redis.call('SET', record, int(units - back) .. ':' .. granted .. ':' .. int(ends), 'KEEPTTL') end
+      algorithm.refund(k1, k2, limit, a, b, c, tonumber(granted), back)
+      return back
+    elseif op == 'refund' then
+      algorithm.refund(k1, k2, limit, a, b, c, at, cost)
+    else
+      local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
+      if not allowed and ARGV[i + 1] ~= '1' then passes = false end
+      if commit then commits[#commits + 1] = commit end
+      local n = #out
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed and 1 or 0, remaining, reset, retry, delay
     end
-    return {now, units, ends, allowed and 1 or 0, remaining, reset, retry, delay}
-  elseif op == 'giveback' then
-    -- Never more than the lease still holds, and nothing once it has ended.
-    local record = KEYS[#KEYS]
-    local held = redis.call('GET', record)
-    if not held then return 0 end
-    local units, granted, ends = string.match(held, '^(%d+):(%d+):(%d+)$')
-    units, ends = tonumber(units), tonumber(ends)
-    if now > ends then return 0 end
-    local back = cost; if back > units then back = units end
-    if back == units then redis.call('DEL', record)
-    else redis.call('SET', record, int(units - back) .. ':' .. granted .. ':' .. int(ends), 'KEEPTTL') end
-    algorithm.refund(k1, k2, limit, a, b, c, tonumber(granted), back)
-    return back
-  elseif op == 'refund' then
-    algorithm.refund(k1, k2, limit, a, b, c, at, cost)
-  else
-    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
-    if not allowed and ARGV[i + 1] ~= '1' then passes = false end
-    if commit then commits[#commits + 1] = commit end
-    local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed and 1 or 0, remaining, reset, retry, delay
   end
+  if op == 'refund' then return 0 end
+  if passes and op == 'decide' then
+    for j = 1, #commits do commits[j]() end
+  end
+  return out
 end
-if op == 'refund' then return 0 end
-if passes and op == 'decide' then
-  for j = 1, #commits do commits[j]() end
-end
-return out

@@ -1,8 +1,9 @@
-//! The check script's source, in the order Redis loads it. A module of the Redis store, and
-//! included by path in `sluice-load` (load/), which loads the same script for its
-//! `redis-benchmark` ceiling without depending on the service.
+//! The check's Lua source, in the order Redis loads it, as a script (`EVALSHA`, Redis 6) and
+//! as a Function library (`FCALL`, Redis 7). A module of the Redis store, and included by
+//! path in `sluice-load` (load/), which loads the same script for its `redis-benchmark`
+//! ceiling without depending on the service.
 
-/// The check script: the shared helpers, each algorithm, then the driver.
+/// The check's body: the shared helpers, each algorithm, then the driver, `run`.
 const CHECK: [&str; 7] = [
     include_str!("common.lua"),
     include_str!("token_bucket.lua"),
@@ -13,7 +14,30 @@ const CHECK: [&str; 7] = [
     include_str!("check.lua"),
 ];
 
-/// The source of the check script, as loaded into Redis (for load tools and tests).
+/// The library's name, as `FUNCTION LOAD` registers it.
+pub const LIBRARY_NAME: &str = "sluice";
+
+/// The operations the driver runs; the library has a function `sluice_<op>` for each.
+pub const OPS: [&str; 6] = ["decide", "peek", "refund", "grant", "take", "giveback"];
+
+/// The source of the check script, as loaded into Redis (for load tools and tests): the op
+/// first in `ARGV`, then the driver's arguments.
 pub fn check_script() -> String {
-    CHECK.join("\n")
+    let mut source = CHECK.join("\n");
+    source.push_str("\nreturn run(ARGV[1], KEYS, ARGV, 2)\n");
+    source
+}
+
+/// The source of the Function library: the same body, built once when loaded (not on
+/// every call, as a script is), and an entry point `sluice_<op>` per operation.
+pub fn check_library() -> String {
+    let mut source = format!("#!lua name={LIBRARY_NAME}\n");
+    source.push_str(&CHECK.join("\n"));
+    for op in OPS {
+        source.push_str(&format!(
+            "\nredis.register_function('sluice_{op}', function(keys, args) return run('{op}', keys, args, 1) end)"
+        ));
+    }
+    source.push('\n');
+    source
 }

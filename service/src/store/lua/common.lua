@@ -8,19 +8,23 @@ local function idiv(a, b)
 end
 local function ceil_div(a, b) return idiv(a + b - 1, b) end
 local function int(x) return string.format('%.0f', x) end
--- ARGV[2] = explicit clock in µs (tests) or '' for Redis's TIME.
-local explicit_clock = ARGV[2] ~= ''
+-- The clock of the call being run, set by `set_clock` first thing in every call: an
+-- explicit clock in µs (tests) or '' for Redis's TIME. (Module state, as a Function library
+-- keeps it between calls: Redis runs one call at a time.)
+local now, explicit_clock
+local function set_clock(arg)
+  explicit_clock = arg ~= ''
+  if explicit_clock then now = tonumber(arg) else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+end
 -- A key expires when its state is as good as fresh. Under a test's explicit clock, which
 -- runs slower than Redis's, keys are kept 10 minutes longer so they do not vanish early.
 local function ttl_ms(us)
   local ms = ceil_div(us, 1000); if ms < 1 then ms = 1 end
   if explicit_clock then ms = ms + 600000 end
   return int(ms)
-end
-local now
-if explicit_clock then now = tonumber(ARGV[2]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 -- Each algorithm is a function that builds it, so a call pays only for the algorithms it
 -- uses. What it builds: `keys`, how many state keys it takes;

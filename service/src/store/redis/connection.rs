@@ -9,6 +9,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ScriptInvocation};
 use tokio::sync::oneshot;
 
+use super::library::Engine;
 use crate::store::{keys, StoreError};
 
 /// The connection itself: multiplexed, reconnecting on its own.
@@ -24,6 +25,8 @@ pub(super) enum Kind {
 #[derive(Clone)]
 pub(super) struct Connection {
     pub(super) kind: Kind,
+    /// How the check runs on it: as Functions or as the script (`super::library`).
+    pub(super) engine: Engine,
     /// With `--store-wait-replicas` (one server or Sentinel).
     replicas: Option<Arc<Replicas>>,
     /// Woken when a call finds the store unreachable or read-only (Sentinel follows).
@@ -34,6 +37,7 @@ impl Connection {
     pub(super) fn new(kind: Kind) -> Connection {
         Connection {
             kind,
+            engine: Engine::Script,
             replicas: None,
             failed: None,
         }
@@ -72,6 +76,16 @@ impl Connection {
     /// failure (the rule's failure policy answers), since a failover could lose it.
     pub(super) async fn decide<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> Result<T, StoreError> {
         let reply = self.run(invocation).await?;
+        if let Some(replicas) = &self.replicas {
+            replicas.acknowledged().await?;
+        }
+        Ok(reply)
+    }
+
+    /// Sends a decision's command (an `FCALL`), then waits for replicas as
+    /// [`Connection::decide`] does.
+    pub(super) async fn decide_cmd<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
+        let reply = self.query(cmd).await?;
         if let Some(replicas) = &self.replicas {
             replicas.acknowledged().await?;
         }

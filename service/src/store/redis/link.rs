@@ -29,6 +29,7 @@ use sluice_core::backoff::{Backoff, BackoffPolicy, Jitter, SplitMix64};
 
 use super::address::{Address, Deployment};
 use super::connection::{Connection, Kind};
+use super::library::{self, Engine};
 use crate::store::StoreError;
 
 /// How to reach the store beyond its address.
@@ -48,6 +49,9 @@ pub struct RedisOptions {
     pub sentinel_password_file: Option<PathBuf>,
     /// After each decision, wait until this many replicas have it (`WAIT`); 0: do not.
     pub wait_replicas: u32,
+    /// Run the check as a script (`EVALSHA`) even where Redis has Functions: how Redis 6
+    /// runs it, for the tests that compare both.
+    pub script_only: bool,
 }
 
 impl RedisOptions {
@@ -61,6 +65,7 @@ impl RedisOptions {
             password_file: None,
             sentinel_password_file: None,
             wait_replicas: 0,
+            script_only: false,
         }
     }
 }
@@ -192,6 +197,12 @@ impl Link {
         // commands (no password given, a user without rights) is an error now.
         let pong: String = connection.query(&redis::cmd("PING")).await.map_err(|e| self.hint(e))?;
         tracing::debug!(store = %self.address, %pong, "connected");
+        let mut connection = connection;
+        connection.engine = if self.options.script_only {
+            Engine::Script
+        } else {
+            library::load(&connection).await?
+        };
         Ok(connection)
     }
 

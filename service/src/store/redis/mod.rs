@@ -23,6 +23,7 @@ mod address;
 #[path = "../lua/check_script.rs"]
 mod check_script;
 mod connection;
+mod library;
 mod link;
 
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ use sluice_core::{Algorithm, Decision, Limit, Micros};
 pub use self::address::{redact, Address, AddressError, Deployment};
 pub use self::check_script::check_script;
 use self::connection::{Connection, Kind};
+use self::library::CheckCall;
+pub use self::library::Engine;
 use self::link::Link;
 pub use self::link::RedisOptions;
 use super::{keys, Item, Publish, Published, Stamped, StoreError, Violation};
@@ -167,6 +170,12 @@ impl RedisStore {
         &self.link.address
     }
 
+    /// How the live connection runs the check (`None` before the first is up): as Redis
+    /// Functions, or as the script on a Redis without them.
+    pub fn engine(&self) -> Option<Engine> {
+        self.live.load().as_ref().map(|c| c.engine)
+    }
+
     /// Whether the first connection is up.
     pub fn is_connected(&self) -> bool {
         self.live.load().is_some()
@@ -281,9 +290,11 @@ impl RedisStore {
     /// Gives back `cost` admitted under `key` at `at` (tests; checks refund themselves).
     pub async fn refund(&self, key: &str, limit: &Limit, at: Micros, cost: u64) -> Result<(), StoreError> {
         let item = single(key, limit, cost);
-        let invocation = check_invocation(&self.scripts.check, &[item], "refund", Some(at), at);
+        let call = check_call(&[item], "refund", Some(at), at);
         let connection = self.connection()?;
-        connection.decide::<Value>(&invocation).await.map(drop)
+        library::run::<Value>(&connection, &self.scripts.check, &call)
+            .await
+            .map(drop)
     }
 
     /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`, at an
@@ -316,11 +327,11 @@ impl RedisStore {
     ) -> Result<Grant, StoreError> {
         let item = single(key, limit, want.max(1));
         let op = if lease.is_some() { "grant" } else { "take" };
-        let mut invocation = check_invocation(&self.scripts.check, &[item], op, now, ttl);
+        let mut call = check_call(&[item], op, now, ttl);
         if let Some(id) = lease {
-            invocation.key(keys::lease(key, id));
+            call.keys.push(keys::lease(key, id));
         }
-        let reply: Vec<i64> = self.connection()?.decide(&invocation).await?;
+        let reply: Vec<i64> = library::run(&*self.connection()?, &self.scripts.check, &call).await?;
         let n = |v: &i64| u64::try_from(*v).unwrap_or(0);
         let [at, units, ends, allowed, remaining, reset, retry, delay] = reply[..] else {
             return Err(StoreError::Protocol(format!("{op} script returned {reply:?}")));
@@ -354,9 +365,9 @@ impl RedisStore {
             return Ok(0);
         }
         let item = single(key, limit, unspent);
-        let mut invocation = check_invocation(&self.scripts.check, &[item], "giveback", now, 0);
-        invocation.key(keys::lease(key, id));
-        let back: i64 = self.connection()?.decide(&invocation).await?;
+        let mut call = check_call(&[item], "giveback", now, 0);
+        call.keys.push(keys::lease(key, id));
+        let back: i64 = library::run(&*self.connection()?, &self.scripts.check, &call).await?;
         Ok(u64::try_from(back).unwrap_or(0))
     }
 
@@ -366,11 +377,11 @@ impl RedisStore {
         &self,
         connection: &Connection,
         group: &[Item<'_>],
-        op: &str,
+        op: &'static str,
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
-        let invocation = check_invocation(&self.scripts.check, group, op, now, 0);
-        let reply: Vec<i64> = connection.decide(&invocation).await?;
+        let call = check_call(group, op, now, 0);
+        let reply: Vec<i64> = library::run(connection, &self.scripts.check, &call).await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
             return Err(StoreError::Protocol(format!("script returned {reply:?}")));
@@ -522,32 +533,26 @@ async fn refund_all(script: Script, connection: Arc<Connection>, refunds: Vec<Re
                 },
             })
             .collect();
-        let invocation = check_invocation(script, &items, "refund", Some(refund.at), refund.at);
-        connection.decide::<Value>(&invocation).await
+        let call = check_call(&items, "refund", Some(refund.at), refund.at);
+        library::run::<Value>(connection, script, &call).await
     });
     for failed in join_all(calls).await.into_iter().filter_map(Result::err) {
         tracing::debug!(error = %failed, "refund failed; quota stays spent");
     }
 }
 
-/// The check script's invocation for `group` (keys in one slot): `op` is `decide` or
-/// `refund`; `now` an explicit clock (tests) or `None` for Redis's `TIME`.
-fn check_invocation<'s>(
-    script: &'s Script,
-    group: &[Item<'_>],
-    op: &str,
-    now: Option<Micros>,
-    at: Micros,
-) -> redis::ScriptInvocation<'s> {
-    let mut invocation = script.prepare_invoke();
-    invocation
-        .arg(op)
-        .arg(now.map_or(String::new(), |n| n.to_string()))
-        .arg(at);
+/// The check's call for `group` (keys in one slot): `op` one of the driver's
+/// (`lua/check.lua`); `now` an explicit clock (tests) or `None` for Redis's `TIME`; `at` the
+/// refund's time or the grant's length.
+fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Micros) -> CheckCall {
+    let mut keys = Vec::with_capacity(group.len() * 2 + 1);
+    let mut args = Vec::with_capacity(2 + group.len() * 7);
+    args.push(now.map_or(String::new(), |n| n.to_string()));
+    args.push(at.to_string());
     for item in group {
         let limit = item.part.limit;
         for suffix in keys::state_suffixes(limit.algorithm()) {
-            invocation.key(format!("{}{suffix}", item.key));
+            keys.push(format!("{}{suffix}", item.key));
         }
         let (name, params) = match limit.algorithm() {
             Algorithm::TokenBucket => (
@@ -561,14 +566,13 @@ fn check_invocation<'s>(
             Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window(), 0, 0]),
             Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window(), 0, 0]),
         };
-        invocation
-            .arg(name)
-            .arg(u8::from(item.part.shadow))
-            .arg(item.part.cost.max(1)) // as core's `Limit::decide` takes it
-            .arg(limit.limit())
-            .arg(&params[..]);
+        args.push(name.to_owned());
+        args.push(u8::from(item.part.shadow).to_string());
+        args.push(item.part.cost.max(1).to_string()); // as core's `Limit::decide` takes it
+        args.push(limit.limit().to_string());
+        args.extend(params.iter().map(u64::to_string));
     }
-    invocation
+    CheckCall { op, keys, args }
 }
 
 /// An item of one enforced rule: `key` decided on `limit` at `cost`.
