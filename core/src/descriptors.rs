@@ -247,6 +247,23 @@ impl DescriptorSet {
         Ok(DescriptorSet { domains })
     }
 
+    /// How many limits the tree holds (unlimited ones and those refusing everything
+    /// included): what a reload reports as its count of rules.
+    pub fn len(&self) -> usize {
+        fn count(nodes: &[Node]) -> usize {
+            nodes
+                .iter()
+                .map(|n| usize::from(n.limit.is_some()) + count(&n.children))
+                .sum()
+        }
+        self.domains.iter().map(|(_, nodes)| count(nodes)).sum()
+    }
+
+    /// Whether the tree holds no limit at all: every descriptor is allowed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Whether `domain` is configured.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.iter().any(|(d, _)| d == domain)

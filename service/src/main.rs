@@ -70,7 +70,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = grpc::rlqs::UnknownBuckets::Abandon, requires = "rlqs")]
     rlqs_unknown: grpc::rlqs::UnknownBuckets,
     /// envoyproxy/ratelimit configuration (YAML, one domain per file; repeat for more) that
-    /// the gRPC API matches descriptors against; read at start.
+    /// the gRPC API matches descriptors against; watched and reloaded on change, as
+    /// --rules.
     #[arg(long, value_name = "FILE.yaml")]
     descriptors: Vec<PathBuf>,
     /// Counter store: `memory`; one Redis `redis://[USER@]HOST:PORT`; a Redis Cluster
@@ -228,47 +229,62 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(args))
 }
 
-async fn run(mut args: Args) -> anyhow::Result<()> {
-    let descriptors = descriptors(&mut args)?;
+async fn run(args: Args) -> anyhow::Result<()> {
+    let (descriptors, yaml_fingerprint) = descriptors(&args)?;
     let (rules, fingerprint) = rules(&args)?;
     let edge = edge(&args)?;
     let store = store(&args)?;
     let config = node_config(&args)?;
     let region = region(&args, &rules).await?;
     let node = Node::in_region(store, rules, config, region);
-    start_tasks(&node, &args, fingerprint);
-    serve(node, &args, edge, descriptors).await
+    node.set_descriptors(descriptors);
+    start_tasks(&node, &args, fingerprint, yaml_fingerprint);
+    serve(node, &args, edge).await
 }
 
-/// The gRPC API's descriptor files (a `--rules` file in envoyproxy/ratelimit's YAML counts
-/// as one).
-fn descriptors(args: &mut Args) -> anyhow::Result<Arc<DescriptorSet>> {
-    if let Some(yaml) = args.rules.take_if(|p| grpc::config::is_yaml(p)) {
-        args.descriptors.push(yaml);
-    }
-    let descriptor_files: Vec<&std::path::Path> = args.descriptors.iter().map(PathBuf::as_path).collect();
-    let descriptors = Arc::new(grpc::config::load(&descriptor_files).map_err(anyhow::Error::msg)?);
-    if args.grpc_listen.is_none() && !args.descriptors.is_empty() {
+/// Whether `--rules` names an envoyproxy/ratelimit YAML file rather than a TOML one.
+fn rules_are_yaml(args: &Args) -> bool {
+    args.rules.as_deref().is_some_and(grpc::config::is_yaml)
+}
+
+/// The gRPC API's descriptor files: `--descriptors`, and a `--rules` file in
+/// envoyproxy/ratelimit's YAML.
+fn yaml_files(args: &Args) -> Vec<PathBuf> {
+    let mut files = args.descriptors.clone();
+    files.extend(args.rules.clone().filter(|_| rules_are_yaml(args)));
+    files
+}
+
+/// The gRPC API's descriptor set and the fingerprint of its files, for the watcher.
+fn descriptors(args: &Args) -> anyhow::Result<(Arc<DescriptorSet>, u64)> {
+    let files = yaml_files(args);
+    if args.grpc_listen.is_none() && !files.is_empty() {
         bail!("descriptor files are for the gRPC API: add --grpc-listen HOST:PORT");
     }
-    Ok(descriptors)
+    let (descriptors, fingerprint) = rules_source::load_yaml_files(&files).map_err(anyhow::Error::msg)?;
+    if !files.is_empty() && descriptors.is_empty() {
+        tracing::warn!("the descriptor files hold no limit: every gRPC check is allowed");
+    }
+    Ok((Arc::new(descriptors), fingerprint))
 }
 
-/// The rules file's rules and fingerprint (none without `--rules`: every check allowed).
+/// The TOML rules file's rules and fingerprint (none without one: every HTTP check allowed).
 fn rules(args: &Args) -> anyhow::Result<(RuleSet, u64)> {
     Ok(match &args.rules {
-        Some(path) => {
+        Some(path) if !rules_are_yaml(args) => {
             let (rules, fingerprint) = rules_source::load_file(path).map_err(anyhow::Error::msg)?;
             if rules.rules().is_empty() {
                 tracing::warn!(file = %path.display(), "the rules file holds no rule: every HTTP check is allowed");
             }
             (rules, fingerprint)
         }
-        None if !args.descriptors.is_empty() => {
-            tracing::info!("no TOML rules file: the gRPC API decides by the descriptor files; HTTP checks allow all");
+        _ if !yaml_files(args).is_empty() => {
+            tracing::info!(
+                "rules from envoyproxy/ratelimit YAML: the gRPC API decides by them; HTTP checks have no rules and allow all"
+            );
             (RuleSet::default(), 0)
         }
-        None => {
+        _ => {
             tracing::warn!("no --rules file: every HTTP check is allowed");
             (RuleSet::default(), 0)
         }
@@ -398,9 +414,13 @@ async fn region(args: &Args, rules: &RuleSet) -> anyhow::Result<Option<Region>> 
 
 /// The node's background tasks: following the rules file and the published rules,
 /// sweeping idle state, probing the store, filling the region's leases.
-fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64) {
-    if let Some(path) = args.rules.clone() {
+fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64, yaml_fingerprint: u64) {
+    if let Some(path) = args.rules.clone().filter(|_| !rules_are_yaml(args)) {
         tokio::spawn(rules_source::watch_file(node.clone(), path, fingerprint));
+    }
+    let yaml = yaml_files(args);
+    if !yaml.is_empty() {
+        tokio::spawn(rules_source::watch_files(node.clone(), yaml, yaml_fingerprint));
     }
     tokio::spawn(rules_source::follow_published(node.clone()));
     tokio::spawn(housekeeping::sweep(node.clone()));
@@ -409,7 +429,7 @@ fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64) {
 }
 
 /// Opens the node's listeners and serves until SIGINT or SIGTERM.
-async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<DescriptorSet>) -> anyhow::Result<()> {
+async fn serve(node: Arc<Node>, args: &Args, edge: Edge) -> anyhow::Result<()> {
     // Before the ports open: a SIGTERM sent as soon as they accept connections must be caught.
     let shutdown = shutdown()?;
     let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -435,7 +455,7 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<Descri
         Some(addr) => {
             let grpc_listener = bind(addr).await?;
             tracing::info!(grpc_listen = %grpc_listener.local_addr()?, "Envoy rate limit service API");
-            let limiter = grpc::RateLimiter::new(node.clone(), descriptors, args.grpc_headers);
+            let limiter = grpc::RateLimiter::on_node(node.clone(), args.grpc_headers);
             let quota = args.rlqs.then(|| {
                 tracing::info!("Envoy rate limit quota service (RLQS)");
                 let limits = grpc::rlqs::Limits::default();

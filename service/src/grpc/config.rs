@@ -20,6 +20,15 @@ pub fn parse(text: &str) -> Result<DomainConfig, String> {
     serde_norway::from_str(text).map_err(|e| e.to_string())
 }
 
+/// Whether `text` holds nothing but blank lines and comments: a file that configures no
+/// domain (a truncated write, a ConfigMap being filled), not a syntax error.
+pub fn is_blank(text: &str) -> bool {
+    text.lines().all(|l| {
+        let l = l.trim();
+        l.is_empty() || l.starts_with('#') || l == "---"
+    })
+}
+
 /// Whether `path` names a YAML file (`.yaml` or `.yml`).
 pub fn is_yaml(path: &Path) -> bool {
     path.extension()

@@ -48,19 +48,22 @@ pub enum AnswerHeaders {
 /// The rate limit service.
 pub struct RateLimiter {
     node: Arc<Node>,
-    descriptors: Arc<DescriptorSet>,
     headers: AnswerHeaders,
 }
 
 impl RateLimiter {
-    /// A service deciding over `node`'s store by `descriptors`, adding headers to the
+    /// A service deciding over `node`'s store by `descriptors` (put in force on `node`,
+    /// where a reload replaces them: [`Node::set_descriptors`]), adding headers to the
     /// answers `headers` names.
     pub fn new(node: Arc<Node>, descriptors: Arc<DescriptorSet>, headers: AnswerHeaders) -> RateLimiter {
-        RateLimiter {
-            node,
-            descriptors,
-            headers,
-        }
+        node.set_descriptors(descriptors);
+        RateLimiter::on_node(node, headers)
+    }
+
+    /// A service deciding by the descriptor set in force on `node` (put there, and
+    /// reloaded, by [`Node::set_descriptors`]).
+    pub fn on_node(node: Arc<Node>, headers: AnswerHeaders) -> RateLimiter {
+        RateLimiter { node, headers }
     }
 
     /// The node it decides over.
@@ -87,7 +90,8 @@ impl RateLimitService for RateLimiter {
         let node = &*self.node;
         let now_us = node.clock.now_us();
         let now_ms = instant_ms(now_us);
-        let limits = self.descriptors.limits_for(&req.domain, &entries);
+        let descriptors = node.descriptors();
+        let limits = descriptors.limits_for(&req.domain, &entries);
         let mut statuses: Vec<DescriptorStatus> = entries.iter().map(|_| ok_status()).collect();
         let mut overall = Code::Ok;
         // Counted limits go to the store; unlimited ones are OK and a limit of 0 refuses.
