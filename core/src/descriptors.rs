@@ -166,6 +166,9 @@ pub struct DescriptorError {
     pub path: String,
     /// What is wrong.
     pub problem: String,
+    /// The entries leading to it, `(key, value)`, from the top (none for the domain itself):
+    /// what finds its line in the file.
+    pub entries: Vec<(String, Option<String>)>,
 }
 
 /// A validated limit of the tree.
@@ -234,6 +237,7 @@ impl DescriptorSet {
                 domain: config.domain.clone(),
                 path: String::from("(top)"),
                 problem,
+                entries: Vec::new(),
             };
             if config.domain.is_empty() {
                 return Err(fail("the domain is empty".into()));
@@ -241,7 +245,7 @@ impl DescriptorSet {
             if domains.iter().any(|(d, _)| *d == config.domain) {
                 return Err(fail("this domain is configured twice".into()));
             }
-            let nodes = nodes(&config.domain, &config.domain, config.descriptors)?;
+            let nodes = nodes(&config.domain, &config.domain, &[], config.descriptors)?;
             domains.push((config.domain, nodes));
         }
         Ok(DescriptorSet { domains })
@@ -329,8 +333,11 @@ impl DescriptorSet {
     }
 }
 
-/// Validates one level of the tree under `path`.
-fn nodes(domain: &str, path: &str, specs: Vec<DescriptorNode>) -> Result<Vec<Node>, DescriptorError> {
+/// An entry on the way down the tree, `(key, value)`.
+type Step = (String, Option<String>);
+
+/// Validates one level of the tree under `path`, reached by the entries `trail`.
+fn nodes(domain: &str, path: &str, trail: &[Step], specs: Vec<DescriptorNode>) -> Result<Vec<Node>, DescriptorError> {
     let mut out: Vec<Node> = Vec::with_capacity(specs.len());
     for spec in specs {
         let value = spec.value.filter(|v| !v.is_empty());
@@ -338,10 +345,13 @@ fn nodes(domain: &str, path: &str, specs: Vec<DescriptorNode>) -> Result<Vec<Nod
             Some(v) => format!("{path}.{}_{v}", spec.key),
             None => format!("{path}.{}", spec.key),
         };
+        let mut steps = trail.to_vec();
+        steps.push((spec.key.clone(), value.clone()));
         let fail = |problem: String| DescriptorError {
             domain: domain.to_owned(),
             path: here.clone(),
             problem,
+            entries: steps.clone(),
         };
         if spec.key.is_empty() {
             return Err(fail("an entry has an empty key".into()));
@@ -357,7 +367,7 @@ fn nodes(domain: &str, path: &str, specs: Vec<DescriptorNode>) -> Result<Vec<Nod
             return Err(fail("share_threshold needs a wildcard value (one with `*`)".into()));
         }
         out.push(Node {
-            children: nodes(domain, &here, spec.descriptors)?,
+            children: nodes(domain, &here, &steps, spec.descriptors)?,
             key: spec.key,
             value,
             share_threshold: spec.share_threshold,

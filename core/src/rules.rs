@@ -9,6 +9,8 @@
 //! `max_delay = "0ms"` (required, and non-zero, when `shaping = true`; ignored otherwise),
 //! `shadow = false`.
 
+#[cfg(feature = "toml")]
+mod check;
 mod duration;
 mod error;
 mod file;
@@ -18,6 +20,8 @@ mod set;
 mod timestamp;
 mod validate;
 
+#[cfg(feature = "toml")]
+pub use check::{check_toml, Problem};
 pub use duration::{format_duration, parse_duration, MAX_DURATION_MS};
 pub use error::RulesError;
 pub use file::{OverrideSpec, RuleFile, RuleSpec};

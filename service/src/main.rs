@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use sluice_core::descriptors::DescriptorSet;
-use sluice_core::rules::RuleSet;
+use sluice_core::rules::{check_toml, RuleSet};
 use sluice_service::breaker::BreakerState;
 use sluice_service::edge::{self, Edge};
 use sluice_service::listen::{ListenAddr, Listener};
@@ -30,6 +30,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
+    /// A task other than serving.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Address to serve HTTP on: HOST:PORT, or unix:PATH for a Unix domain socket (for a
     /// proxy on the same machine: Nginx's ngx_wasm_module opens a connection per call, and
     /// one over a Unix socket costs less; the file's permissions say who may call).
@@ -210,6 +213,22 @@ struct Args {
     global_max_cold_waits: usize,
 }
 
+/// The binary's tasks besides serving.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Checks a rules file as `--rules` reads it (TOML, or envoyproxy/ratelimit YAML for a
+    /// `.yaml`/`.yml` file), for CI pipelines: prints a one-line summary and exits 0 when it
+    /// is valid; prints every problem with its line and exits 1 when not (a file with no
+    /// rule too, unless --allow-empty-rules).
+    CheckRules {
+        /// The rules file.
+        file: PathBuf,
+        /// Take a file with no rule as valid (a node started with this flag puts it in force).
+        #[arg(long)]
+        allow_empty_rules: bool,
+    },
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
     Text,
@@ -218,6 +237,13 @@ enum LogFormat {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::CheckRules {
+        file,
+        allow_empty_rules,
+    }) = &args.command
+    {
+        std::process::exit(check_rules(file, *allow_empty_rules));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     match args.log_format {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
@@ -245,6 +271,46 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// Whether `--rules` names an envoyproxy/ratelimit YAML file rather than a TOML one.
 fn rules_are_yaml(args: &Args) -> bool {
     args.rules.as_deref().is_some_and(grpc::config::is_yaml)
+}
+
+/// `check-rules FILE`: the summary on stdout and 0 for a valid file; every problem on
+/// stderr, each as `FILE: line N: …`, and 1 otherwise.
+fn check_rules(file: &std::path::Path, allow_empty: bool) -> i32 {
+    let shown = file.display();
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("{shown}: cannot read it: {e}");
+            return 1;
+        }
+    };
+    let yaml = grpc::config::is_yaml(file);
+    let checked = if yaml {
+        grpc::config::check(&text).map_err(|e| vec![e])
+    } else {
+        check_toml(&text).map_err(|problems| problems.iter().map(ToString::to_string).collect())
+    };
+    let what = if yaml { "descriptor limits" } else { "rules" };
+    match checked {
+        Ok(0) if !allow_empty => {
+            eprintln!(
+                "{shown}: holds no rule, which would turn every limit off (a node keeps the rules in force \
+                 unless started with --allow-empty-rules; pass it here too if that is meant)"
+            );
+            1
+        }
+        Ok(count) => {
+            println!("{shown}: valid, {count} {what}");
+            0
+        }
+        Err(problems) => {
+            for problem in &problems {
+                eprintln!("{shown}: {problem}");
+            }
+            eprintln!("{shown}: invalid, {} problem(s)", problems.len());
+            1
+        }
+    }
 }
 
 /// The gRPC API's descriptor files: `--descriptors`, and a `--rules` file in

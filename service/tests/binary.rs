@@ -312,6 +312,64 @@ fn a_yaml_rules_file_reloads_on_every_kind_of_edit() {
     assert!(!text.contains("no --rules file"), "{text}");
 }
 
+/// `sluice-service check-rules FILE`: (exit status, stdout, stderr).
+fn check_rules(file: &std::path::Path) -> (bool, String, String) {
+    let out = Command::new(BIN).arg("check-rules").arg(file).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// Issue 40: `check-rules` for CI pipelines — a summary and 0 for a good file; every
+/// problem with its line and 1 for a bad one, semantic problems included.
+#[test]
+fn check_rules_names_every_problem_and_its_line() {
+    let examples = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples"));
+    let (ok, out, _) = check_rules(&examples.join("rules.toml"));
+    assert!(ok && out.ends_with(": valid, 7 rules\n"), "{out}");
+    let (ok, out, _) = check_rules(&examples.join("ratelimit.yaml"));
+    assert!(ok && out.ends_with(": valid, 5 descriptor limits\n"), "{out}");
+
+    let dir = ScratchDir::new("check-rules");
+    let rule = |name: &str, algorithm: &str, limit: u32| {
+        format!(
+            "[[rule]]\nname = \"{name}\"\nby = \"ip\"\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1m\"\n"
+        )
+    };
+    let cases: [(&str, String, &[&str]); 5] = [
+        ("syntax.toml", format!("{}limit = \n", rule("a", "gcra", 1)), &["line 7:"]),
+        (
+            // Lines 5 (zero limit), 10 (unknown algorithm), 14 (a second "a").
+            "semantic.toml",
+            format!("{}{}{}", rule("a", "gcra", 0), rule("b", "gcrb", 1), rule("a", "gcra", 1)),
+            &["line 5: rule \"a\": field limit", "line 10: rule \"b\": field algorithm", "line 14: rule \"a\": field name"],
+        ),
+        (
+            "syntax.yaml",
+            "domain: d\ndescriptors:\n  - key: [\n".into(),
+            &["line 3:"],
+        ),
+        (
+            "unit.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n".into(),
+            &["line 5:", "fortnight"],
+        ),
+        (
+            "tree.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n    value: y\n    descriptors:\n      - key: b\n        rate_limit:\n          requests_per_unit: 3\n".into(),
+            &["line 8:", "d.a_y.b: rate_limit has no unit"],
+        ),
+    ];
+    for (name, text, wanted) in cases {
+        let file = dir.join(name);
+        std::fs::write(&file, text).unwrap();
+        let (ok, _, err) = check_rules(&file);
+        assert!(!ok, "{name} passed");
+        for w in wanted {
+            assert!(err.contains(w), "{name}: no {w:?} in {err}");
+        }
+    }
+}
+
 #[test]
 fn a_store_password_never_reaches_the_logs_or_the_errors() {
     let server = sluice_testkit::RedisServer::start_with(

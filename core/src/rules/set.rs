@@ -48,7 +48,7 @@ pub struct RuleSet {
 }
 
 /// 1-based line of byte `offset` in `text`.
-fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
     text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
 }
