@@ -311,6 +311,44 @@ impl DescriptorSet {
         None
     }
 
+    /// The limit a request sets itself for a descriptor (Envoy's per-request override:
+    /// `requests_per_unit` per `unit`), as envoyproxy/ratelimit applies it: in a configured
+    /// domain it replaces whatever limit the descriptor falls under, and applies even when
+    /// none does; never in shadow mode; a fixed window; 0 refuses every request. It keeps
+    /// the configured limit's name and failure mode when one matches (else the name is
+    /// `domain.key_value…`); its counter is the descriptor's entries' own, apart from the
+    /// configured limit's. `None` for a domain not configured.
+    pub fn overridden(
+        &self,
+        domain: &str,
+        entries: &[(&str, &str)],
+        requests_per_unit: u64,
+        unit: Unit,
+    ) -> Option<(DescriptorLimit, String)> {
+        if !self.has_domain(domain) {
+            return None;
+        }
+        let configured = self.find(domain, entries).map(|(l, _)| l);
+        let mut identity = String::from(domain);
+        let mut path = String::from(domain);
+        for (key, value) in entries {
+            identity.push_str(&format!("|{key}={value}"));
+            path.push_str(&format!(".{key}_{value}"));
+        }
+        identity.push_str(&format!("|@{requests_per_unit}/{unit:?}"));
+        let spec = RateLimitSpec {
+            name: Some(configured.map_or(path.clone(), |l| l.name.clone())),
+            unit: Some(unit),
+            requests_per_unit,
+            unlimited: false,
+            replaces: Vec::new(),
+            algorithm: None,
+            failure_mode: configured.map(|l| l.failure),
+        };
+        // A fixed window of 1 to 2^32 per unit always builds.
+        limit(spec, false, &path).ok().map(|l| (l, identity))
+    }
+
     /// The limits of a request's descriptors (`None` where none applies) with their
     /// counters' identities, less those that another applying limit `replaces`.
     pub fn limits_for<'s>(

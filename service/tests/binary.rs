@@ -181,7 +181,7 @@ fn the_grpc_api_serves_an_envoyproxy_ratelimit_file_and_stops_gracefully() {
                         key: "remote_address".into(),
                         value: address.into(),
                     }],
-                    hits_addend: None,
+                    ..RateLimitDescriptor::default()
                 }],
                 hits_addend: 0,
             };

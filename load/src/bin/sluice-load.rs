@@ -437,7 +437,7 @@ async fn should_rate_limit(client: &mut RateLimitServiceClient<Channel>, workloa
                 key: workload.descriptor_key.clone(),
                 value: ip.to_owned(),
             }],
-            hits_addend: None,
+            ..RateLimitDescriptor::default()
         }],
         hits_addend: 0,
     };
