@@ -15,7 +15,6 @@ use sluice_core::Decision;
 use crate::decide::{decide_limits, verdict, Target};
 use crate::metrics::Verdict;
 use crate::node::Node;
-use crate::store::keys;
 use crate::violations::Violation;
 
 /// `req` as rules are matched against it, whoever sent it: its path canonical
@@ -71,7 +70,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let targets: Vec<Target> = matched
         .iter()
         .map(|&(rule, identity)| Target {
-            key: keys::limit(&rule.name, identity),
+            key: node.store.keys().limit(&rule.name, identity),
             limit: rules.limit_for(rule, identity, now_ms),
             shadow: rule.shadow,
             failure: rule.failure,

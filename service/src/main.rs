@@ -14,6 +14,7 @@ use sluice_service::edge::{self, Edge};
 use sluice_service::listen::{ListenAddr, Listener};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{Region, RegionConfig};
+use sluice_service::store::keys::{self, Keys};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{redact, RedisOptions, RedisStore};
 use sluice_service::store::Store;
@@ -83,6 +84,13 @@ struct Args {
     /// Give the password with --store-password-file, not in the URL.
     #[arg(long, default_value = "memory", value_name = "URL")]
     store: String,
+    /// The prefix of every key and channel this node uses in --store and --global-store
+    /// (`PREFIX:{<identity>}:<rule>`, `PREFIX:{rules}`, `PREFIX:rules:changed`,
+    /// `PREFIX:violations`): deployments with different prefixes share a Redis without
+    /// meeting (their own counters, their own published rules); nodes with the same prefix
+    /// share both. 1 to 64 of ASCII letters, digits, `-`, `_`, `.`, `:`.
+    #[arg(long, default_value = keys::DEFAULT_PREFIX, value_name = "PREFIX", value_parser = store_prefix)]
+    store_prefix: Keys,
     /// TLS to --store: trust only the CAs in this file (PEM) instead of the system's roots.
     #[arg(long, value_name = "FILE.pem")]
     store_ca_file: Option<PathBuf>,
@@ -381,9 +389,12 @@ fn store(args: &Args) -> anyhow::Result<Store> {
         || args.store_cert.is_some()
         || args.store_password_file.is_some()
         || args.store_sentinel_password_file.is_some()
-        || args.store_wait_replicas > 0;
+        || args.store_wait_replicas > 0
+        || args.store_prefix != Keys::default();
     if args.store == "memory" && redis_only {
-        bail!("--store-ca-file, --store-cert, --store-password-file and --store-wait-replicas are for a Redis --store");
+        bail!(
+            "--store-ca-file, --store-cert, --store-password-file, --store-wait-replicas and --store-prefix are for a Redis --store"
+        );
     }
     Ok(if args.store == "memory" {
         Store::Memory(MemoryStore::new(args.max_keys))
@@ -397,6 +408,7 @@ fn store(args: &Args) -> anyhow::Result<Store> {
             password_file: args.store_password_file.clone(),
             sentinel_password_file: args.store_sentinel_password_file.clone(),
             wait_replicas: args.store_wait_replicas,
+            keys: args.store_prefix.clone(),
             ..RedisOptions::new(timeout.max(Duration::from_millis(500)))
         };
         let store =
@@ -448,6 +460,7 @@ async fn region(args: &Args, rules: &RuleSet) -> anyhow::Result<Option<Region>> 
                 cert_file: args.global_store_cert.clone(),
                 key_file: args.global_store_key.clone(),
                 password_file: args.global_store_password_file.clone(),
+                keys: args.store_prefix.clone(),
                 ..RedisOptions::new(timeout)
             };
             let global = RedisStore::start(url, options).with_context(|| format!("--global-store {}", redact(url)))?;
@@ -558,6 +571,11 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `--store-prefix`: the names under it, or why it cannot be used.
+fn store_prefix(prefix: &str) -> Result<Keys, String> {
+    Keys::new(prefix).map_err(|e| e.problem.to_owned())
 }
 
 /// The secret in file `path` (trimmed), or an error naming the file and what to do.

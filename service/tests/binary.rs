@@ -83,6 +83,8 @@ fn help_explains_every_flag() {
         "--store-timeout-ms",
         "--breaker-failures",
         "--rules-poll-ms",
+        "--store-prefix",
+        "check-rules",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }

@@ -22,7 +22,6 @@ use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::decide::{decide_limits, verdict, Target};
 use crate::metrics::Verdict;
 use crate::node::Node;
-use crate::store::keys;
 use crate::violations::Violation;
 
 /// Descriptors per request, and entries per descriptor, accepted at most.
@@ -144,7 +143,7 @@ impl RateLimitService for RateLimiter {
             .iter()
             .filter_map(|l| {
                 Some(Target {
-                    key: keys::limit(&l.limit.name, &l.identity),
+                    key: node.store.keys().limit(&l.limit.name, &l.identity),
                     limit: l.limit.limit?,
                     shadow: l.limit.shadow,
                     failure: l.limit.failure,

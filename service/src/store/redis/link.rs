@@ -29,6 +29,7 @@ use sluice_core::backoff::{Backoff, BackoffPolicy, Jitter, SplitMix64};
 
 use super::address::{Address, Deployment};
 use super::connection::{Connection, Kind};
+use crate::store::keys::Keys;
 use crate::store::StoreError;
 
 /// How to reach the store beyond its address.
@@ -48,6 +49,8 @@ pub struct RedisOptions {
     pub sentinel_password_file: Option<PathBuf>,
     /// After each decision, wait until this many replicas have it (`WAIT`); 0: do not.
     pub wait_replicas: u32,
+    /// The names this node uses in the store, under its prefix (`--store-prefix`).
+    pub keys: Keys,
 }
 
 impl RedisOptions {
@@ -61,6 +64,7 @@ impl RedisOptions {
             password_file: None,
             sentinel_password_file: None,
             wait_replicas: 0,
+            keys: Keys::default(),
         }
     }
 }
@@ -200,7 +204,12 @@ impl Link {
         let connection = Connection::new(Kind::Single(self.manager(client.clone()).await?));
         Ok(match self.options.wait_replicas {
             0 => connection,
-            wanted => connection.waiting_for(wanted, self.options.timeout, self.manager(client).await?),
+            wanted => connection.waiting_for(
+                wanted,
+                self.options.timeout,
+                self.manager(client).await?,
+                self.options.keys.wait_barrier.clone(),
+            ),
         })
     }
 
