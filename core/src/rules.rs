@@ -16,6 +16,7 @@ mod error;
 mod file;
 mod glob;
 mod global;
+pub mod host;
 mod set;
 mod timestamp;
 mod validate;

@@ -347,6 +347,7 @@ impl HttpContext for Stream {
             method,
             path,
             cost: 1,
+            host: None,
         };
         let body = request.to_json().into_bytes();
         let (path, timeout) = {

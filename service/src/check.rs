@@ -60,7 +60,9 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let rules = node.rules();
     let now_us = node.clock.now_us();
     let now_ms = instant_ms(now_us);
-    let matched: Vec<(&Rule, &str)> = rules.matching(&req.identities, &req.method, &req.path).collect();
+    let matched: Vec<(&Rule, &str)> = rules
+        .matching_host(&req.identities, &req.method, req.host.as_deref(), &req.path)
+        .collect();
     if matched.is_empty() {
         return CheckResponse::from_outcomes(&[], now_ms);
     }
