@@ -294,7 +294,7 @@ fn check_rules(file: &std::path::Path, allow_empty: bool) -> i32 {
     };
     let yaml = grpc::config::is_yaml(file);
     let checked = if yaml {
-        grpc::config::check(&text).map_err(|e| vec![e])
+        grpc::config::check(&text)
     } else {
         check_toml(&text).map_err(|problems| problems.iter().map(ToString::to_string).collect())
     };

@@ -356,9 +356,10 @@ fn check_rules_names_every_problem_and_its_line() {
             &["line 5:", "fortnight"],
         ),
         (
+            // Lines 8 (a limit without a unit) and 11 (the same key and value twice).
             "tree.yaml",
-            "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n    value: y\n    descriptors:\n      - key: b\n        rate_limit:\n          requests_per_unit: 3\n".into(),
-            &["line 8:", "d.a_y.b: rate_limit has no unit"],
+            "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n    value: y\n    descriptors:\n      - key: b\n        rate_limit:\n          requests_per_unit: 3\n  - key: a\n    value: x\n".into(),
+            &["line 8:", "d.a_y.b: rate_limit has no unit", "line 11:", "d.a_x: the same key and value appear twice"],
         ),
     ];
     for (name, text, wanted) in cases {
