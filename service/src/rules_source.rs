@@ -81,10 +81,26 @@ pub async fn replace(node: &Node, rules: RuleSet, expected: Option<u64>) -> Resu
     Ok(outcome)
 }
 
-/// Reloads the TOML rules file whenever its content differs from what was seen last:
-/// [`watch_files`] of one file.
+/// Reloads the TOML rules file whenever its content differs from what was seen last (see
+/// [`watch`]), starting from `seen`, the fingerprint [`load_file`] returned.
 pub async fn watch_file(node: Arc<Node>, path: PathBuf, seen: u64) {
-    watch_files(node, vec![path], seen).await;
+    watch(node, Kind::Toml, vec![path], seen).await;
+}
+
+/// Reloads the gRPC API's envoyproxy/ratelimit YAML files whenever their content differs
+/// from what was seen last (see [`watch`]), starting from `seen`, the fingerprint
+/// [`load_yaml_files`] returned.
+pub async fn watch_files(node: Arc<Node>, paths: Vec<PathBuf>, seen: u64) {
+    watch(node, Kind::Yaml, paths, seen).await;
+}
+
+/// What the watched files are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One TOML rules file.
+    Toml,
+    /// envoyproxy/ratelimit YAML files.
+    Yaml,
 }
 
 /// What a rules file holds once read and validated.
@@ -97,9 +113,9 @@ enum Loaded {
 
 impl Loaded {
     /// Reads `texts`, the content of `paths`: one TOML file, or YAML files.
-    fn read(paths: &[PathBuf], texts: &[Vec<u8>]) -> Result<Loaded, String> {
+    fn read(kind: Kind, paths: &[PathBuf], texts: &[Vec<u8>]) -> Result<Loaded, String> {
         match (paths, texts) {
-            ([path], [bytes]) if !config::is_yaml(path) => std::str::from_utf8(bytes)
+            ([path], [bytes]) if kind == Kind::Toml => std::str::from_utf8(bytes)
                 .map_err(|e| format!("{}: not UTF-8: {e}", path.display()))
                 .and_then(|text| RuleSet::from_toml(text).map_err(|e| format!("{}: {e}", path.display())))
                 .map(Loaded::Toml),
@@ -116,11 +132,11 @@ impl Loaded {
     }
 }
 
-/// How many rules (TOML) or descriptor limits (YAML) are in force on `node` for `paths`.
-fn count_in_force(node: &Node, paths: &[PathBuf]) -> usize {
-    match paths {
-        [path] if !config::is_yaml(path) => node.rules().rules().len(),
-        _ => node.descriptors().len(),
+/// How many rules (TOML) or descriptor limits (YAML) are in force on `node`.
+fn count_in_force(node: &Node, kind: Kind) -> usize {
+    match kind {
+        Kind::Toml => node.rules().rules().len(),
+        Kind::Yaml => node.descriptors().len(),
     }
 }
 
@@ -134,7 +150,7 @@ fn count_in_force(node: &Node, paths: &[PathBuf]) -> usize {
 /// rules that cannot be published (store down) are in force on this node and published
 /// once the store answers. Each reload is one INFO line naming the file, the count of
 /// rules and the version.
-pub async fn watch_files(node: Arc<Node>, paths: Vec<PathBuf>, mut seen: u64) {
+async fn watch(node: Arc<Node>, kind: Kind, paths: Vec<PathBuf>, mut seen: u64) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut missing = false;
     let shown = paths
@@ -148,7 +164,7 @@ pub async fn watch_files(node: Arc<Node>, paths: Vec<PathBuf>, mut seen: u64) {
             Ok(texts) => texts,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if !std::mem::replace(&mut missing, true) {
-                    let count = count_in_force(&node, &paths);
+                    let count = count_in_force(&node, kind);
                     tracing::warn!(file = %shown, rules = count, "the rules file is gone: keeping the rules in force");
                 }
                 continue;
@@ -160,10 +176,10 @@ pub async fn watch_files(node: Arc<Node>, paths: Vec<PathBuf>, mut seen: u64) {
         if now == seen {
             continue;
         }
-        let loaded = match Loaded::read(&paths, &texts) {
+        let loaded = match Loaded::read(kind, &paths, &texts) {
             Ok(loaded) if loaded.count() == 0 && !node.config.allow_empty_rules => {
                 seen = now;
-                let count = count_in_force(&node, &paths);
+                let count = count_in_force(&node, kind);
                 tracing::warn!(
                     file = %shown,
                     rules = count,
