@@ -166,6 +166,12 @@ pub struct DescriptorError {
     pub path: String,
     /// What is wrong.
     pub problem: String,
+    /// The entries leading to it, `(key, value)`, from the top (none for the domain itself):
+    /// what finds its line in the file.
+    pub entries: Vec<(String, Option<String>)>,
+    /// How many entries with the same key and value come before it at its level (1 for
+    /// the second of a pair).
+    pub earlier: usize,
 }
 
 /// A validated limit of the tree.
@@ -226,25 +232,59 @@ pub struct DescriptorSet {
 }
 
 impl DescriptorSet {
-    /// Validates `configs` (one per file); a domain may appear once.
+    /// Validates `configs` (one per file); a domain may appear once. The error is the
+    /// first problem of [`DescriptorSet::problems`].
     pub fn new(configs: Vec<DomainConfig>) -> Result<DescriptorSet, DescriptorError> {
+        let (set, problems) = DescriptorSet::checked(configs);
+        match problems.into_iter().next() {
+            Some(first) => Err(first),
+            None => Ok(set),
+        }
+    }
+
+    /// Every problem of `configs`, in file order (none: [`DescriptorSet::new`] takes them).
+    pub fn problems(configs: Vec<DomainConfig>) -> Vec<DescriptorError> {
+        DescriptorSet::checked(configs).1
+    }
+
+    /// The set of the valid parts of `configs`, and every problem of the others.
+    fn checked(configs: Vec<DomainConfig>) -> (DescriptorSet, Vec<DescriptorError>) {
         let mut domains: Vec<(String, Vec<Node>)> = Vec::new();
+        let mut problems = Vec::new();
         for config in configs {
-            let fail = |problem: String| DescriptorError {
+            let fail = |problem: &str| DescriptorError {
                 domain: config.domain.clone(),
                 path: String::from("(top)"),
-                problem,
+                problem: problem.to_owned(),
+                entries: Vec::new(),
+                earlier: 0,
             };
             if config.domain.is_empty() {
-                return Err(fail("the domain is empty".into()));
+                problems.push(fail("the domain is empty"));
+            } else if domains.iter().any(|(d, _)| *d == config.domain) {
+                problems.push(fail("this domain is configured twice"));
             }
-            if domains.iter().any(|(d, _)| *d == config.domain) {
-                return Err(fail("this domain is configured twice".into()));
-            }
-            let nodes = nodes(&config.domain, &config.domain, config.descriptors)?;
+            let nodes = nodes(&config.domain, &config.domain, &[], config.descriptors, &mut problems);
             domains.push((config.domain, nodes));
         }
-        Ok(DescriptorSet { domains })
+        (DescriptorSet { domains }, problems)
+    }
+
+    /// How many limits the tree holds (unlimited ones and those refusing everything
+    /// included): what a reload reports as its count of rules.
+    pub fn len(&self) -> usize {
+        fn count(nodes: &[Node]) -> usize {
+            nodes
+                .iter()
+                .map(|n| usize::from(n.limit.is_some()) + count(&n.children))
+                .sum()
+        }
+        self.domains.iter().map(|(_, nodes)| count(nodes)).sum()
+    }
+
+    /// Whether the tree holds no limit at all: every descriptor is allowed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Whether `domain` is configured.
@@ -290,6 +330,44 @@ impl DescriptorSet {
         None
     }
 
+    /// The limit a request sets itself for a descriptor (Envoy's per-request override:
+    /// `requests_per_unit` per `unit`), as envoyproxy/ratelimit applies it: in a configured
+    /// domain it replaces whatever limit the descriptor falls under, and applies even when
+    /// none does; never in shadow mode; a fixed window; 0 refuses every request. It keeps
+    /// the configured limit's name and failure mode when one matches (else the name is
+    /// `domain.key_value…`); its counter is the descriptor's entries' own, apart from the
+    /// configured limit's. `None` for a domain not configured.
+    pub fn overridden(
+        &self,
+        domain: &str,
+        entries: &[(&str, &str)],
+        requests_per_unit: u64,
+        unit: Unit,
+    ) -> Option<(DescriptorLimit, String)> {
+        if !self.has_domain(domain) {
+            return None;
+        }
+        let configured = self.find(domain, entries).map(|(l, _)| l);
+        let mut identity = String::from(domain);
+        let mut path = String::from(domain);
+        for (key, value) in entries {
+            identity.push_str(&format!("|{key}={value}"));
+            path.push_str(&format!(".{key}_{value}"));
+        }
+        identity.push_str(&format!("|@{requests_per_unit}/{unit:?}"));
+        let spec = RateLimitSpec {
+            name: Some(configured.map_or(path.clone(), |l| l.name.clone())),
+            unit: Some(unit),
+            requests_per_unit,
+            unlimited: false,
+            replaces: Vec::new(),
+            algorithm: None,
+            failure_mode: configured.map(|l| l.failure),
+        };
+        // A fixed window of 1 to 2^32 per unit always builds.
+        limit(spec, false, &path).ok().map(|l| (l, identity))
+    }
+
     /// The limits of a request's descriptors (`None` where none applies) with their
     /// counters' identities, less those that another applying limit `replaces`.
     pub fn limits_for<'s>(
@@ -312,42 +390,60 @@ impl DescriptorSet {
     }
 }
 
-/// Validates one level of the tree under `path`.
-fn nodes(domain: &str, path: &str, specs: Vec<DescriptorNode>) -> Result<Vec<Node>, DescriptorError> {
+/// An entry on the way down the tree, `(key, value)`.
+type Step = (String, Option<String>);
+
+/// Validates one level of the tree under `path`, reached by the entries `trail`: its valid
+/// nodes; the problems of the others go to `problems`, in file order.
+fn nodes(
+    domain: &str,
+    path: &str,
+    trail: &[Step],
+    specs: Vec<DescriptorNode>,
+    problems: &mut Vec<DescriptorError>,
+) -> Vec<Node> {
     let mut out: Vec<Node> = Vec::with_capacity(specs.len());
+    let mut seen: Vec<Step> = Vec::with_capacity(specs.len());
     for spec in specs {
         let value = spec.value.filter(|v| !v.is_empty());
         let here = match &value {
             Some(v) => format!("{path}.{}_{v}", spec.key),
             None => format!("{path}.{}", spec.key),
         };
-        let fail = |problem: String| DescriptorError {
+        let mut steps = trail.to_vec();
+        steps.push((spec.key.clone(), value.clone()));
+        let earlier = seen.iter().filter(|(k, v)| *k == spec.key && *v == value).count();
+        seen.push((spec.key.clone(), value.clone()));
+        let twice = out.iter().any(|n| n.key == spec.key && n.value == value);
+        let checked = if spec.key.is_empty() {
+            Err("an entry has an empty key".to_owned())
+        } else if twice {
+            Err("the same key and value appear twice at this level".to_owned())
+        } else if spec.share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            Err("share_threshold needs a wildcard value (one with `*`)".to_owned())
+        } else {
+            spec.rate_limit.map(|rl| limit(rl, spec.shadow_mode, &here)).transpose()
+        };
+        let problem = checked.as_ref().err().map(|problem| DescriptorError {
             domain: domain.to_owned(),
             path: here.clone(),
-            problem,
-        };
-        if spec.key.is_empty() {
-            return Err(fail("an entry has an empty key".into()));
-        }
-        if out.iter().any(|n| n.key == spec.key && n.value == value) {
-            return Err(fail("the same key and value appear twice at this level".into()));
-        }
-        let limit = match spec.rate_limit {
-            Some(rl) => Some(limit(rl, spec.shadow_mode, &here).map_err(fail)?),
-            None => None,
-        };
-        if spec.share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
-            return Err(fail("share_threshold needs a wildcard value (one with `*`)".into()));
-        }
-        out.push(Node {
-            children: nodes(domain, &here, spec.descriptors)?,
-            key: spec.key,
-            value,
-            share_threshold: spec.share_threshold,
-            limit,
+            problem: problem.clone(),
+            entries: steps.clone(),
+            earlier,
         });
+        problems.extend(problem);
+        let children = nodes(domain, &here, &steps, spec.descriptors, problems);
+        if let Ok(limit) = checked {
+            out.push(Node {
+                children,
+                key: spec.key,
+                value,
+                share_threshold: spec.share_threshold,
+                limit,
+            });
+        }
     }
-    Ok(out)
+    out
 }
 
 /// Validates a node's `rate_limit`.

@@ -9,15 +9,20 @@
 //! `max_delay = "0ms"` (required, and non-zero, when `shaping = true`; ignored otherwise),
 //! `shadow = false`.
 
+#[cfg(feature = "toml")]
+mod check;
 mod duration;
 mod error;
 mod file;
 mod glob;
 mod global;
+pub mod host;
 mod set;
 mod timestamp;
 mod validate;
 
+#[cfg(feature = "toml")]
+pub use check::{check_toml, Problem};
 pub use duration::{format_duration, parse_duration, MAX_DURATION_MS};
 pub use error::RulesError;
 pub use file::{OverrideSpec, RuleFile, RuleSpec};

@@ -8,6 +8,7 @@ use thiserror::Error;
 use crate::algorithm::Decision;
 use crate::headers::Quota;
 use crate::json::{self, Fields, Json, JsonError};
+use crate::rules::host::{is_host, MAX_HOST_BYTES};
 use crate::text::truncate;
 use crate::time::wait_ms;
 
@@ -96,6 +97,11 @@ pub struct CheckRequest {
     /// would get now, spending nothing.
     #[serde(default = "one", deserialize_with = "named::cost")]
     pub cost: u64,
+    /// The request's host (its `Host`/`:authority`; a port is ignored), for rules naming
+    /// `hosts`: 1 to [`MAX_HOST_BYTES`] printable bytes. Absent, only rules naming no host
+    /// apply.
+    #[serde(default)]
+    pub host: Option<String>,
 }
 
 impl CheckRequest {
@@ -132,6 +138,10 @@ impl CheckRequest {
         json::write_str(&mut out, &self.path);
         out.push_str(",\"cost\":");
         out.push_str(&self.cost.to_string());
+        if let Some(host) = &self.host {
+            out.push_str(",\"host\":");
+            json::write_str(&mut out, host);
+        }
         out.push('}');
         out
     }
@@ -180,6 +190,13 @@ impl CheckRequest {
         }
         if self.cost > MAX_COST {
             return Err(WireError(format!("cost {} out of range 0..={MAX_COST}", self.cost)));
+        }
+        if let Some(host) = self.host.as_deref().filter(|h| !is_host(h)) {
+            return Err(WireError(format!(
+                "host `{}` ({} bytes) is not a host: 1 to {MAX_HOST_BYTES} printable bytes without spaces, `/ ? # @ {{ }} ,`",
+                truncate(host, SHOWN_BYTES),
+                host.len()
+            )));
         }
         Ok(())
     }

@@ -379,6 +379,7 @@ fn every_field_serde_writes_is_read_back_from_json() {
         by: "header:x-team".into(),
         path: "/api/*".into(),
         methods: vec!["GET".into(), "PUT".into()],
+        hosts: vec!["api.example.com".into(), "*.example.org".into()],
         case_insensitive_paths: true,
         when_missing: Some("deny".into()),
         tier: Some("free".into()),

@@ -377,3 +377,29 @@ window = "1s"
     let again = RuleSet::from_json(&set.rules_json()).unwrap();
     assert_eq!(names(&again, &ip, "GET", "/API/Search/x"), ["folded=1.2.3.4"]);
 }
+
+/// Issue 40: a rule naming `hosts` applies to a request to one of them (port and case
+/// ignored, `*.domain` for its subdomains); a request without a host, and one to another
+/// host, only meet the rules naming none.
+#[test]
+fn rules_naming_hosts_apply_to_those_hosts_only() {
+    let rule = |name: &str, hosts: &str| {
+        format!("[[rule]]\nname = \"{name}\"\nby = \"ip\"\n{hosts}algorithm = \"gcra\"\nlimit = 10\nwindow = \"1s\"\n")
+    };
+    let text = rule("api", "hosts = [\"API.example.com\", \"*.example.org\"]\n") + &rule("all", "");
+    let set = RuleSet::from_toml(&text).unwrap();
+    let i = ids(&[("ip", "1.2.3.4")]);
+    let on = |host: Option<&str>| -> Vec<String> {
+        set.matching_host(&i, "GET", host, "/")
+            .map(|(r, _)| r.name.clone())
+            .collect()
+    };
+    assert_eq!(on(Some("api.EXAMPLE.com:8443")), ["api", "all"]);
+    assert_eq!(on(Some("a.b.example.org")), ["api", "all"]);
+    assert_eq!(on(Some("example.org")), ["all"]);
+    assert_eq!(on(Some("api.example.com.evil.net")), ["all"]);
+    assert_eq!(on(None), ["all"]);
+    assert_eq!(names(&set, &[("ip", "1.2.3.4")], "GET", "/"), ["all=1.2.3.4"]);
+    let bad = RuleSet::from_toml(&rule("h", "hosts = [\"a/b\"]\n")).unwrap_err();
+    assert!(bad.to_string().contains("field hosts"), "{bad}");
+}

@@ -372,7 +372,7 @@ proptest! {
     ) {
         // Written by the filter's encoder, read by the service's serde decoder: any text,
         // quotes, backslashes and control characters included.
-        let r = CheckRequest { identities, method, path, cost };
+        let r = CheckRequest { identities, method, path, cost, host: None };
         let parsed = CheckRequest::from_json(r.to_json().as_bytes());
         prop_assert_eq!(parsed, Ok(r));
     }
@@ -408,7 +408,25 @@ fn a_method_the_service_would_refuse_is_sent_as_other() {
             method: check_method(bad).to_owned(),
             path: "/".into(),
             cost: 1,
+            host: None,
         };
         assert_eq!(r.validate(), Ok(()), "{bad:?} forwarded as is would be refused");
+    }
+}
+
+/// Issue 40: `host` is optional (old clients send none), round-trips, and a bad one is
+/// named.
+#[test]
+fn a_host_is_optional_and_a_bad_one_is_named() {
+    let without = req(r#"{"identities":{},"method":"GET","path":"/"}"#).unwrap();
+    assert_eq!(without.host, None);
+    let with = req(r#"{"identities":{},"method":"GET","path":"/","host":"api.example.com:8080"}"#).unwrap();
+    assert_eq!(with.host.as_deref(), Some("api.example.com:8080"));
+    assert_eq!(req(&with.to_json()).unwrap(), with);
+    assert!(!without.to_json().contains("host"), "{}", without.to_json());
+    for bad in ["", "a b", "a/b", &"h".repeat(256)] {
+        let body = format!(r#"{{"identities":{{}},"method":"GET","path":"/","host":"{bad}"}}"#);
+        let e = req(&body).unwrap_err();
+        assert!(e.starts_with("host `"), "{bad:?}: {e}");
     }
 }

@@ -85,13 +85,20 @@ impl Leasing {
     }
 
     /// A request's decision by leases (see [`ByLease`]).
-    pub fn decide(&mut self, identities: &BTreeMap<String, String>, method: &str, path: &str, now_ms: u64) -> ByLease {
+    pub fn decide(
+        &mut self,
+        identities: &BTreeMap<String, String>,
+        method: &str,
+        host: Option<&str>,
+        path: &str,
+        now_ms: u64,
+    ) -> ByLease {
         let Some(rules) = self.rules.as_ref() else {
             return ByLease::Check(Vec::new());
         };
         let mut quotas: Vec<QuotaKey> = Vec::new();
         let mut all_leased = true;
-        for (rule, identity) in rules.matching(identities, method, path) {
+        for (rule, identity) in rules.matching_host(identities, method, host, path) {
             if rule.lease_ttl.is_none() || rule.refuses(identity) {
                 all_leased = false;
             } else {

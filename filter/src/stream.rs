@@ -10,6 +10,7 @@ use sluice_core::breaker::BreakerState;
 use sluice_core::headers::{denial_body, format_headers, Quota};
 use sluice_core::identity::{bounded, ip_key};
 use sluice_core::lease::book::QuotaKey;
+use sluice_core::rules::host::is_host;
 use sluice_core::rules::FailureMode;
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{check_method, CheckRequest, MAX_HOLD_MS};
@@ -235,11 +236,11 @@ impl Stream {
     /// The request decided by leases, if it can be (see [`crate::leases`]): it goes on with
     /// the headers of its most restrictive quota, or is refused because a quota is spent.
     /// `None`: check it exactly.
-    fn by_lease(&mut self, method: &str, path: &str, now: Micros) -> Option<Action> {
+    fn by_lease(&mut self, method: &str, host: Option<&str>, path: &str, now: Micros) -> Option<Action> {
         let decided = {
             let mut s = self.shared.borrow_mut();
             let leasing = s.leasing.as_mut()?;
-            leasing.decide(&self.identities, method, path, instant_ms(now))
+            leasing.decide(&self.identities, method, host, path, instant_ms(now))
         };
         let (mode, metrics) = {
             let s = self.shared.borrow();
@@ -356,15 +357,21 @@ impl HttpContext for Stream {
         let method = request_header(":method");
         let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
         let path = request_header(":path").map_or_else(|| "/".into(), |p| check_path(&p));
+        // Envoy names it `:authority`; a host that is none (the proxy refuses most such
+        // requests first) matches only rules naming no host, as at the service.
+        let host = request_header(":authority")
+            .or_else(|| request_header("host"))
+            .filter(|h| is_host(h));
         if self.shared.borrow().debits.is_some() {
             self.debit = Some(CheckRequest {
                 identities: self.identities.clone(),
                 method: method.clone(),
                 path: path.clone(),
                 cost: 0,
+                host: host.clone(),
             });
         }
-        if let Some(action) = self.by_lease(&method, &path, now) {
+        if let Some(action) = self.by_lease(&method, host.as_deref(), &path, now) {
             return action;
         }
 
@@ -381,6 +388,7 @@ impl HttpContext for Stream {
             method,
             path,
             cost: 1,
+            host,
         };
         let body = request.to_json().into_bytes();
         let (path, timeout) = {

@@ -15,7 +15,6 @@ use sluice_core::Decision;
 use crate::decide::{decide_limits, verdict, Target};
 use crate::metrics::Verdict;
 use crate::node::Node;
-use crate::store::keys;
 use crate::violations::Violation;
 
 /// `req` as rules are matched against it, whoever sent it: its path canonical
@@ -56,11 +55,12 @@ pub(crate) fn refused_for_missing(rule: &Rule, now_ms: u64) -> CheckResponse {
 }
 
 /// The limits of the `matched` rules, each at `cost`.
-pub(crate) fn targets(rules: &RuleSet, matched: &[(&Rule, &str)], cost: u64, now_ms: u64) -> Vec<Target> {
+pub(crate) fn targets(node: &Node, rules: &RuleSet, matched: &[(&Rule, &str)], cost: u64, now_ms: u64) -> Vec<Target> {
+    let keys = node.store.keys();
     matched
         .iter()
         .map(|&(rule, identity)| Target {
-            key: keys::limit(&rule.name, identity),
+            key: keys.limit(&rule.name, identity),
             limit: rules.limit_for(rule, identity, now_ms),
             shadow: rule.shadow,
             failure: rule.failure,
@@ -78,7 +78,9 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let rules = node.rules();
     let now_us = node.clock.now_us();
     let now_ms = instant_ms(now_us);
-    let matched: Vec<(&Rule, &str)> = rules.matching(&req.identities, &req.method, &req.path).collect();
+    let matched: Vec<(&Rule, &str)> = rules
+        .matching_host(&req.identities, &req.method, req.host.as_deref(), &req.path)
+        .collect();
     if matched.is_empty() {
         return CheckResponse::from_outcomes(&[], now_ms);
     }
@@ -86,7 +88,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
         node.metrics.check(&rule.name, Verdict::Denied);
         return refused_for_missing(rule, now_ms);
     }
-    let targets = targets(&rules, &matched, req.cost, now_ms);
+    let targets = targets(node, &rules, &matched, req.cost, now_ms);
     let (decisions, degraded) = match &node.region {
         Some(region) if matched.iter().any(|(rule, _)| rule.global.is_some()) => {
             crate::region::decide::decide(node, region, &matched, &targets, now_us).await

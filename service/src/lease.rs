@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use crate::node::Node;
 use crate::region::{sublease, Region};
-use crate::store::{keys, within, Store, StoreError};
+use crate::store::{within, Store, StoreError};
 
 /// Why leases could not be given.
 #[derive(Debug, Error)]
@@ -142,14 +142,14 @@ pub async fn exchange(
             return Ok(0); // the rule went away: its units come back as it refills
         };
         let limit = rules.limit_for(rule, &r.identity, now_ms);
-        let key = keys::limit(&rule.name, &r.identity);
+        let key = store.keys().limit(&rule.name, &r.identity);
         within(timeout, store.give_back(&key, &limit, r.lease, r.unspent)).await
     });
     let returned = join_all(returns).await.into_iter().collect::<Result<Vec<u64>, _>>()?;
     let grants = req.grants.iter().map(|ask| async {
         let (rule, ttl) = leased(rules, &ask.rule, &ttl_of).ok_or_else(|| LeaseError::NotLeased(ask.rule.clone()))?;
         let limit = rules.limit_for(rule, &ask.identity, now_ms);
-        let key = keys::limit(&rule.name, &ask.identity);
+        let key = store.keys().limit(&rule.name, &ask.identity);
         let id = next_id();
         let g = within(timeout, store.grant(&key, &limit, ask.want, ttl, id)).await?;
         Ok::<_, LeaseError>(LeaseGranted {

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use sluice_core::descriptors::DescriptorSet;
-use sluice_core::rules::RuleSet;
+use sluice_core::rules::{check_toml, RuleSet};
 use sluice_service::breaker::BreakerState;
 use sluice_service::edge::{self, Edge};
 use sluice_service::listen::{ListenAddr, Listener};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{Region, RegionConfig};
+use sluice_service::store::keys::{self, Keys};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{redact, RedisOptions, RedisStore};
 use sluice_service::store::Store;
@@ -30,6 +31,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
+    /// A task other than serving.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Address to serve HTTP on: HOST:PORT, or unix:PATH for a Unix domain socket (for a
     /// proxy on the same machine: Nginx's ngx_wasm_module opens a connection per call, and
     /// one over a Unix socket costs less; the file's permissions say who may call).
@@ -70,7 +74,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = grpc::rlqs::UnknownBuckets::Abandon, requires = "rlqs")]
     rlqs_unknown: grpc::rlqs::UnknownBuckets,
     /// envoyproxy/ratelimit configuration (YAML, one domain per file; repeat for more) that
-    /// the gRPC API matches descriptors against; read at start.
+    /// the gRPC API matches descriptors against; watched and reloaded on change, as
+    /// --rules.
     #[arg(long, value_name = "FILE.yaml")]
     descriptors: Vec<PathBuf>,
     /// Counter store: `memory`; one Redis `redis://[USER@]HOST:PORT`; a Redis Cluster
@@ -79,6 +84,13 @@ struct Args {
     /// Give the password with --store-password-file, not in the URL.
     #[arg(long, default_value = "memory", value_name = "URL")]
     store: String,
+    /// The prefix of every key and channel this node uses in --store and --global-store
+    /// (`PREFIX:{<identity>}:<rule>`, `PREFIX:{rules}`, `PREFIX:rules:changed`,
+    /// `PREFIX:violations`): deployments with different prefixes share a Redis without
+    /// meeting (their own counters, their own published rules); nodes with the same prefix
+    /// share both. 1 to 64 of ASCII letters, digits, `-`, `_`, `.`, `:`.
+    #[arg(long, default_value = keys::DEFAULT_PREFIX, value_name = "PREFIX", value_parser = store_prefix)]
+    store_prefix: Keys,
     /// TLS to --store: trust only the CAs in this file (PEM) instead of the system's roots.
     #[arg(long, value_name = "FILE.pem")]
     store_ca_file: Option<PathBuf>,
@@ -215,6 +227,22 @@ struct Args {
     global_max_cold_waits: usize,
 }
 
+/// The binary's tasks besides serving.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Checks a rules file as `--rules` reads it (TOML, or envoyproxy/ratelimit YAML for a
+    /// `.yaml`/`.yml` file), for CI pipelines: prints a one-line summary and exits 0 when it
+    /// is valid; prints every problem with its line and exits 1 when not (a file with no
+    /// rule too, unless --allow-empty-rules).
+    CheckRules {
+        /// The rules file.
+        file: PathBuf,
+        /// Take a file with no rule as valid (a node started with this flag puts it in force).
+        #[arg(long)]
+        allow_empty_rules: bool,
+    },
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
     Text,
@@ -223,6 +251,13 @@ enum LogFormat {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::CheckRules {
+        file,
+        allow_empty_rules,
+    }) = &args.command
+    {
+        std::process::exit(check_rules(file, *allow_empty_rules));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     match args.log_format {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
@@ -234,47 +269,102 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(args))
 }
 
-async fn run(mut args: Args) -> anyhow::Result<()> {
-    let descriptors = descriptors(&mut args)?;
+async fn run(args: Args) -> anyhow::Result<()> {
+    let (descriptors, yaml_fingerprint) = descriptors(&args)?;
     let (rules, fingerprint) = rules(&args)?;
     let edge = edge(&args)?;
     let store = store(&args)?;
     let config = node_config(&args)?;
     let region = region(&args, &rules).await?;
     let node = Node::in_region(store, rules, config, region);
-    start_tasks(&node, &args, fingerprint);
-    serve(node, &args, edge, descriptors).await
+    node.set_descriptors(descriptors);
+    start_tasks(&node, &args, fingerprint, yaml_fingerprint);
+    serve(node, &args, edge).await
 }
 
-/// The gRPC API's descriptor files (a `--rules` file in envoyproxy/ratelimit's YAML counts
-/// as one).
-fn descriptors(args: &mut Args) -> anyhow::Result<Arc<DescriptorSet>> {
-    if let Some(yaml) = args.rules.take_if(|p| grpc::config::is_yaml(p)) {
-        args.descriptors.push(yaml);
+/// Whether `--rules` names an envoyproxy/ratelimit YAML file rather than a TOML one.
+fn rules_are_yaml(args: &Args) -> bool {
+    args.rules.as_deref().is_some_and(grpc::config::is_yaml)
+}
+
+/// `check-rules FILE`: the summary on stdout and 0 for a valid file; every problem on
+/// stderr, each as `FILE: line N: …`, and 1 otherwise.
+fn check_rules(file: &std::path::Path, allow_empty: bool) -> i32 {
+    let shown = file.display();
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("{shown}: cannot read it: {e}");
+            return 1;
+        }
+    };
+    let yaml = grpc::config::is_yaml(file);
+    let checked = if yaml {
+        grpc::config::check(&text)
+    } else {
+        check_toml(&text).map_err(|problems| problems.iter().map(ToString::to_string).collect())
+    };
+    let what = if yaml { "descriptor limits" } else { "rules" };
+    match checked {
+        Ok(0) if !allow_empty => {
+            eprintln!(
+                "{shown}: holds no rule, which would turn every limit off (a node keeps the rules in force \
+                 unless started with --allow-empty-rules; pass it here too if that is meant)"
+            );
+            1
+        }
+        Ok(count) => {
+            println!("{shown}: valid, {count} {what}");
+            0
+        }
+        Err(problems) => {
+            for problem in &problems {
+                eprintln!("{shown}: {problem}");
+            }
+            eprintln!("{shown}: invalid, {} problem(s)", problems.len());
+            1
+        }
     }
-    let descriptor_files: Vec<&std::path::Path> = args.descriptors.iter().map(PathBuf::as_path).collect();
-    let descriptors = Arc::new(grpc::config::load(&descriptor_files).map_err(anyhow::Error::msg)?);
-    if args.grpc_listen.is_none() && !args.descriptors.is_empty() {
+}
+
+/// The gRPC API's descriptor files: `--descriptors`, and a `--rules` file in
+/// envoyproxy/ratelimit's YAML.
+fn yaml_files(args: &Args) -> Vec<PathBuf> {
+    let mut files = args.descriptors.clone();
+    files.extend(args.rules.clone().filter(|_| rules_are_yaml(args)));
+    files
+}
+
+/// The gRPC API's descriptor set and the fingerprint of its files, for the watcher.
+fn descriptors(args: &Args) -> anyhow::Result<(Arc<DescriptorSet>, u64)> {
+    let files = yaml_files(args);
+    if args.grpc_listen.is_none() && !files.is_empty() {
         bail!("descriptor files are for the gRPC API: add --grpc-listen HOST:PORT");
     }
-    Ok(descriptors)
+    let (descriptors, fingerprint) = rules_source::load_yaml_files(&files).map_err(anyhow::Error::msg)?;
+    if !files.is_empty() && descriptors.is_empty() {
+        tracing::warn!("the descriptor files hold no limit: every gRPC check is allowed");
+    }
+    Ok((Arc::new(descriptors), fingerprint))
 }
 
-/// The rules file's rules and fingerprint (none without `--rules`: every check allowed).
+/// The TOML rules file's rules and fingerprint (none without one: every HTTP check allowed).
 fn rules(args: &Args) -> anyhow::Result<(RuleSet, u64)> {
     Ok(match &args.rules {
-        Some(path) => {
+        Some(path) if !rules_are_yaml(args) => {
             let (rules, fingerprint) = rules_source::load_file(path).map_err(anyhow::Error::msg)?;
             if rules.rules().is_empty() {
                 tracing::warn!(file = %path.display(), "the rules file holds no rule: every HTTP check is allowed");
             }
             (rules, fingerprint)
         }
-        None if !args.descriptors.is_empty() => {
-            tracing::info!("no TOML rules file: the gRPC API decides by the descriptor files; HTTP checks allow all");
+        _ if !yaml_files(args).is_empty() => {
+            tracing::info!(
+                "rules from envoyproxy/ratelimit YAML: the gRPC API decides by them; HTTP checks have no rules and allow all"
+            );
             (RuleSet::default(), 0)
         }
-        None => {
+        _ => {
             tracing::warn!("no --rules file: every HTTP check is allowed");
             (RuleSet::default(), 0)
         }
@@ -306,9 +396,12 @@ fn store(args: &Args) -> anyhow::Result<Store> {
         || args.store_cert.is_some()
         || args.store_password_file.is_some()
         || args.store_sentinel_password_file.is_some()
-        || args.store_wait_replicas > 0;
+        || args.store_wait_replicas > 0
+        || args.store_prefix != Keys::default();
     if args.store == "memory" && redis_only {
-        bail!("--store-ca-file, --store-cert, --store-password-file and --store-wait-replicas are for a Redis --store");
+        bail!(
+            "--store-ca-file, --store-cert, --store-password-file, --store-wait-replicas and --store-prefix are for a Redis --store"
+        );
     }
     Ok(if args.store == "memory" {
         Store::Memory(MemoryStore::new(args.max_keys))
@@ -322,6 +415,7 @@ fn store(args: &Args) -> anyhow::Result<Store> {
             password_file: args.store_password_file.clone(),
             sentinel_password_file: args.store_sentinel_password_file.clone(),
             wait_replicas: args.store_wait_replicas,
+            keys: args.store_prefix.clone(),
             ..RedisOptions::new(timeout.max(Duration::from_millis(500)))
         };
         let store =
@@ -373,6 +467,7 @@ async fn region(args: &Args, rules: &RuleSet) -> anyhow::Result<Option<Region>> 
                 cert_file: args.global_store_cert.clone(),
                 key_file: args.global_store_key.clone(),
                 password_file: args.global_store_password_file.clone(),
+                keys: args.store_prefix.clone(),
                 ..RedisOptions::new(timeout)
             };
             let global = RedisStore::start(url, options).with_context(|| format!("--global-store {}", redact(url)))?;
@@ -405,9 +500,13 @@ async fn region(args: &Args, rules: &RuleSet) -> anyhow::Result<Option<Region>> 
 
 /// The node's background tasks: following the rules file and the published rules,
 /// sweeping idle state, probing the store, filling the region's leases.
-fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64) {
-    if let Some(path) = args.rules.clone() {
+fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64, yaml_fingerprint: u64) {
+    if let Some(path) = args.rules.clone().filter(|_| !rules_are_yaml(args)) {
         tokio::spawn(rules_source::watch_file(node.clone(), path, fingerprint));
+    }
+    let yaml = yaml_files(args);
+    if !yaml.is_empty() {
+        tokio::spawn(rules_source::watch_files(node.clone(), yaml, yaml_fingerprint));
     }
     tokio::spawn(rules_source::follow_published(node.clone()));
     tokio::spawn(housekeeping::sweep(node.clone()));
@@ -416,7 +515,7 @@ fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64) {
 }
 
 /// Opens the node's listeners and serves until SIGINT or SIGTERM.
-async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<DescriptorSet>) -> anyhow::Result<()> {
+async fn serve(node: Arc<Node>, args: &Args, edge: Edge) -> anyhow::Result<()> {
     // Before the ports open: a SIGTERM sent as soon as they accept connections must be caught.
     let shutdown = shutdown()?;
     let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -442,7 +541,7 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<Descri
         Some(addr) => {
             let grpc_listener = bind(addr).await?;
             tracing::info!(grpc_listen = %grpc_listener.local_addr()?, "Envoy rate limit service API");
-            let limiter = grpc::RateLimiter::new(node.clone(), descriptors, args.grpc_headers);
+            let limiter = grpc::RateLimiter::on_node(node.clone(), args.grpc_headers);
             let quota = args.rlqs.then(|| {
                 tracing::info!("Envoy rate limit quota service (RLQS)");
                 let limits = grpc::rlqs::Limits::default();
@@ -479,6 +578,11 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge, descriptors: Arc<Descri
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `--store-prefix`: the names under it, or why it cannot be used.
+fn store_prefix(prefix: &str) -> Result<Keys, String> {
+    Keys::new(prefix).map_err(|e| e.problem.to_owned())
 }
 
 /// The secret in file `path` (trimmed), or an error naming the file and what to do.

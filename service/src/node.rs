@@ -1,8 +1,11 @@
 //! One service node's shared state.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 
 use crate::breaker::Breaker;
@@ -90,6 +93,12 @@ pub struct Node {
     /// adopted), under one lock: a change is a compare-and-set on the version it read, so the
     /// two must be read together.
     rules: RwLock<(Arc<RuleSet>, u64)>,
+    /// The envoyproxy/ratelimit descriptor set the gRPC API decides by (empty without one),
+    /// swapped whole when its files are reloaded.
+    descriptors: ArcSwap<DescriptorSet>,
+    /// How many times the descriptor set was put in force on this node (1 for the files
+    /// read at start): the version a YAML reload reports (YAML rules are not published).
+    descriptors_version: AtomicU64,
 }
 
 impl Node {
@@ -114,6 +123,8 @@ impl Node {
             metrics,
             clock: Clock::default(),
             rules: RwLock::new((Arc::new(rules), 0)),
+            descriptors: ArcSwap::from_pointee(DescriptorSet::default()),
+            descriptors_version: AtomicU64::new(0),
             waits: Arc::new(tokio::sync::Semaphore::new(config.max_waits)),
             store,
             config,
@@ -140,6 +151,18 @@ impl Node {
     /// Puts the published rules of `version` in force.
     pub fn set_published_rules(&self, rules: RuleSet, version: u64) {
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = (Arc::new(rules), version);
+    }
+
+    /// The descriptor set the gRPC API decides by.
+    pub fn descriptors(&self) -> Arc<DescriptorSet> {
+        self.descriptors.load_full()
+    }
+
+    /// Puts `descriptors` in force for the calls that start from now on; returns the new
+    /// local version (1, 2, … in the order of the calls).
+    pub fn set_descriptors(&self, descriptors: Arc<DescriptorSet>) -> u64 {
+        self.descriptors.store(descriptors);
+        self.descriptors_version.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Whether a data call may go on: no data token is set, or `given` — the value of the

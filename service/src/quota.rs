@@ -19,7 +19,7 @@ use crate::store::{within, Item, StoreError};
 /// The rules `req` matches that this node can peek or debit.
 fn matched<'r>(node: &Node, rules: &'r sluice_core::rules::RuleSet, req: &'r CheckRequest) -> Vec<(&'r Rule, &'r str)> {
     rules
-        .matching(&req.identities, &req.method, &req.path)
+        .matching_host(&req.identities, &req.method, req.host.as_deref(), &req.path)
         .filter(|(rule, _)| node.region.is_none() || rule.global.is_none())
         .collect()
 }
@@ -44,7 +44,7 @@ pub async fn peek(node: &Node, req: &CheckRequest) -> CheckResponse {
     if let Some((rule, _)) = matched.iter().find(|(rule, id)| rule.refuses(id) && !rule.shadow) {
         return refused_for_missing(rule, now_ms);
     }
-    let targets: Vec<Target> = targets(&rules, &matched, 1, now_ms);
+    let targets: Vec<Target> = targets(node, &rules, &matched, 1, now_ms);
     let items: Vec<Item<'_>> = targets.iter().map(Target::item).collect();
     let (decisions, degraded) = match within(node.config.store_timeout, node.store.peek_all(&items)).await {
         Ok(decisions) => (decisions, false),
@@ -69,7 +69,7 @@ pub async fn debit(node: &Node, req: &CheckRequest) -> Result<CheckResponse, Sto
     let rules = node.rules();
     let now_ms = instant_ms(node.clock.now_us());
     let matched = matched(node, &rules, req);
-    let targets = targets(&rules, &matched, req.cost, now_ms);
+    let targets = targets(node, &rules, &matched, req.cost, now_ms);
     let mut outcomes = Vec::with_capacity(matched.len());
     for (&(rule, _), target) in matched.iter().zip(&targets) {
         let taken = within(

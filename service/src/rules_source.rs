@@ -1,5 +1,6 @@
-//! Where rules come from at run time: the `--rules` file (watched), the admin API, and the
-//! rule set published in the store, which every node follows.
+//! Where rules come from at run time: the `--rules` file (watched, TOML or
+//! envoyproxy/ratelimit YAML), the admin API, and the rule set published in the store, which
+//! every node follows (TOML rules; YAML ones are each node's own copy of its files).
 //!
 //! One rule set is in force across the nodes of a store: the published one, versioned.
 //! Every change is a compare-and-set on that version ([`crate::store::Store::publish_rules`]), and the
@@ -17,9 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use tokio::sync::Notify;
 
+use crate::grpc::config;
 use crate::node::Node;
 use crate::store::{Publish, StoreError};
 
@@ -28,14 +31,42 @@ use crate::store::{Publish, StoreError};
 pub fn load_file(path: &Path) -> Result<(RuleSet, u64), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let rules = RuleSet::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((rules, fingerprint(text.as_bytes())))
+    Ok((rules, fingerprint(&[text.as_bytes()])))
 }
 
-/// A hash of a file's bytes. Content, not `(mtime, len)`: two edits of the same length
+/// Reads and validates envoyproxy/ratelimit configuration files (YAML, one domain each);
+/// the error names the file and what is wrong where. Also returns the fingerprint of the
+/// texts, for [`watch_files`].
+pub fn load_yaml_files(paths: &[PathBuf]) -> Result<(DescriptorSet, u64), String> {
+    let mut texts = Vec::with_capacity(paths.len());
+    for path in paths {
+        texts.push(std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?);
+    }
+    let set = descriptors_of(paths, &texts)?;
+    Ok((set, fingerprint(&texts)))
+}
+
+/// The descriptor set of the YAML `texts` read from `paths`; a file holding nothing but
+/// comments adds no domain.
+fn descriptors_of(paths: &[PathBuf], texts: &[impl AsRef<[u8]>]) -> Result<DescriptorSet, String> {
+    let mut configs = Vec::with_capacity(texts.len());
+    for (path, bytes) in paths.iter().zip(texts) {
+        let text = std::str::from_utf8(bytes.as_ref()).map_err(|e| format!("{}: not UTF-8: {e}", path.display()))?;
+        if config::is_blank(text) {
+            continue;
+        }
+        configs.push(config::parse(text).map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    DescriptorSet::new(configs).map_err(|e| e.to_string())
+}
+
+/// A hash of files' bytes. Content, not `(mtime, len)`: two edits of the same length
 /// within the filesystem's timestamp granularity look the same from the metadata.
-fn fingerprint(bytes: &[u8]) -> u64 {
+fn fingerprint(files: &[impl AsRef<[u8]>]) -> u64 {
     let mut hasher = DefaultHasher::new();
-    bytes.hash(&mut hasher);
+    for bytes in files {
+        bytes.as_ref().hash(&mut hasher);
+    }
     hasher.finish()
 }
 
@@ -50,49 +81,115 @@ pub async fn replace(node: &Node, rules: RuleSet, expected: Option<u64>) -> Resu
     Ok(outcome)
 }
 
-/// Reloads the file whenever its content differs from what was seen last (checked every
-/// 500 ms), starting from `seen`, the fingerprint [`load_file`] returned for the rules in
-/// force, and publishes it. A bad file keeps the rules in force, and so do a file with no
-/// rule (unless `allow_empty_rules`) and a deleted one (each said once, as a warning); a
-/// file that cannot be published (store down) is in force on this node and published once
-/// the store answers.
-pub async fn watch_file(node: Arc<Node>, path: PathBuf, mut seen: u64) {
+/// Reloads the TOML rules file whenever its content differs from what was seen last (see
+/// [`watch`]), starting from `seen`, the fingerprint [`load_file`] returned.
+pub async fn watch_file(node: Arc<Node>, path: PathBuf, seen: u64) {
+    watch(node, Kind::Toml, vec![path], seen).await;
+}
+
+/// Reloads the gRPC API's envoyproxy/ratelimit YAML files whenever their content differs
+/// from what was seen last (see [`watch`]), starting from `seen`, the fingerprint
+/// [`load_yaml_files`] returned.
+pub async fn watch_files(node: Arc<Node>, paths: Vec<PathBuf>, seen: u64) {
+    watch(node, Kind::Yaml, paths, seen).await;
+}
+
+/// What the watched files are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One TOML rules file.
+    Toml,
+    /// envoyproxy/ratelimit YAML files.
+    Yaml,
+}
+
+/// What a rules file holds once read and validated.
+enum Loaded {
+    /// TOML: the HTTP API's rules, published to the store.
+    Toml(RuleSet),
+    /// envoyproxy/ratelimit YAML: the gRPC API's descriptors, in force on this node.
+    Yaml(DescriptorSet),
+}
+
+impl Loaded {
+    /// Reads `texts`, the content of `paths`: one TOML file, or YAML files.
+    fn read(kind: Kind, paths: &[PathBuf], texts: &[Vec<u8>]) -> Result<Loaded, String> {
+        match (paths, texts) {
+            ([path], [bytes]) if kind == Kind::Toml => std::str::from_utf8(bytes)
+                .map_err(|e| format!("{}: not UTF-8: {e}", path.display()))
+                .and_then(|text| RuleSet::from_toml(text).map_err(|e| format!("{}: {e}", path.display())))
+                .map(Loaded::Toml),
+            _ => descriptors_of(paths, texts).map(Loaded::Yaml),
+        }
+    }
+
+    /// How many rules (TOML) or limits (YAML) it holds.
+    fn count(&self) -> usize {
+        match self {
+            Loaded::Toml(rules) => rules.rules().len(),
+            Loaded::Yaml(descriptors) => descriptors.len(),
+        }
+    }
+}
+
+/// How many rules (TOML) or descriptor limits (YAML) are in force on `node`.
+fn count_in_force(node: &Node, kind: Kind) -> usize {
+    match kind {
+        Kind::Toml => node.rules().rules().len(),
+        Kind::Yaml => node.descriptors().len(),
+    }
+}
+
+/// Reloads the rules files — one TOML file, or the YAML files of the gRPC API — whenever
+/// their content differs from what was seen last (checked every 500 ms; an edit in place,
+/// a file renamed over, a ConfigMap's symlink swapped), starting from `seen`, the
+/// fingerprint [`load_file`] or [`load_yaml_files`] returned for the rules in force. TOML
+/// rules are published to the store; YAML ones are put in force on this node (every node
+/// reads its own copy). A bad file keeps the rules in force, and so do a file with no rule
+/// (unless `allow_empty_rules`) and a deleted one (each said once, as a warning); TOML
+/// rules that cannot be published (store down) are in force on this node and published
+/// once the store answers. Each reload is one INFO line naming the file, the count of
+/// rules and the version.
+async fn watch(node: Arc<Node>, kind: Kind, paths: Vec<PathBuf>, mut seen: u64) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut missing = false;
+    let shown = paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     loop {
         tick.tick().await;
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
+        let texts = match paths.iter().map(std::fs::read).collect::<Result<Vec<_>, _>>() {
+            Ok(texts) => texts,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if !std::mem::replace(&mut missing, true) {
-                    let count = node.rules().rules().len();
-                    tracing::warn!(file = %path.display(), rules = count, "the rules file is gone: keeping the rules in force");
+                    let count = count_in_force(&node, kind);
+                    tracing::warn!(file = %shown, rules = count, "the rules file is gone: keeping the rules in force");
                 }
                 continue;
             }
             Err(_) => continue, // being replaced: the rules in force stay
         };
         missing = false;
-        let now = fingerprint(&bytes);
+        let now = fingerprint(&texts);
         if now == seen {
             continue;
         }
-        let rules = std::str::from_utf8(&bytes)
-            .map_err(|e| format!("{}: not UTF-8: {e}", path.display()))
-            .and_then(|text| RuleSet::from_toml(text).map_err(|e| format!("{}: {e}", path.display())))
-            .and_then(|rules| {
-                if rules.rules().is_empty() && !node.config.allow_empty_rules {
-                    Err(format!(
-                        "{} holds no rule, which would turn every limit off (start the node with \
-                         --allow-empty-rules to allow that)",
-                        path.display()
-                    ))
-                } else {
-                    Ok(rules)
-                }
-            });
-        let rules = match rules {
-            Ok(rules) => rules,
+        let loaded = match Loaded::read(kind, &paths, &texts) {
+            Ok(loaded) if loaded.count() == 0 && !node.config.allow_empty_rules => {
+                seen = now;
+                let count = count_in_force(&node, kind);
+                tracing::warn!(
+                    file = %shown,
+                    rules = count,
+                    "the rules file holds no rule, which would turn every limit off: keeping the rules in force \
+                     (start the node with --allow-empty-rules to allow that)"
+                );
+                node.metrics.reload(false);
+                continue;
+            }
+            Ok(loaded) => loaded,
             Err(e) => {
                 seen = now;
                 tracing::error!("rules not reloaded, keeping the previous ones: {e}");
@@ -100,16 +197,24 @@ pub async fn watch_file(node: Arc<Node>, path: PathBuf, mut seen: u64) {
                 continue;
             }
         };
-        let count = rules.rules().len();
-        match replace(&node, rules.clone(), None).await {
-            Ok(_) => {
+        let count = loaded.count();
+        match loaded {
+            Loaded::Yaml(descriptors) => {
                 seen = now;
-                tracing::info!(file = %path.display(), rules = count, version = node.rules_version(), "rules reloaded and published");
+                let version = node.set_descriptors(Arc::new(descriptors));
+                node.metrics.reload(true);
+                tracing::info!(file = %shown, rules = count, version, "rules reloaded");
             }
-            Err(e) => {
-                node.set_rules(rules);
-                tracing::warn!(file = %path.display(), "rules reloaded on this node only, publishing again shortly: {e}");
-            }
+            Loaded::Toml(rules) => match replace(&node, rules.clone(), None).await {
+                Ok(_) => {
+                    seen = now;
+                    tracing::info!(file = %shown, rules = count, version = node.rules_version(), "rules reloaded");
+                }
+                Err(e) => {
+                    node.set_rules(rules);
+                    tracing::warn!(file = %shown, "rules reloaded on this node only, publishing again shortly: {e}");
+                }
+            },
         }
     }
 }

@@ -83,6 +83,8 @@ fn help_explains_every_flag() {
         "--store-timeout-ms",
         "--breaker-failures",
         "--rules-poll-ms",
+        "--store-prefix",
+        "check-rules",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
@@ -181,7 +183,7 @@ fn the_grpc_api_serves_an_envoyproxy_ratelimit_file_and_stops_gracefully() {
                         key: "remote_address".into(),
                         value: address.into(),
                     }],
-                    hits_addend: None,
+                    ..RateLimitDescriptor::default()
                 }],
                 hits_addend: 0,
             };
@@ -203,6 +205,172 @@ fn the_grpc_api_serves_an_envoyproxy_ratelimit_file_and_stops_gracefully() {
     let out = Command::new(BIN).args(["--descriptors", yaml]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("add --grpc-listen"));
+}
+
+/// envoyproxy/ratelimit YAML naming `limit` requests per hour for `key`.
+fn yaml_rules(limit: u32) -> String {
+    format!(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: {limit}\n"
+    )
+}
+
+/// The limit the gRPC API answers a descriptor `k=v` of domain `d` with.
+fn grpc_limit(runtime: &tokio::runtime::Runtime, grpc: &str) -> u32 {
+    use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use sluice_service::grpc::envoy::service::ratelimit::v3::RateLimitRequest;
+    runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}")).await.unwrap();
+        let request = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 0,
+        };
+        let answer = client.should_rate_limit(request).await.unwrap().into_inner();
+        answer.statuses[0]
+            .current_limit
+            .as_ref()
+            .map_or(0, |l| l.requests_per_unit)
+    })
+}
+
+/// Issue 40: an envoyproxy/ratelimit YAML `--rules` file reloads as a TOML one does —
+/// edited in place, renamed over, its ConfigMap symlink swapped — and a broken, empty or
+/// deleted file keeps the limits in force.
+#[test]
+fn a_yaml_rules_file_reloads_on_every_kind_of_edit() {
+    let dir = ScratchDir::new("yaml-reload");
+    // A ConfigMap's layout: rl.yaml -> ..data/rl.yaml, ..data -> v1.
+    std::fs::create_dir(dir.join("v1")).unwrap();
+    std::fs::write(dir.join("v1/rl.yaml"), yaml_rules(1)).unwrap();
+    std::os::unix::fs::symlink("v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/rl.yaml", dir.join("rl.yaml")).unwrap();
+    let log = dir.join("service.log");
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let (mut child, port) = start_with(
+        &[
+            "--rules",
+            dir.join("rl.yaml").to_str().unwrap(),
+            "--grpc-listen",
+            &grpc,
+            "--log-format",
+            "json",
+        ],
+        std::fs::File::create(&log).unwrap().into(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limit = || grpc_limit(&runtime, &grpc);
+    assert_eq!(limit(), 1);
+
+    std::fs::write(dir.join("v1/rl.yaml"), yaml_rules(2)).unwrap();
+    wait_until("an edit in place not picked up", || limit() == 2);
+    std::fs::write(dir.join("v1/next.yaml"), yaml_rules(3)).unwrap();
+    std::fs::rename(dir.join("v1/next.yaml"), dir.join("v1/rl.yaml")).unwrap();
+    wait_until("a file renamed over not picked up", || limit() == 3);
+    std::fs::create_dir(dir.join("v2")).unwrap();
+    std::fs::write(dir.join("v2/rl.yaml"), yaml_rules(4)).unwrap();
+    std::os::unix::fs::symlink("v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    wait_until("a symlink swap not picked up", || limit() == 4);
+
+    for (what, text) in [("broken", "domain: d\ndescriptors:\n  - key: [\n"), ("empty", "")] {
+        let errors = reload_errors(port);
+        std::fs::write(dir.join("v2/rl.yaml"), text).unwrap();
+        wait_until(&format!("a {what} file never refused"), || reload_errors(port) > errors);
+        assert_eq!(limit(), 4, "a {what} file replaced the limits");
+    }
+    std::fs::remove_file(dir.join("v2/rl.yaml")).unwrap();
+    std::thread::sleep(Duration::from_millis(1_100)); // two looks at it
+    assert_eq!(limit(), 4, "a deleted file replaced the limits");
+    child.stop(GRACE);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let reloads: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| v["fields"].clone())
+        .filter(|f| f["message"] == "rules reloaded")
+        .collect();
+    assert_eq!(reloads.len(), 3, "{text}");
+    assert_eq!(
+        (&reloads[2]["rules"], &reloads[2]["version"]),
+        (&json!(1), &json!(4)),
+        "{text}"
+    );
+    assert!(
+        text.contains("at line 3"),
+        "the broken file's error names no line: {text}"
+    );
+    assert!(text.contains("holds no rule") && text.contains("is gone"), "{text}");
+    assert!(!text.contains("no --rules file"), "{text}");
+}
+
+/// `sluice-service check-rules FILE`: (exit status, stdout, stderr).
+fn check_rules(file: &std::path::Path) -> (bool, String, String) {
+    let out = Command::new(BIN).arg("check-rules").arg(file).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// Issue 40: `check-rules` for CI pipelines — a summary and 0 for a good file; every
+/// problem with its line and 1 for a bad one, semantic problems included.
+#[test]
+fn check_rules_names_every_problem_and_its_line() {
+    let examples = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples"));
+    let (ok, out, _) = check_rules(&examples.join("rules.toml"));
+    assert!(ok && out.ends_with(": valid, 7 rules\n"), "{out}");
+    let (ok, out, _) = check_rules(&examples.join("ratelimit.yaml"));
+    assert!(ok && out.ends_with(": valid, 5 descriptor limits\n"), "{out}");
+
+    let dir = ScratchDir::new("check-rules");
+    let rule = |name: &str, algorithm: &str, limit: u32| {
+        format!(
+            "[[rule]]\nname = \"{name}\"\nby = \"ip\"\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1m\"\n"
+        )
+    };
+    let cases: [(&str, String, &[&str]); 5] = [
+        ("syntax.toml", format!("{}limit = \n", rule("a", "gcra", 1)), &["line 7:"]),
+        (
+            // Lines 5 (zero limit), 10 (unknown algorithm), 14 (a second "a").
+            "semantic.toml",
+            format!("{}{}{}", rule("a", "gcra", 0), rule("b", "gcrb", 1), rule("a", "gcra", 1)),
+            &["line 5: rule \"a\": field limit", "line 10: rule \"b\": field algorithm", "line 14: rule \"a\": field name"],
+        ),
+        (
+            "syntax.yaml",
+            "domain: d\ndescriptors:\n  - key: [\n".into(),
+            &["line 3:"],
+        ),
+        (
+            "unit.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n".into(),
+            &["line 5:", "fortnight"],
+        ),
+        (
+            // Lines 8 (a limit without a unit) and 11 (the same key and value twice).
+            "tree.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n    value: y\n    descriptors:\n      - key: b\n        rate_limit:\n          requests_per_unit: 3\n  - key: a\n    value: x\n".into(),
+            &["line 8:", "d.a_y.b: rate_limit has no unit", "line 11:", "d.a_x: the same key and value appear twice"],
+        ),
+    ];
+    for (name, text, wanted) in cases {
+        let file = dir.join(name);
+        std::fs::write(&file, text).unwrap();
+        let (ok, _, err) = check_rules(&file);
+        assert!(!ok, "{name} passed");
+        for w in wanted {
+            assert!(err.contains(w), "{name}: no {w:?} in {err}");
+        }
+    }
 }
 
 #[test]

@@ -94,7 +94,7 @@ fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
                         value: (*v).into(),
                     })
                     .collect(),
-                hits_addend: None,
+                ..RateLimitDescriptor::default()
             })
             .collect(),
         hits_addend: 0,
@@ -566,6 +566,75 @@ descriptors:
 
 /// A client's mistakes are INVALID_ARGUMENT naming what is wrong; unknown domains and
 /// descriptors are OK, as in envoyproxy/ratelimit.
+/// Issue 40: a descriptor's own `limit` (Envoy's per-request override from route metadata)
+/// replaces the configured limit, applies where none is configured (in a configured
+/// domain), counts apart from the configured limit, and a limit of 0 refuses; an unknown
+/// unit is a clear INVALID_ARGUMENT.
+#[tokio::test]
+async fn a_descriptors_own_limit_replaces_the_configured_one() {
+    use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use sluice_service::grpc::envoy::r#type::v3::RateLimitUnit;
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1\n";
+    let (_server, stores) = both_stores().await;
+    for store in stores {
+        let (mut client, _node) = serve(store, &[yaml]).await;
+        let own = |domain: &str, key: &str, per: u32, unit: RateLimitUnit| {
+            let mut r = request(domain, &[&[(key, "v")]]);
+            r.descriptors[0].limit = Some(RateLimitOverride {
+                requests_per_unit: per,
+                unit: unit as i32,
+            });
+            r
+        };
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            codes.push(code(&ask(&mut client, own("d", "k", 3, RateLimitUnit::Hour)).await));
+        }
+        assert_eq!(
+            codes,
+            [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit],
+            "3 an hour, not the configured 1"
+        );
+        let configured = code(&ask(&mut client, request("d", &[&[("k", "v")]])).await);
+        assert_eq!(configured, Code::Ok, "the configured limit's counter is its own");
+        let answer = ask(&mut client, own("d", "k", 3, RateLimitUnit::Minute)).await;
+        let shown = answer.statuses[0].current_limit.clone().expect("a limit");
+        assert_eq!(
+            (shown.requests_per_unit, shown.unit, shown.name.as_str()),
+            (3, Unit::Minute as i32, "d.k")
+        );
+        assert_eq!(code(&answer), Code::Ok, "3 a minute counts apart from 3 an hour");
+
+        let unconfigured: Vec<Code> = {
+            let mut codes = Vec::new();
+            for _ in 0..3 {
+                codes.push(code(&ask(&mut client, own("d", "other", 2, RateLimitUnit::Day)).await));
+            }
+            codes
+        };
+        assert_eq!(
+            unconfigured,
+            [Code::Ok, Code::Ok, Code::OverLimit],
+            "applies with no configured descriptor"
+        );
+        let zero = ask(&mut client, own("d", "z", 0, RateLimitUnit::Second)).await;
+        assert_eq!(code(&zero), Code::OverLimit, "0 refuses");
+        let elsewhere = ask(&mut client, own("unconfigured", "k", 0, RateLimitUnit::Second)).await;
+        assert_eq!(code(&elsewhere), Code::Ok, "an unconfigured domain has no limits");
+
+        let bad = client
+            .should_rate_limit(own("d", "k", 3, RateLimitUnit::Unknown))
+            .await
+            .expect_err("an unknown unit is refused");
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert!(
+            bad.message().contains("descriptor 0: its limit's unit"),
+            "{}",
+            bad.message()
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_requests_are_named_and_unknown_descriptors_pass() {
     let (mut client, _) = serve(memory(), &[EXAMPLE_2]).await;

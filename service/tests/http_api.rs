@@ -443,3 +443,42 @@ async fn overrides_are_removed_once_they_end() {
     let text = n.admin_get("/v1/admin/rules").await.text().await.unwrap();
     assert!(!text.contains("7.7.7.7"), "{text}");
 }
+
+/// Issue 40: over the check API, a rule naming `hosts` limits the requests that name one
+/// of them (`host`, port and case ignored); a request without `host` (an older client)
+/// meets only the rules naming none; a bad host is a 400 naming it.
+#[tokio::test]
+async fn a_rule_naming_hosts_limits_only_requests_to_them() {
+    let rules = "[[rule]]\nname = \"api-host\"\nby = \"ip\"\nhosts = [\"api.example.com\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n";
+    let n = TestNode::start(Store::Memory(MemoryStore::new(100)), rules, NodeConfig::default()).await;
+    let ask = |host: Option<&str>| {
+        let mut body = json!({"identities": {"ip": "7.7.7.7"}, "method": "GET", "path": "/"});
+        if let Some(h) = host {
+            body["host"] = json!(h);
+        }
+        n.check_body(body)
+    };
+    assert_eq!(ask(Some("API.example.com:443")).await["allowed"], true);
+    assert_eq!(
+        ask(Some("api.example.com")).await["allowed"],
+        false,
+        "the host's limit is 1"
+    );
+    for other in [None, Some("www.example.com")] {
+        let r = ask(other).await;
+        assert_eq!(
+            (&r["allowed"], &r["rules"]),
+            (&json!(true), &json!([])),
+            "{other:?}: {r}"
+        );
+    }
+    let bad = n
+        .client
+        .post(n.url("/v1/check"))
+        .json(&json!({"identities": {}, "method": "GET", "path": "/", "host": "a b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.unwrap().contains("host `a b`"));
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::{eventually, TestNode, TOKEN};
 use serde_json::json;
 use sluice_service::node::NodeConfig;
-use sluice_service::store::keys;
+use sluice_service::store::keys::Keys;
 use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::Store;
 use sluice_testkit::{RedisCluster, RedisServer};
@@ -160,7 +160,7 @@ async fn rules_subscribers(port: u16) -> u64 {
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let (_, n): (String, u64) = redis::cmd("PUBSUB")
         .arg("NUMSUB")
-        .arg(keys::RULES_CHANNEL)
+        .arg(&Keys::default().rules_channel)
         .query_async(&mut c)
         .await
         .unwrap();
@@ -213,6 +213,67 @@ fn one_rule(name: &str, limit: u64) -> String {
 async fn policy(node: &TestNode) -> String {
     let r = node.check(json!({"ip": "198.51.100.1"}), "/").await;
     r["policy"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A node over the Redis at `url` whose names are under `prefix`.
+async fn node_with_prefix(url: &str, prefix: &str) -> TestNode {
+    let options = RedisOptions {
+        keys: Keys::new(prefix).unwrap(),
+        ..RedisOptions::new(Duration::from_millis(500))
+    };
+    let store = RedisStore::connect(url, options).await.unwrap();
+    let config = NodeConfig {
+        store_timeout: Duration::from_millis(200),
+        ..NodeConfig::default()
+    };
+    TestNode::start(Store::Redis(Box::new(store)), RULES, config).await
+}
+
+/// Issue 40: two deployments with different `--store-prefix`es share a Redis without
+/// meeting — their own counters, their own published rules, every key under its prefix —
+/// and two nodes with the same prefix share both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_with_different_prefixes_share_a_redis_without_meeting() {
+    let server = RedisServer::start();
+    let a = node_with_prefix(&server.url(), "team-a").await;
+    let a2 = node_with_prefix(&server.url(), "team-a").await;
+    let b = node_with_prefix(&server.url(), "team-b").await;
+    assert_eq!(a.put_rules(one_rule("tiny", 1), None).await.status(), 200);
+    eventually("a node of the same prefix never took the rules", async || {
+        policy(&a2).await == "tiny"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // b's poll: two rounds
+    assert_eq!(policy(&b).await, "open-ip", "another prefix's rules reached b");
+    assert_eq!(b.put_rules(one_rule("tiny", 1), None).await.status(), 200);
+
+    let ip = json!({"ip": "203.0.113.50"});
+    assert_eq!(a.check(ip.clone(), "/").await["allowed"], true);
+    assert_eq!(
+        a2.check(ip.clone(), "/").await["allowed"],
+        false,
+        "the same prefix shares"
+    );
+    assert_eq!(
+        b.check(ip.clone(), "/").await["allowed"],
+        true,
+        "another prefix counts apart"
+    );
+    eventually("the denial never reached the violations stream", async || {
+        !a.violations("203.0.113.50").await.is_empty()
+    })
+    .await;
+    assert!(b.violations("203.0.113.50").await.is_empty(), "a's violation reached b");
+
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let all: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
+    assert!(all.len() >= 6, "{all:?}");
+    let stray: Vec<&String> = all
+        .iter()
+        .filter(|k| !k.starts_with("team-a:") && !k.starts_with("team-b:"))
+        .collect();
+    assert!(stray.is_empty(), "keys outside both prefixes: {stray:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -560,7 +560,7 @@ fn every_key_gets_a_ttl_and_a_function_flush_is_survived() {
         );
         assert_eq!(store.engine(), Some(Engine::Functions));
         assert!(
-            server.cli(&["function", "list"]).contains("sluice_decide"),
+            server.cli(&["function", "list"]).contains("_decide"),
             "the library is back"
         );
     });
@@ -592,7 +592,7 @@ fn a_dead_redis_fails_fast_and_a_restarted_one_is_used_again() {
         }
         assert!(recovered, "store did not reconnect to the restarted Redis");
         // A restart without persistence lost the library; the store loaded it again.
-        assert!(server.cli(&["function", "list"]).contains("sluice_decide"));
+        assert!(server.cli(&["function", "list"]).contains("_decide"));
     });
 }
 
@@ -726,6 +726,6 @@ fn every_master_of_a_cluster_has_the_library() {
     });
     for port in cluster.master_ports() {
         let list = cluster.cli(port, &["function", "list"]);
-        assert!(list.contains("sluice_decide"), "master {port}: {list}");
+        assert!(list.contains("_decide"), "master {port}: {list}");
     }
 }

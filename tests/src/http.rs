@@ -40,8 +40,14 @@ pub fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body:
 /// A request whose header values are bytes, sent as they are: obs-text (0x80–0xFF), which a
 /// proxy passes on, or bytes no correct client sends.
 pub fn send_bytes(port: u16, method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> Reply {
+    // `host: sluice.test` unless the caller names the host.
+    let host = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        ""
+    } else {
+        "host: sluice.test\r\n"
+    };
     let mut raw = format!(
-        "{method} {path} HTTP/1.1\r\nhost: sluice.test\r\nconnection: close\r\ncontent-length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\n{host}connection: close\r\ncontent-length: {}\r\n",
         body.len()
     )
     .into_bytes();

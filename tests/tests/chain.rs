@@ -656,3 +656,19 @@ fn a_cost_learnt_after_the_response_is_spent_nginx() {
 fn a_cost_learnt_after_the_response_is_spent_real_envoy() {
     a_cost_learnt_after_the_response_is_spent(ProxyHost::RealEnvoy);
 }
+
+/// A rule naming hosts limits the requests for those hosts only, through the filter.
+#[test]
+fn a_rule_naming_a_host_limits_that_host_only() {
+    let chain = Chain::with(Options {
+        rules: "[[rule]]\nname = \"api-host\"\nby = \"ip\"\nhosts = [\"api.example.com\"]\n\
+                algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\n"
+            .to_owned(),
+        ..Options::default()
+    });
+    let get = |host: &str| http(chain.proxies[0], "GET", "/x", &[("host", host)]).status;
+    let api: Vec<u16> = (0..4).map(|_| get("API.example.com:8080")).collect();
+    assert_eq!(api, [200, 200, 429, 429], "the named host, any case, any port");
+    let other: Vec<u16> = (0..4).map(|_| get("www.example.com")).collect();
+    assert_eq!(other, [200; 4], "another host is not limited");
+}

@@ -60,6 +60,10 @@ pub struct RuleSpec {
     /// Methods the rule applies to; empty means all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
+    /// Hosts the rule applies to (the request's `Host`, port and case ignored; `*.domain`
+    /// for its subdomains); empty means all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
     /// The path glob matches whatever the case of ASCII letters; default off.
     #[serde(default, skip_serializing_if = "is_false")]
     pub case_insensitive_paths: bool,
@@ -129,11 +133,12 @@ pub struct OverrideSpec {
 }
 
 /// The JSON names of a rule's fields, for the error on an unknown one.
-const RULE_FIELDS: [&str; 21] = [
+const RULE_FIELDS: [&str; 22] = [
     "name",
     "by",
     "path",
     "methods",
+    "hosts",
     "case_insensitive_paths",
     "when_missing",
     "tier",
@@ -175,6 +180,7 @@ impl RuleSpec {
             by: f.req("by", Json::string),
             path: f.opt("path", Json::string).unwrap_or_else(star),
             methods: f.opt("methods", |v| v.each(Json::string)).unwrap_or_default(),
+            hosts: f.opt("hosts", |v| v.each(Json::string)).unwrap_or_default(),
             case_insensitive_paths: flag(&mut f, "case_insensitive_paths"),
             when_missing: f.opt("when_missing", Json::string),
             tier: f.opt("tier", Json::string),

@@ -48,7 +48,7 @@ pub struct RuleSet {
 }
 
 /// 1-based line of byte `offset` in `text`.
-fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
     text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
 }
@@ -206,16 +206,29 @@ impl RuleSet {
     /// A rule applies when the request carries its identity (a missing or empty value skips
     /// the rule; `global` rules always apply, with identity `"global"`), its path glob
     /// matches `path`, its methods (if any) contain `method` (ignoring case), and, when it
-    /// names a `tier`, the request's `tier` identity equals it. Allocates nothing.
+    /// names a `tier`, the request's `tier` identity equals it; a rule naming `hosts` never
+    /// applies here (no host is known: see [`RuleSet::matching_host`]). Allocates nothing.
     pub fn matching<'a>(
         &'a self,
         identities: &'a BTreeMap<String, String>,
         method: &'a str,
         path: &'a str,
     ) -> impl Iterator<Item = (&'a Rule, &'a str)> + 'a {
+        self.matching_host(identities, method, None, path)
+    }
+
+    /// [`RuleSet::matching`] for a request to `host` (its `Host`/`:authority`, port and
+    /// case ignored): rules naming `hosts` apply when one of them is it.
+    pub fn matching_host<'a>(
+        &'a self,
+        identities: &'a BTreeMap<String, String>,
+        method: &'a str,
+        host: Option<&'a str>,
+        path: &'a str,
+    ) -> impl Iterator<Item = (&'a Rule, &'a str)> + 'a {
         self.rules.iter().filter_map(move |rule| {
             let identity = rule.identity_in(identities)?;
-            rule.applies(identities, method, path).then_some((rule, identity))
+            rule.applies(identities, method, host, path).then_some((rule, identity))
         })
     }
 

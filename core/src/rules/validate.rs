@@ -126,6 +126,8 @@ pub struct Rule {
     pub path: Glob,
     /// Upper-case methods; empty means every method.
     pub methods: Vec<String>,
+    /// Hosts (lower case, no port; `*.domain` for its subdomains); empty means every host.
+    pub hosts: Vec<String>,
     /// Required tier, if any.
     pub tier: Option<String>,
     /// The validated limit (windows in microseconds).
@@ -169,9 +171,13 @@ impl Rule {
     /// A path with a trailing `/` matches as itself or without it: most servers serve
     /// `/api/search/` as `/api/search` (Express's and Flask's defaults do), so a rule on the
     /// one holds the other, and the slash steps around nothing.
-    pub fn applies(&self, identities: &BTreeMap<String, String>, method: &str, path: &str) -> bool {
+    /// A rule naming `hosts` applies only to a request whose `host` is one of them (without
+    /// its port, whatever the case); a request without a host, only to rules naming none.
+    pub fn applies(&self, identities: &BTreeMap<String, String>, method: &str, host: Option<&str>, path: &str) -> bool {
         let without_slash = path.strip_suffix('/').filter(|p| !p.is_empty());
         (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
+            && (self.hosts.is_empty()
+                || host.is_some_and(|h| self.hosts.iter().any(|entry| super::host::matches(entry, h))))
             && self.tier.as_ref().is_none_or(|t| identities.get("tier") == Some(t))
             && (self.path.matches(path) || without_slash.is_some_and(|p| self.path.matches(p)))
     }
@@ -234,6 +240,12 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         }
         methods.push(m.to_ascii_uppercase());
     }
+    let hosts = spec
+        .hosts
+        .iter()
+        .map(|h| super::host::rule_host(h))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|m| fail("hosts", m))?;
     if let Some(tier) = &spec.tier {
         if tier.is_empty() || tier.len() > MAX_IDENTITY_BYTES {
             return Err(fail(
@@ -316,6 +328,7 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
         by,
         path,
         methods,
+        hosts,
         tier: spec.tier.clone(),
         limit,
         window_ms,

@@ -438,7 +438,7 @@ async fn should_rate_limit(client: &mut RateLimitServiceClient<Channel>, workloa
                 key: workload.descriptor_key.clone(),
                 value: ip.to_owned(),
             }],
-            hits_addend: None,
+            ..RateLimitDescriptor::default()
         }],
         hits_addend: 0,
     };
@@ -488,7 +488,8 @@ fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
         bail!("SCRIPT LOAD failed: {sha}");
     }
     let library = cli(&["FUNCTION", "LOAD", "REPLACE", &check_script::check_library()])?;
-    if library != check_script::LIBRARY_NAME {
+    let name = check_script::library_name();
+    if library != name {
         bail!("FUNCTION LOAD failed: {library}");
     }
     // The driver's arguments (lua/check.lua): the clock (Redis's), the unused `at`, then one
@@ -504,7 +505,10 @@ fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
             "EVALSHA",
             [&["EVALSHA", &sha, "1", key, "decide"][..], &args[..]].concat(),
         ),
-        ("FCALL", [&["FCALL", "sluice_decide", "1", key][..], &args[..]].concat()),
+        (
+            "FCALL",
+            [&["FCALL", &format!("{name}_decide"), "1", key][..], &args[..]].concat(),
+        ),
     ] {
         let out = Command::new("redis-benchmark")
             .args(["-p", &port.to_string(), "-c", &connections.to_string()])

@@ -1,6 +1,7 @@
 //! `ShouldRateLimit`: a request's descriptors → the configured limits → one all-or-nothing
 //! store decision → per-descriptor statuses and Sluice's rate-limit headers.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use sluice_core::descriptors::{DescriptorLimit, DescriptorSet, Unit};
@@ -12,6 +13,8 @@ use sluice_core::Decision;
 use tonic::{Request, Response, Status};
 
 use super::envoy::config::core::v3::HeaderValue;
+use super::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use super::envoy::r#type::v3::RateLimitUnit;
 use super::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use super::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use super::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
@@ -19,7 +22,6 @@ use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::decide::{decide_limits, verdict, Target};
 use crate::metrics::Verdict;
 use crate::node::Node;
-use crate::store::keys;
 use crate::violations::Violation;
 
 /// Descriptors per request, and entries per descriptor, accepted at most.
@@ -48,19 +50,22 @@ pub enum AnswerHeaders {
 /// The rate limit service.
 pub struct RateLimiter {
     node: Arc<Node>,
-    descriptors: Arc<DescriptorSet>,
     headers: AnswerHeaders,
 }
 
 impl RateLimiter {
-    /// A service deciding over `node`'s store by `descriptors`, adding headers to the
+    /// A service deciding over `node`'s store by `descriptors` (put in force on `node`,
+    /// where a reload replaces them: [`Node::set_descriptors`]), adding headers to the
     /// answers `headers` names.
     pub fn new(node: Arc<Node>, descriptors: Arc<DescriptorSet>, headers: AnswerHeaders) -> RateLimiter {
-        RateLimiter {
-            node,
-            descriptors,
-            headers,
-        }
+        node.set_descriptors(descriptors);
+        RateLimiter::on_node(node, headers)
+    }
+
+    /// A service deciding by the descriptor set in force on `node` (put there, and
+    /// reloaded, by [`Node::set_descriptors`]).
+    pub fn on_node(node: Arc<Node>, headers: AnswerHeaders) -> RateLimiter {
+        RateLimiter { node, headers }
     }
 
     /// The node it decides over.
@@ -69,11 +74,37 @@ impl RateLimiter {
     }
 }
 
-/// A descriptor that falls under a limit, with its counter's identity.
+/// A descriptor that falls under a limit (configured, or the request's own), with its
+/// counter's identity.
 struct Limited<'a> {
     index: usize,
-    limit: &'a DescriptorLimit,
+    limit: Cow<'a, DescriptorLimit>,
     identity: String,
+}
+
+/// A limit a request sets for one of its descriptors: requests per unit.
+type RequestLimit = (u64, Unit);
+
+/// The limits of the request's descriptors and their counters' identities: the
+/// configured ones, each replaced by the descriptor's own limit when it sets one.
+fn limits_of<'s>(
+    descriptors: &'s DescriptorSet,
+    domain: &str,
+    entries: &[Entries<'_>],
+    own: &[Option<RequestLimit>],
+) -> Vec<Option<(Cow<'s, DescriptorLimit>, String)>> {
+    let configured = descriptors.limits_for(domain, entries);
+    configured
+        .into_iter()
+        .zip(entries.iter().zip(own))
+        .map(|(found, (entries, own))| {
+            let overridden = own.and_then(|(per, unit)| descriptors.overridden(domain, entries, per, unit));
+            match overridden {
+                Some((limit, identity)) => Some((Cow::Owned(limit), identity)),
+                None => found.map(|(limit, identity)| (Cow::Borrowed(limit), identity)),
+            }
+        })
+        .collect()
 }
 
 #[tonic::async_trait]
@@ -83,11 +114,12 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let req = request.into_inner();
-        let (entries, costs) = validate(&req)?;
+        let (entries, costs, own) = validate(&req)?;
         let node = &*self.node;
         let now_us = node.clock.now_us();
         let now_ms = instant_ms(now_us);
-        let limits = self.descriptors.limits_for(&req.domain, &entries);
+        let descriptors = node.descriptors();
+        let limits = limits_of(&descriptors, &req.domain, &entries, &own);
         let mut statuses: Vec<DescriptorStatus> = entries.iter().map(|_| ok_status()).collect();
         let mut overall = Code::Ok;
         // Counted limits go to the store; unlimited ones are OK and a limit of 0 refuses.
@@ -111,7 +143,7 @@ impl RateLimitService for RateLimiter {
             .iter()
             .filter_map(|l| {
                 Some(Target {
-                    key: keys::limit(&l.limit.name, &l.identity),
+                    key: node.store.keys().limit(&l.limit.name, &l.identity),
                     limit: l.limit.limit?,
                     shadow: l.limit.shadow,
                     failure: l.limit.failure,
@@ -151,7 +183,7 @@ impl RateLimitService for RateLimiter {
                 });
             }
             if let Some(status) = statuses.get_mut(l.index) {
-                *status = status_of(l.limit, d, over);
+                *status = status_of(&l.limit, d, over);
             }
             let replace = match shown {
                 None => !l.limit.shadow,
@@ -170,7 +202,7 @@ impl RateLimitService for RateLimiter {
         };
         let response_headers_to_add = shown
             .filter(|_| wanted)
-            .map(|(l, d)| headers(l.limit, d, now_ms))
+            .map(|(l, d)| headers(&l.limit, d, now_ms))
             .unwrap_or_default();
         Ok(Response::new(RateLimitResponse {
             overall_code: overall as i32,
@@ -184,9 +216,10 @@ impl RateLimitService for RateLimiter {
 /// A descriptor's entries, `(key, value)`.
 type Entries<'a> = Vec<(&'a str, &'a str)>;
 
-/// The descriptors' entries and what the request costs each (its own `hits_addend`, else
-/// the request's; 0 means 1), or what is wrong with the request.
-fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, Vec<u64>), Status> {
+/// The descriptors' entries, what the request costs each (its own `hits_addend`, else
+/// the request's; 0 means 1) and the limit each sets itself, or what is wrong with the
+/// request.
+fn validate(req: &RateLimitRequest) -> Result<Checked<'_>, Status> {
     if req.domain.is_empty() {
         return Err(Status::invalid_argument(
             "the domain is empty: name the configuration domain",
@@ -203,6 +236,7 @@ fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, Vec<u64>), Stat
     }
     let request_cost = u64::from(req.hits_addend.max(1));
     let mut costs = Vec::with_capacity(req.descriptors.len());
+    let mut own = Vec::with_capacity(req.descriptors.len());
     let mut all = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
         if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
@@ -227,9 +261,33 @@ fn validate(req: &RateLimitRequest) -> Result<(Vec<Entries<'_>>, Vec<u64>), Stat
             )));
         }
         costs.push(cost);
+        own.push(d.limit.as_ref().map(|l| request_limit(i, l)).transpose()?);
         all.push(entries);
     }
-    Ok((all, costs))
+    Ok((all, costs, own))
+}
+
+/// What [`validate`] finds in a request: each descriptor's entries, cost and own limit.
+type Checked<'a> = (Vec<Entries<'a>>, Vec<u64>, Vec<Option<RequestLimit>>);
+
+/// Descriptor `i`'s own limit, or why it cannot be used (its unit unknown).
+fn request_limit(i: usize, l: &RateLimitOverride) -> Result<RequestLimit, Status> {
+    let unit = match RateLimitUnit::try_from(l.unit) {
+        Ok(RateLimitUnit::Second) => Unit::Second,
+        Ok(RateLimitUnit::Minute) => Unit::Minute,
+        Ok(RateLimitUnit::Hour) => Unit::Hour,
+        Ok(RateLimitUnit::Day) => Unit::Day,
+        Ok(RateLimitUnit::Week) => Unit::Week,
+        Ok(RateLimitUnit::Month) => Unit::Month,
+        Ok(RateLimitUnit::Year) => Unit::Year,
+        Ok(RateLimitUnit::Unknown) | Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i}: its limit's unit is {} (unknown): give SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
+                l.unit
+            )))
+        }
+    };
+    Ok((u64::from(l.requests_per_unit), unit))
 }
 
 /// The status of a descriptor no limit applies to.

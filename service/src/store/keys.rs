@@ -1,6 +1,8 @@
-//! Every `sluice:` name in a shared store, built here and nowhere else.
+//! Every name a node uses in a shared store, built here and nowhere else, each starting with
+//! the deployment's prefix (`--store-prefix`, default `sluice`): two deployments with
+//! different prefixes share a Redis without meeting.
 //!
-//! Limit state: `sluice:{<identity>}:<rule>:<suffix>`. The identity between the braces is
+//! Limit state: `<prefix>:{<identity>}:<rule>:<suffix>`. The identity between the braces is
 //! the Redis Cluster hash tag, so every rule that limits one client (its IP, its user, its
 //! key) keeps its state in one slot, and a request's rules cost one script per slot on a
 //! cluster rather than one per rule. That is sound because a rule's state is still one
@@ -13,20 +15,101 @@
 //! they are.
 //!
 //! The published rule set and its version share the tag `{rules}`, so one script updates
-//! both on a cluster; changes are announced on [`RULES_CHANNEL`].
+//! both on a cluster; changes are announced on [`Keys::rules_channel`].
 
 use sluice_core::Algorithm;
 
-/// The published rule set's text (TOML).
-pub const RULES: &str = "sluice:{rules}";
-/// The published rule set's version, bumped by every change.
-pub const RULES_VERSION: &str = "sluice:{rules}:version";
-/// Pub/sub channel announcing a new rules version.
-pub const RULES_CHANNEL: &str = "sluice:rules:changed";
-/// The capped stream of violations.
-pub const VIOLATIONS: &str = "sluice:violations";
-/// Written before each `WAIT` of `--store-wait-replicas` (see `redis::connection`).
-pub const WAIT_BARRIER: &str = "sluice:wait-barrier";
+/// The default prefix.
+pub const DEFAULT_PREFIX: &str = "sluice";
+
+/// Most bytes of a prefix.
+pub const MAX_PREFIX_BYTES: usize = 64;
+
+/// A prefix that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("store prefix {prefix:?}: {problem}")]
+pub struct BadPrefix {
+    /// The prefix given.
+    pub prefix: String,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
+/// One deployment's names in the store, all under its prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+    /// The published rule set's text (TOML): `<prefix>:{rules}`.
+    pub rules: String,
+    /// The published rule set's version, bumped by every change: `<prefix>:{rules}:version`.
+    pub rules_version: String,
+    /// Pub/sub channel announcing a new rules version: `<prefix>:rules:changed`.
+    pub rules_channel: String,
+    /// The capped stream of violations: `<prefix>:violations`.
+    pub violations: String,
+    /// Written before each `WAIT` of `--store-wait-replicas` (see `redis::connection`):
+    /// `<prefix>:wait-barrier`.
+    pub wait_barrier: String,
+}
+
+impl Keys {
+    /// The names under `prefix`: 1 to [`MAX_PREFIX_BYTES`] bytes of ASCII letters, digits,
+    /// `-`, `_`, `.` and `:` (no braces: they would move the Redis Cluster hash tag).
+    pub fn new(prefix: &str) -> Result<Keys, BadPrefix> {
+        let bad = |problem| BadPrefix {
+            prefix: prefix.to_owned(),
+            problem,
+        };
+        if prefix.is_empty() || prefix.len() > MAX_PREFIX_BYTES {
+            return Err(bad("must be 1 to 64 bytes"));
+        }
+        if !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        {
+            return Err(bad(
+                "may hold only ASCII letters, digits, '-', '_', '.' and ':' (no braces, spaces or others)",
+            ));
+        }
+        Ok(Keys::under(prefix))
+    }
+
+    /// The names under `prefix`, taken as it is.
+    fn under(prefix: &str) -> Keys {
+        Keys {
+            rules: format!("{prefix}:{{rules}}"),
+            rules_version: format!("{prefix}:{{rules}}:version"),
+            rules_channel: format!("{prefix}:rules:changed"),
+            violations: format!("{prefix}:violations"),
+            wait_barrier: format!("{prefix}:wait-barrier"),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The key prefix of `rule`'s limit state for `identity`: `<prefix>:{<identity>}:<rule>`
+    /// (see the module's encoding).
+    pub fn limit(&self, rule: &str, identity: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + rule.len() + identity.len() + 4);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        push_escaped(&mut key, identity, false);
+        key.push_str("}:");
+        push_escaped(&mut key, rule, true);
+        key
+    }
+}
+
+impl Default for Keys {
+    /// The names under [`DEFAULT_PREFIX`].
+    fn default() -> Keys {
+        Keys::under(DEFAULT_PREFIX)
+    }
+}
 
 /// What the lease `id` of the limit `limit_key` still holds: `<limit key>:lease:<id>`, in
 /// the limit's slot.
@@ -40,14 +123,10 @@ pub fn demand(limit_key: &str) -> String {
     format!("{limit_key}:demand")
 }
 
-/// The hash-tagged key prefix of one limit: `sluice:{<identity>}:<rule>`.
+/// The hash-tagged key prefix of one limit under the default prefix,
+/// `sluice:{<identity>}:<rule>`: [`Keys::limit`] of [`Keys::default`].
 pub fn limit(rule: &str, identity: &str) -> String {
-    let mut key = String::with_capacity(rule.len() + identity.len() + 10);
-    key.push_str("sluice:{");
-    push_escaped(&mut key, identity, false);
-    key.push_str("}:");
-    push_escaped(&mut key, rule, true);
-    key
+    Keys::default().limit(rule, identity)
 }
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key
@@ -104,6 +183,33 @@ fn push_escaped(key: &mut String, part: &str, colon: bool) {
 #[cfg(test)]
 mod tests {
     use super::{limit, slot};
+
+    #[test]
+    fn a_prefix_starts_every_name_and_bad_ones_are_named() {
+        let keys = super::Keys::new("team-a").unwrap();
+        assert_eq!(keys.limit("per-ip", "1.2.3.4"), "team-a:{1.2.3.4}:per-ip");
+        assert_eq!(
+            [
+                &keys.rules,
+                &keys.rules_version,
+                &keys.rules_channel,
+                &keys.violations,
+                &keys.wait_barrier
+            ],
+            [
+                "team-a:{rules}",
+                "team-a:{rules}:version",
+                "team-a:rules:changed",
+                "team-a:violations",
+                "team-a:wait-barrier"
+            ]
+        );
+        assert_eq!(super::Keys::new("sluice").unwrap(), super::Keys::default());
+        for bad in ["", "a{b", "a}", "a b", "é", &"x".repeat(65)] {
+            let e = super::Keys::new(bad).unwrap_err();
+            assert!(e.to_string().starts_with("store prefix"), "{e}");
+        }
+    }
 
     #[test]
     fn plain_names_are_kept() {

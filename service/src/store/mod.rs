@@ -27,7 +27,7 @@ use sluice_core::{Decision, Limit, Micros};
 /// One rule of a request, as a store decides it: where its state lives and its limit.
 #[derive(Debug, Clone, Copy)]
 pub struct Item<'a> {
-    /// The limit's key prefix ([`keys::limit`]).
+    /// The limit's key prefix ([`keys::Keys::limit`]).
     pub key: &'a str,
     /// The limit, and whether the rule is a shadow rule.
     pub part: Part<'a>,
@@ -97,7 +97,19 @@ pub enum Store {
     Redis(Box<redis::RedisStore>),
 }
 
+/// The names of a store no other deployment shares (the memory store's).
+static DEFAULT_KEYS: std::sync::LazyLock<keys::Keys> = std::sync::LazyLock::new(keys::Keys::default);
+
 impl Store {
+    /// Its names, under the deployment's prefix (`--store-prefix`; the memory store, which
+    /// no one shares, the default's).
+    pub fn keys(&self) -> &keys::Keys {
+        match self {
+            Store::Memory(_) => &DEFAULT_KEYS,
+            Store::Redis(r) => r.keys(),
+        }
+    }
+
     /// Decides one request against every item, each at its part's cost, all-or-nothing
     /// (see the module's contract); the decisions come back in the items' order.
     pub async fn decide_all(&self, items: &[Item<'_>]) -> Result<Vec<Stamped>, StoreError> {

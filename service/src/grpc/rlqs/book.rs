@@ -21,7 +21,8 @@ use super::walk::{self, Bucket, Due, Share, Step, Walk};
 use super::{action, Answer, Limits, UnknownBuckets};
 use crate::metrics::RlqsStats;
 use crate::node::Node;
-use crate::store::{keys, within};
+use crate::store::keys::Keys;
+use crate::store::within;
 
 /// Most grants one tick asks for: the rest wait for the next tick.
 pub const MAX_ASKS_PER_TICK: usize = 4_096;
@@ -44,7 +45,7 @@ struct Stream {
 struct State {
     streams: HashMap<u64, Stream>,
     buckets: usize,
-    /// The contended quotas this node's buckets hold, by limit key ([`keys::limit`]). An
+    /// The contended quotas this node's buckets hold, by limit key ([`Keys::limit`]). An
     /// uncontended quota needs no sharing: every bucket gets what it asks for.
     shares: HashMap<String, Share>,
     /// The rules the assignments were made under.
@@ -159,7 +160,7 @@ impl Book {
             stream.buckets.insert(
                 usage.key,
                 Bucket {
-                    quota_key: quota_key(&quota),
+                    quota_key: quota_key(&quota, self.node.store.keys()),
                     quota,
                     demand_per_s: demand_per_s.max(first),
                     used_at_ms: now_ms,
@@ -229,7 +230,7 @@ impl Book {
             if g.units < d.ask.want || g.remaining < d.ask.want {
                 let share = state
                     .shares
-                    .entry(keys::limit(&d.ask.rule, &d.ask.identity))
+                    .entry(self.node.store.keys().limit(&d.ask.rule, &d.ask.identity))
                     .or_default();
                 share.contended_until_ms = now_ms + CONTENDED_MS;
             }
@@ -318,7 +319,7 @@ impl Book {
             stream.buckets.retain(|key, b| {
                 if rules_changed {
                     b.quota = bucket::resolve(key, &stream.domain, rules, self.node.config.ipv6_prefix);
-                    b.quota_key = quota_key(&b.quota);
+                    b.quota_key = quota_key(&b.quota, self.node.store.keys());
                     b.assigned = None;
                 }
                 match walk.step(key, b, due.len() < MAX_ASKS_PER_TICK) {
@@ -371,10 +372,10 @@ impl Book {
     }
 }
 
-/// The limit key of `quota`, if it is a rule's.
-fn quota_key(quota: &Resolved) -> String {
+/// The limit key of `quota` among `keys`, if it is a rule's.
+fn quota_key(quota: &Resolved, keys: &Keys) -> String {
     match quota {
-        Resolved::Of { rule, identity } => keys::limit(rule, identity),
+        Resolved::Of { rule, identity } => keys.limit(rule, identity),
         _ => String::new(),
     }
 }

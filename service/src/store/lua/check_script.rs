@@ -14,10 +14,21 @@ const CHECK: [&str; 7] = [
     include_str!("check.lua"),
 ];
 
-/// The library's name, as `FUNCTION LOAD` registers it.
-pub const LIBRARY_NAME: &str = "sluice";
+/// The library's name: `sluice_` and a hash of its code, which its functions' names carry
+/// too, so two versions of Sluice sharing a Redis each call their own code (as `EVALSHA`
+/// names a script by its SHA-1).
+pub fn library_name() -> String {
+    // FNV-1a, 64 bits: a name, not a defence.
+    let hash = CHECK
+        .iter()
+        .flat_map(|part| part.bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("sluice_{hash:016x}")
+}
 
-/// The operations the driver runs; the library has a function `sluice_<op>` for each.
+/// The operations the driver runs; the library has a function `<library>_<op>` for each.
 pub const OPS: [&str; 6] = ["decide", "peek", "refund", "grant", "take", "giveback"];
 
 /// The source of the check script, as loaded into Redis (for load tools and tests): the op
@@ -29,13 +40,14 @@ pub fn check_script() -> String {
 }
 
 /// The source of the Function library: the same body, built once when loaded (not on
-/// every call, as a script is), and an entry point `sluice_<op>` per operation.
+/// every call, as a script is), and an entry point `<library>_<op>` per operation.
 pub fn check_library() -> String {
-    let mut source = format!("#!lua name={LIBRARY_NAME}\n");
+    let name = library_name();
+    let mut source = format!("#!lua name={name}\n");
     source.push_str(&CHECK.join("\n"));
     for op in OPS {
         source.push_str(&format!(
-            "\nredis.register_function('sluice_{op}', function(keys, args) return run('{op}', keys, args, 1) end)"
+            "\nredis.register_function('{name}_{op}', function(keys, args) return run('{op}', keys, args, 1) end)"
         ));
     }
     source.push('\n');

@@ -10,7 +10,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ScriptInvocation};
 use tokio::sync::oneshot;
 
 use super::library::Engine;
-use crate::store::{keys, StoreError};
+use crate::store::StoreError;
 
 /// The connection itself: multiplexed, reconnecting on its own.
 #[derive(Clone)]
@@ -44,12 +44,20 @@ impl Connection {
     }
 
     /// Makes every decision wait until `wanted` replicas have it, each wait bounded by
-    /// `timeout`, through `barrier`: a second connection to the same server.
-    pub(super) fn waiting_for(mut self, wanted: u32, timeout: Duration, barrier: ConnectionManager) -> Connection {
+    /// `timeout`, through `barrier`: a second connection to the same server, which writes
+    /// `barrier_key`.
+    pub(super) fn waiting_for(
+        mut self,
+        wanted: u32,
+        timeout: Duration,
+        barrier: ConnectionManager,
+        barrier_key: String,
+    ) -> Connection {
         self.replicas = Some(Arc::new(Replicas {
             wanted,
             timeout,
             barrier,
+            barrier_key,
             waiting: Mutex::new(Waiting::default()),
         }));
         self
@@ -127,6 +135,8 @@ struct Replicas {
     wanted: u32,
     timeout: Duration,
     barrier: ConnectionManager,
+    /// The key the barrier writes ([`crate::store::keys::Keys::wait_barrier`]).
+    barrier_key: String,
     waiting: Mutex<Waiting>,
 }
 
@@ -178,7 +188,7 @@ impl Replicas {
             let mut round = redis::pipe();
             round
                 .cmd("SET")
-                .arg(keys::WAIT_BARRIER)
+                .arg(&self.barrier_key)
                 .arg(1)
                 .arg("PX")
                 .arg(60_000)

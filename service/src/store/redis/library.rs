@@ -1,8 +1,9 @@
-//! The check as Redis Functions (Redis ≥ 7): one library, `sluice`, loaded with
+//! The check as Redis Functions (Redis ≥ 7): one library, `sluice_<hash of its code>`, loaded with
 //! `FUNCTION LOAD` when a connection opens (on every master of a cluster) and again when a
 //! call finds it gone (a restart without persistence, `FUNCTION FLUSH`, a master that never
 //! had it). Its body — helpers, each algorithm — is built once when loaded; a script builds
-//! it again on every `EVALSHA`. Each operation is its own function, `sluice_<op>`.
+//! it again on every `EVALSHA`. Each operation is its own function, `<library>_<op>`; the
+//! hash keeps two versions of Sluice on one Redis from calling each other's code.
 //!
 //! A server without Functions (Redis 6) or a user without the right to load them keeps the
 //! script (`EVALSHA`), said once in the log.
@@ -11,20 +12,21 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, FromRedisValue, Script};
 
-use super::check_script::{check_library, LIBRARY_NAME};
+use super::check_script::{check_library, library_name};
 use super::connection::Connection;
 use crate::store::StoreError;
 
 /// How a connection runs the check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// `FCALL sluice_<op>`.
+    /// `FCALL <library>_<op>`.
     Functions,
     /// `EVALSHA` of the check script.
     Script,
 }
 
 static LIBRARY: LazyLock<String> = LazyLock::new(check_library);
+static LIBRARY_NAME: LazyLock<String> = LazyLock::new(library_name);
 
 /// One call of the check: an operation, its keys and its arguments (see the driver,
 /// `lua/check.lua`).
@@ -42,7 +44,7 @@ pub(super) async fn load(connection: &Connection) -> Result<Engine, StoreError> 
     load.arg("LOAD").arg("REPLACE").arg(LIBRARY.as_str());
     match connection.query::<redis::Value>(&load).await {
         Ok(_) => {
-            tracing::debug!(library = LIBRARY_NAME, "check library loaded");
+            tracing::debug!(library = %*LIBRARY_NAME, "check library loaded");
             Ok(Engine::Functions)
         }
         // Redis 6 does not know the command; a user without `function|load` may not run it.
@@ -94,7 +96,7 @@ pub(super) async fn run<T: FromRedisValue>(
 
 fn fcall(call: &CheckCall) -> Cmd {
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg(format!("sluice_{}", call.op)).arg(call.keys.len());
+    cmd.arg(format!("{}_{}", *LIBRARY_NAME, call.op)).arg(call.keys.len());
     for key in &call.keys {
         cmd.arg(key);
     }

@@ -30,6 +30,7 @@ use sluice_core::backoff::{Backoff, BackoffPolicy, Jitter, SplitMix64};
 use super::address::{Address, Deployment};
 use super::connection::{Connection, Kind};
 use super::library::{self, Engine};
+use crate::store::keys::Keys;
 use crate::store::StoreError;
 
 /// How to reach the store beyond its address.
@@ -52,6 +53,8 @@ pub struct RedisOptions {
     /// Run the check as a script (`EVALSHA`) even where Redis has Functions: how Redis 6
     /// runs it, for the tests that compare both.
     pub script_only: bool,
+    /// The names this node uses in the store, under its prefix (`--store-prefix`).
+    pub keys: Keys,
 }
 
 impl RedisOptions {
@@ -66,6 +69,7 @@ impl RedisOptions {
             sentinel_password_file: None,
             wait_replicas: 0,
             script_only: false,
+            keys: Keys::default(),
         }
     }
 }
@@ -211,7 +215,12 @@ impl Link {
         let connection = Connection::new(Kind::Single(self.manager(client.clone()).await?));
         Ok(match self.options.wait_replicas {
             0 => connection,
-            wanted => connection.waiting_for(wanted, self.options.timeout, self.manager(client).await?),
+            wanted => connection.waiting_for(
+                wanted,
+                self.options.timeout,
+                self.manager(client).await?,
+                self.options.keys.wait_barrier.clone(),
+            ),
         })
     }
 

@@ -46,7 +46,8 @@ use self::library::CheckCall;
 pub use self::library::Engine;
 use self::link::Link;
 pub use self::link::RedisOptions;
-use super::{keys, Item, Publish, Published, Stamped, StoreError, Violation};
+use super::keys::{self, Keys};
+use super::{Item, Publish, Published, Stamped, StoreError, Violation};
 
 /// Publishes a rule set if the version is the expected one, and announces it.
 /// KEYS: rules text, version. ARGV: text, expected version ("" for any), channel.
@@ -108,6 +109,8 @@ pub struct RedisStore {
     not_yet: Arc<Mutex<String>>,
     link: Arc<Link>,
     scripts: Scripts,
+    /// Its names, under the deployment's prefix.
+    keys: Keys,
 }
 
 impl RedisStore {
@@ -152,8 +155,10 @@ impl RedisStore {
 
     fn new(url: &str, options: RedisOptions) -> Result<RedisStore, StoreError> {
         let address = Address::parse(url).map_err(|e| StoreError::Config(e.to_string()))?;
+        let keys = options.keys.clone();
         let link = Link::new(address, options)?;
         Ok(RedisStore {
+            keys,
             live: Arc::new(ArcSwapOption::empty()),
             not_yet: Arc::new(Mutex::new("connecting in the background".into())),
             link: Arc::new(link),
@@ -163,6 +168,11 @@ impl RedisStore {
 
     fn connected(&self, connection: Connection) {
         install(&self.link, &self.live, connection);
+    }
+
+    /// Its names in the store, under the deployment's prefix.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
     }
 
     /// The address, password hidden.
@@ -418,7 +428,7 @@ impl RedisStore {
     /// The published rule set, if any.
     pub async fn published_rules(&self) -> Result<Option<Published>, StoreError> {
         let mut cmd = redis::cmd("MGET");
-        cmd.arg(keys::RULES_VERSION).arg(keys::RULES);
+        cmd.arg(&self.keys.rules_version).arg(&self.keys.rules);
         let (version, text): (Option<u64>, Option<String>) = self.command(&cmd).await?;
         Ok(version.zip(text).map(|(version, text)| Published { version, text }))
     }
@@ -428,11 +438,11 @@ impl RedisStore {
     pub async fn publish_rules(&self, text: &str, expected: Option<u64>) -> Result<Publish, StoreError> {
         let mut invocation = self.scripts.publish_rules.prepare_invoke();
         invocation
-            .key(keys::RULES)
-            .key(keys::RULES_VERSION)
+            .key(&self.keys.rules)
+            .key(&self.keys.rules_version)
             .arg(text)
             .arg(expected.map_or(String::new(), |v| v.to_string()))
-            .arg(keys::RULES_CHANNEL);
+            .arg(&self.keys.rules_channel);
         let (done, version): (u8, u64) = self.connection()?.run(&invocation).await?;
         Ok(if done == 1 {
             Publish::Done(version)
@@ -458,9 +468,10 @@ impl RedisStore {
     /// message; resubscribes after a lost connection.
     pub fn notify_rule_changes(&self, notify: Arc<tokio::sync::Notify>) {
         let link = self.link.clone();
+        let channel = self.keys.rules_channel.clone();
         tokio::spawn(async move {
             loop {
-                match subscribe(&link).await {
+                match subscribe(&link, &channel).await {
                     Ok(mut pubsub) => {
                         tracing::debug!(store = %link.address, "subscribed to rule changes");
                         let mut messages = pubsub.on_message();
@@ -480,7 +491,7 @@ impl RedisStore {
     pub async fn record_violation(&self, v: &Violation, capacity: usize) -> Result<(), StoreError> {
         let fields = [("rule", v.rule.as_str()), ("identity", &v.identity), ("path", &v.path)];
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(keys::VIOLATIONS)
+        cmd.arg(&self.keys.violations)
             .arg("MAXLEN")
             .arg("~")
             .arg(capacity)
@@ -493,7 +504,7 @@ impl RedisStore {
     /// The newest `count` violations, newest first.
     pub async fn recent_violations(&self, count: usize) -> Result<Vec<Violation>, StoreError> {
         let mut cmd = redis::cmd("XREVRANGE");
-        cmd.arg(keys::VIOLATIONS).arg("+").arg("-").arg("COUNT").arg(count);
+        cmd.arg(&self.keys.violations).arg("+").arg("-").arg("COUNT").arg(count);
         let reply: redis::streams::StreamRangeReply = self.command(&cmd).await?;
         let field = |id: &redis::streams::StreamId, k: &str| id.get::<String>(k).unwrap_or_default();
         Ok(reply
@@ -620,12 +631,9 @@ fn install(link: &Arc<Link>, live: &Arc<ArcSwapOption<Connection>>, connection: 
     live.store(Some(Arc::new(connection.reporting_to(failed))));
 }
 
-/// A pub/sub connection subscribed to the rules channel.
-async fn subscribe(link: &Link) -> Result<redis::aio::PubSub, StoreError> {
+/// A pub/sub connection subscribed to the rules channel `channel`.
+async fn subscribe(link: &Link, channel: &str) -> Result<redis::aio::PubSub, StoreError> {
     let mut pubsub = link.pubsub().await?;
-    pubsub
-        .subscribe(keys::RULES_CHANNEL)
-        .await
-        .map_err(|e| link.explain(&e))?;
+    pubsub.subscribe(channel).await.map_err(|e| link.explain(&e))?;
     Ok(pubsub)
 }
