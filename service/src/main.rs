@@ -115,6 +115,12 @@ struct Args {
     /// decision: see BENCHMARKS.md.
     #[arg(long, default_value_t = 0, value_name = "N")]
     store_wait_replicas: u32,
+    /// Send the checks that reach the node while its call to a Redis shard is in flight
+    /// together in the next call, each decided alone and all-or-nothing (a group commit: no
+    /// timer, a lone check goes at once). Redis 7 (Functions) only. `false` sends each
+    /// check as its own call.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    store_batching: bool,
     /// Serve the admin API (rules, overrides, violations), health and metrics on this
     /// address, apart from the data API; keep it reachable by operators only. Without it
     /// the node has no admin API. HOST:PORT or unix:PATH.
@@ -416,6 +422,7 @@ fn store(args: &Args) -> anyhow::Result<Store> {
             sentinel_password_file: args.store_sentinel_password_file.clone(),
             wait_replicas: args.store_wait_replicas,
             keys: args.store_prefix.clone(),
+            batching: args.store_batching,
             ..RedisOptions::new(timeout.max(Duration::from_millis(500)))
         };
         let store =

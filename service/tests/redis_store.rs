@@ -508,10 +508,19 @@ const EXACT: [Algorithm; 4] = [
 #[test]
 fn exactly_the_limit_is_admitted_under_concurrency_on_one_redis() {
     let server = RedisServer::start();
+    let port = [server.port()];
     runtime().block_on(async {
         for a in EXACT {
+            reset_stats(&port);
             let n = admitted_by_64_clients(&server.url(), a, &format!("sluice:{{atom:{a}}}")).await;
             assert_eq!(n, 1_000, "{a}: 1,600 attempts on a limit of 1,000");
+            // Batched: the checks that came while a node's call was in flight went together.
+            let calls = script_calls(&port);
+            println!("{a}: 1,600 checks in {calls} calls");
+            assert!(
+                calls < 1_600,
+                "{a}: {calls} calls for 1,600 concurrent checks: nothing batched"
+            );
         }
     });
 }

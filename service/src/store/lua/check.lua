@@ -13,18 +13,64 @@
 -- same, keeping nothing; 'take' is a grant with no lease record (a cost learnt afterwards),
 -- answering the decision a next request of cost 1 would get.
 local built = {}
+-- The algorithm named `name`, built once (per call of a script, once for a library).
+local function algorithm_of(name)
+  local algorithm = built[name]
+  if not algorithm then
+    if not algorithms[name] then error('unknown algorithm ' .. name) end
+    algorithm = algorithms[name]()
+    built[name] = algorithm
+  end
+  return algorithm
+end
+-- One check: decides the rules of ARGV[first..last] (seven values each) on their keys from
+-- KEYS[key] on, appends five numbers per rule to `out`, and when every enforced rule admits
+-- it keeps their new states ('decide'; 'peek' keeps nothing). The next check's first key.
+local function decide_check(op, KEYS, key, ARGV, first, last, out)
+  local commits, passes = {}, true
+  for i = first, last, 7 do
+    local algorithm = algorithm_of(ARGV[i])
+    local k1, k2 = KEYS[key], KEYS[key + 1]
+    key = key + algorithm.keys
+    local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
+    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, tonumber(ARGV[i + 2]))
+    if not allowed and ARGV[i + 1] ~= '1' then passes = false end
+    if commit then commits[#commits + 1] = commit end
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed and 1 or 0, remaining, reset, retry, delay
+  end
+  if passes and op == 'decide' then
+    for j = 1, #commits do commits[j]() end
+  end
+  return key
+end
+-- 'batch' (the library only): several checks that reached a node together, each decided
+-- in turn and each all-or-nothing. ARGV[1] the clock, ARGV[2] the number of checks n,
+-- ARGV[3 .. 2 + n] each check's number of rules, then every rule's seven values in order;
+-- KEYS each check's keys in turn. Returns {now, then five numbers per rule}.
+local function batch(KEYS, ARGV)
+  set_clock(ARGV[1])
+  local n = tonumber(ARGV[2])
+  local out, key, first = {now}, 1, 3 + n
+  for check = 1, n do
+    local last = first + 7 * tonumber(ARGV[2 + check]) - 1
+    key = decide_check('decide', KEYS, key, ARGV, first, last, out)
+    first = last + 1
+  end
+  return out
+end
 local function run(op, KEYS, ARGV, base)
   set_clock(ARGV[base])
+  if op == 'decide' or op == 'peek' then
+    local out = {now}
+    decide_check(op, KEYS, 1, ARGV, base + 2, #ARGV, out)
+    return out
+  end
   local at = tonumber(ARGV[base + 1])
-  local out, commits, passes, next_key = {now}, {}, true, 1
+  local next_key = 1
   for i = base + 2, #ARGV, 7 do
     local name = ARGV[i]
-    local algorithm = built[name]
-    if not algorithm then
-      if not algorithms[name] then return redis.error_reply('unknown algorithm ' .. name) end
-      algorithm = algorithms[name]()
-      built[name] = algorithm
-    end
+    local algorithm = algorithm_of(name)
     local k1, k2 = KEYS[next_key], KEYS[next_key + 1]
     next_key = next_key + algorithm.keys
     local cost = tonumber(ARGV[i + 2])
@@ -79,17 +125,7 @@ local function run(op, KEYS, ARGV, base)
       return back
     elseif op == 'refund' then
       algorithm.refund(k1, k2, limit, a, b, c, at, cost)
-    else
-      local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
-      if not allowed and ARGV[i + 1] ~= '1' then passes = false end
-      if commit then commits[#commits + 1] = commit end
-      local n = #out
-      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed and 1 or 0, remaining, reset, retry, delay
     end
   end
-  if op == 'refund' then return 0 end
-  if passes and op == 'decide' then
-    for j = 1, #commits do commits[j]() end
-  end
-  return out
+  return 0
 end

@@ -40,7 +40,8 @@ pub fn check_script() -> String {
 }
 
 /// The source of the Function library: the same body, built once when loaded (not on
-/// every call, as a script is), and an entry point `<library>_<op>` per operation.
+/// every call, as a script is), an entry point `<library>_<op>` per operation, and
+/// `<library>_batch`, several checks decided in turn in one call.
 pub fn check_library() -> String {
     let name = library_name();
     let mut source = format!("#!lua name={name}\n");
@@ -50,6 +51,7 @@ pub fn check_library() -> String {
             "\nredis.register_function('{name}_{op}', function(keys, args) return run('{op}', keys, args, 1) end)"
         ));
     }
+    source.push_str(&format!("\nredis.register_function('{name}_batch', batch)"));
     source.push('\n');
     source
 }

@@ -53,6 +53,9 @@ pub struct RedisOptions {
     /// Run the check as a script (`EVALSHA`) even where Redis has Functions: how Redis 6
     /// runs it, for the tests that compare both.
     pub script_only: bool,
+    /// Send the checks that come while a call to a shard is in flight together in its next
+    /// call (`super::batch`; Functions only). On by default.
+    pub batching: bool,
     /// The names this node uses in the store, under its prefix (`--store-prefix`).
     pub keys: Keys,
 }
@@ -69,6 +72,7 @@ impl RedisOptions {
             sentinel_password_file: None,
             wait_replicas: 0,
             script_only: false,
+            batching: true,
             keys: Keys::default(),
         }
     }

@@ -19,6 +19,7 @@
 //! announced by pub/sub; the violations log is a capped stream.
 
 mod address;
+mod batch;
 // A file of its own so that sluice-load (load/) can include it too.
 #[path = "../lua/check_script.rs"]
 mod check_script;
@@ -40,6 +41,7 @@ use sluice_core::lease::Grant;
 use sluice_core::{Algorithm, Decision, Limit, Micros};
 
 pub use self::address::{redact, Address, AddressError, Deployment};
+use self::batch::Batcher;
 pub use self::check_script::check_script;
 use self::connection::{Connection, Kind};
 use self::library::CheckCall;
@@ -111,6 +113,8 @@ pub struct RedisStore {
     scripts: Scripts,
     /// Its names, under the deployment's prefix.
     keys: Keys,
+    /// Checks waiting for the call in flight to their shard; `None` without batching.
+    batcher: Option<Arc<Batcher>>,
 }
 
 impl RedisStore {
@@ -156,6 +160,7 @@ impl RedisStore {
     fn new(url: &str, options: RedisOptions) -> Result<RedisStore, StoreError> {
         let address = Address::parse(url).map_err(|e| StoreError::Config(e.to_string()))?;
         let keys = options.keys.clone();
+        let batcher = options.batching.then(Arc::default);
         let link = Link::new(address, options)?;
         Ok(RedisStore {
             keys,
@@ -163,6 +168,7 @@ impl RedisStore {
             not_yet: Arc::new(Mutex::new("connecting in the background".into())),
             link: Arc::new(link),
             scripts: Scripts::new(),
+            batcher,
         })
     }
 
@@ -385,13 +391,25 @@ impl RedisStore {
     /// to keep nothing.
     async fn decide_group(
         &self,
-        connection: &Connection,
+        connection: &Arc<Connection>,
         group: &[Item<'_>],
         op: &'static str,
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
         let call = check_call(group, op, now, 0);
-        let reply: Vec<i64> = library::run(connection, &self.scripts.check, &call).await?;
+        let reply: Vec<i64> = match &self.batcher {
+            // Batched: a decision at Redis's clock, as Functions (the script has no batch).
+            Some(batcher) if op == "decide" && now.is_none() && connection.engine == Engine::Functions => {
+                let lane = match connection.kind {
+                    Kind::Single(_) => 0,
+                    Kind::Cluster(_) => group.first().map_or(0, |i| keys::slot(i.key)),
+                };
+                batcher
+                    .decide(lane, connection, &self.scripts.check, call, group.len())
+                    .await?
+            }
+            _ => library::run(connection, &self.scripts.check, &call).await?,
+        };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
             return Err(StoreError::Protocol(format!("script returned {reply:?}")));
