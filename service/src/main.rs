@@ -121,6 +121,11 @@ struct Args {
     /// check as its own call.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     store_batching: bool,
+    /// Run the check as Redis Functions (one library, loaded at connect; Redis 7). `false`
+    /// runs it as a script (`EVALSHA`) as on Redis 6, which needs no right to load
+    /// functions; a Redis that refuses `FUNCTION LOAD` gets the script anyway.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    store_functions: bool,
     /// Serve the admin API (rules, overrides, violations), health and metrics on this
     /// address, apart from the data API; keep it reachable by operators only. Without it
     /// the node has no admin API. HOST:PORT or unix:PATH.
@@ -423,6 +428,7 @@ fn store(args: &Args) -> anyhow::Result<Store> {
             wait_replicas: args.store_wait_replicas,
             keys: args.store_prefix.clone(),
             batching: args.store_batching,
+            script_only: !args.store_functions,
             ..RedisOptions::new(timeout.max(Duration::from_millis(500)))
         };
         let store =
