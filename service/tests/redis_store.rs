@@ -738,3 +738,93 @@ fn every_master_of_a_cluster_has_the_library() {
         assert!(list.contains("_decide"), "master {port}: {list}");
     }
 }
+
+/// Issue 41: checks keep being answered while a cluster moves slots between masters
+/// (`redis-cli --cluster reshard`), with batching on: each is decided by the store or fails
+/// (and a node's failure policy answers it), and afterwards every key holds exactly what
+/// the store admitted of it — nothing lost, nothing counted twice.
+#[test]
+fn checks_during_a_live_reshard_are_answered_and_counted_exactly() {
+    let cluster = RedisCluster::start(3, 0);
+    let masters = cluster.master_ports();
+    let id = |port: u16| cluster.cli(port, &["cluster", "myid"]).trim().to_owned();
+    let (from, to) = (id(masters[0]), id(masters[1]));
+    let rt = runtime();
+    let store = Arc::new(
+        rt.block_on(RedisStore::connect(
+            &cluster.url(),
+            RedisOptions::new(Duration::from_secs(2)),
+        ))
+        .unwrap(),
+    );
+    let limit = Limit::builder(Algorithm::FixedWindow, 1_000_000, 86_400_000_000)
+        .build()
+        .unwrap();
+    let identities = 300;
+    let key = |i: usize| keys::limit("reshard", &format!("id-{i}"));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..identities).map(|_| AtomicU64::new(0)).collect());
+    let failed = Arc::new(AtomicU64::new(0));
+    let load: Vec<_> = (0..16)
+        .map(|client| {
+            let (store, stop, admitted, failed) = (store.clone(), stop.clone(), admitted.clone(), failed.clone());
+            rt.spawn(async move {
+                let mut i = client;
+                while !stop.load(Ordering::Relaxed) {
+                    i = (i + 7) % identities;
+                    match store.decide(&key(i), &limit, 1).await {
+                        Ok(s) if s.decision.allowed => {
+                            admitted[i].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(s) => panic!("a limit of a million refused: {s:?}"),
+                        Err(_) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let reshard = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", masters[0])])
+        .args([
+            "--cluster-from",
+            &from,
+            "--cluster-to",
+            &to,
+            "--cluster-slots",
+            "3000",
+            "--cluster-yes",
+        ])
+        .output()
+        .expect("redis-cli --cluster reshard");
+    assert!(
+        reshard.status.success(),
+        "reshard failed: {}",
+        String::from_utf8_lossy(&reshard.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        rt.block_on(task).unwrap();
+    }
+    let total: u64 = admitted.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+    let failed = failed.load(Ordering::Relaxed);
+    println!("{total} checks decided by the store, {failed} failed over, during a reshard of 3,000 slots");
+    assert!(total > 1_000, "the load ran: {total}");
+    for i in 0..identities {
+        let stored = cluster.cli(masters[0], &["-c", "get", &format!("{}:fw", key(i))]);
+        let count: u64 = stored
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        assert_eq!(
+            count,
+            admitted[i].load(Ordering::Relaxed),
+            "identity {i}: Redis counts {stored:?}, the store admitted another number"
+        );
+    }
+}
