@@ -393,3 +393,59 @@ async fn a_node_follows_a_sentinel_failover_and_waiting_for_a_replica_loses_noth
         "waiting for a replica lost admissions: {waited:?}"
     );
 }
+
+/// Issue 41: a failover does not hand out a second limit. Two nodes spend a quota of 3,000 a
+/// day that fails open, then its master is killed: while there is none, each node's
+/// fallback starts from what the store last said was left (nothing), not from a whole
+/// quota — before, the fallback admitted another 3,000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_hands_out_no_second_limit_to_a_rule_failing_open() {
+    const OPEN: &str = "[[rule]]\nname = \"open-day\"\nby = \"user\"\nalgorithm = \"fixed_window\"\n\
+                        limit = 3000\nwindow = \"1d\"\nfailure = \"open\"\n";
+    let mut sentinel = RedisSentinel::start_lagging(&ServerOptions::default(), Some(LAG));
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::connect(&sentinel.url(), RedisOptions::new(Duration::from_millis(500)))
+            .await
+            .unwrap();
+        nodes.push(Arc::new(
+            TestNode::start(Store::Redis(Box::new(store)), OPEN, config()).await,
+        ));
+    }
+    let who = json!({"user": "spender"});
+    let mut spent = 0;
+    for i in 0..3_100 {
+        spent += usize::from(nodes[i % 2].check(who.clone(), "/").await["allowed"] == true);
+    }
+    assert_eq!(spent, 3_000, "the store admits the limit");
+    let old = sentinel.kill_master();
+    // Checks on both nodes until each decides from the new master again.
+    let (mut degraded, mut admitted_degraded) = (0, 0);
+    let started = Instant::now();
+    loop {
+        let mut recovered = 0;
+        for n in &nodes {
+            let r = n.check(who.clone(), "/").await;
+            if r["degraded"] == true {
+                degraded += 1;
+                admitted_degraded += usize::from(r["allowed"] == true);
+            } else {
+                recovered += 1;
+            }
+        }
+        if recovered == nodes.len() && degraded > 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no recovery");
+    }
+    let new = tokio::task::block_in_place(|| sentinel.wait_for_new_master(old, Duration::from_secs(30)));
+    assert_ne!(new, old);
+    eprintln!("{degraded} answers by the fallback while there was no master, {admitted_degraded} admitted");
+    assert!(degraded > 0, "the failover was seen");
+    // Spent is spent: the fallback's buckets start from nothing left (the issue asks at
+    // most 10 % of the limit; before, every answer of the fallback admitted).
+    assert_eq!(
+        admitted_degraded, 0,
+        "the fallback admitted {admitted_degraded} of {degraded} checks on a spent quota"
+    );
+}
