@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -65,10 +66,13 @@ pub fn router(node: Arc<Node>) -> Router {
 /// The admin listener's routes (`--admin-listen`): the admin API behind its bearer token,
 /// health and metrics.
 pub fn admin_router(node: Arc<Node>) -> Router {
+    // Every admin route behind the token by construction: a layer on the routes, not a call
+    // each handler must remember (health and metrics, added after, stay open).
     let admin = Router::new()
         .route("/v1/admin/rules", get(get_rules).put(put_rules))
         .route("/v1/admin/overrides", post(add_override).delete(remove_override))
-        .route("/v1/admin/violations", get(violations));
+        .route("/v1/admin/violations", get(violations))
+        .route_layer(middleware::from_fn_with_state(node.clone(), admin_only));
     common(admin, "see /v1/admin/rules")
         .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
         .with_state(node)
@@ -265,6 +269,14 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
+/// Lets a request on to the admin API only with the admin token (see [`authorize`]).
+async fn admin_only(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    match authorize(&node, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Checks the bearer token in constant time.
 fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = node.config.admin_token.as_deref() else {
@@ -289,8 +301,7 @@ fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// `GET /v1/admin/rules`: the rules in force, with their published version as the `ETag`.
-async fn get_rules(State(node): State<Arc<Node>>, headers: HeaderMap) -> Result<Response, ApiError> {
-    authorize(&node, &headers)?;
+async fn get_rules(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
     let (rules, version) = node.rules_in_force();
     Ok((
         [
@@ -310,7 +321,6 @@ async fn put_rules(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&node, &headers)?;
     let expected = match headers.get(header::IF_MATCH) {
         None => None,
         Some(v) => Some(
@@ -386,12 +396,7 @@ struct OverrideBody {
     until: String,
 }
 
-async fn add_override(
-    State(node): State<Arc<Node>>,
-    headers: HeaderMap,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    authorize(&node, &headers)?;
+async fn add_override(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let raw = body(raw)?;
     let o: OverrideBody = serde_json::from_slice(&raw).map_err(|e| bad(format!("invalid override: {e}")))?;
     let until_ms = parse_rfc3339(&o.until).map_err(|e| bad(format!("field until: {e}")))?;
@@ -410,10 +415,8 @@ async fn add_override(
 
 async fn remove_override(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authorize(&node, &headers)?;
     let (Some(rule), Some(identity)) = (q.get("rule"), q.get("identity")) else {
         return Err(bad("give the override as ?rule=NAME&identity=VALUE"));
     };
@@ -433,10 +436,8 @@ async fn remove_override(
 
 async fn violations(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    authorize(&node, &headers)?;
     let count = match q.get("count") {
         Some(c) => c
             .parse::<usize>()

@@ -227,6 +227,26 @@ async fn admin_api_needs_the_token() {
         .unwrap();
     assert_eq!(ok.status(), 200);
     assert!(ok.text().await.unwrap().contains("name = \"per-ip\""));
+    // Every admin endpoint and method, before anything is read: 401 without the token,
+    // and nothing changed.
+    for (method, path) in [
+        ("PUT", "/v1/admin/rules"),
+        ("POST", "/v1/admin/overrides"),
+        ("DELETE", "/v1/admin/overrides?rule=per-ip&identity=1.1.1.1"),
+        ("GET", "/v1/admin/violations"),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = n
+            .client
+            .request(method.clone(), n.url(path))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{method} {path}");
+    }
+    let rules = n.admin_get("/v1/admin/rules").await.text().await.unwrap();
+    assert!(rules.contains("name = \"per-ip\""), "{rules}");
 }
 
 #[tokio::test]
