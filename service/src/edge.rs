@@ -130,7 +130,7 @@ pub fn tls_acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result
 /// hyper's own header timeout starts whenever an HTTP/1.1 connection waits for a request, so
 /// it would also end every keep-alive connection idle that long — and a proxy that reuses a
 /// pooled connection just as the node closes it loses that check. So the connection keeps its
-/// own time ([`Watch`]): the first 24 bytes (which tell HTTP/1.1 from HTTP/2) and every
+/// own time (`Watch`): the first 24 bytes (which tell HTTP/1.1 from HTTP/2) and every
 /// HTTP/1.1 request's headers are due within the header timeout; between requests an
 /// HTTP/1.1 connection may idle for the (much longer) idle timeout. HTTP/2 connections have
 /// no deadline here: hyper pings their peers and closes the silent ones.

@@ -25,7 +25,8 @@ use sluice_core::rules::{parse_rfc3339, Override, RuleSet};
 use sluice_core::wire::{CheckRequest, MAX_HOLD_MS};
 
 use crate::check::check;
-use crate::lease::{self, LeaseError};
+use crate::exchange::LeaseError;
+use crate::lease;
 use crate::node::Node;
 use crate::rules_source;
 use crate::store::{Publish, StoreError};

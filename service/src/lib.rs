@@ -16,6 +16,7 @@ pub mod check;
 pub mod clock;
 pub mod decide;
 pub mod edge;
+pub mod exchange;
 pub mod grpc;
 pub mod housekeeping;
 pub mod http;

@@ -82,13 +82,13 @@ pub async fn replace(node: &Node, rules: RuleSet, expected: Option<u64>) -> Resu
 }
 
 /// Reloads the TOML rules file whenever its content differs from what was seen last (see
-/// [`watch`]), starting from `seen`, the fingerprint [`load_file`] returned.
+/// `watch`), starting from `seen`, the fingerprint [`load_file`] returned.
 pub async fn watch_file(node: Arc<Node>, path: PathBuf, seen: u64) {
     watch(node, Kind::Toml, vec![path], seen).await;
 }
 
 /// Reloads the gRPC API's envoyproxy/ratelimit YAML files whenever their content differs
-/// from what was seen last (see [`watch`]), starting from `seen`, the fingerprint
+/// from what was seen last (see `watch`), starting from `seen`, the fingerprint
 /// [`load_yaml_files`] returned.
 pub async fn watch_files(node: Arc<Node>, paths: Vec<PathBuf>, seen: u64) {
     watch(node, Kind::Yaml, paths, seen).await;

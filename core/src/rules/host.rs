@@ -41,7 +41,7 @@ pub(crate) fn rule_host(entry: &str) -> Result<String, String> {
 }
 
 /// Whether the request's `host` (any case, with or without a port) is `entry`, a
-/// [`rule_host`]: the same name, or for `*.domain` a name ending in `.domain`.
+/// `rule_host`: the same name, or for `*.domain` a name ending in `.domain`.
 pub fn matches(entry: &str, host: &str) -> bool {
     let host = without_port(host);
     match entry.strip_prefix("*.") {

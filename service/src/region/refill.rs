@@ -11,7 +11,7 @@ use sluice_core::rules::RuleSet;
 use sluice_core::time::instant_ms;
 use tokio::time::MissedTickBehavior;
 
-use crate::lease::{exchange, LeaseError};
+use crate::exchange::{exchange, LeaseError};
 use crate::node::Node;
 
 /// Keeps `node`'s leases of global quotas filled for as long as it runs; returns at once

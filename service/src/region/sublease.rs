@@ -17,7 +17,7 @@ use sluice_core::lease::wire::{LeaseAsk, LeaseGranted, LeaseRequest, LeaseReturn
 use sluice_core::rules::RuleSet;
 
 use super::Region;
-use crate::lease::{next_id, LeaseError};
+use crate::exchange::{next_id, LeaseError};
 
 /// A proxy's lease ends this long before the node's lease it came from (ms): the proxy gives
 /// its unspent units back 100 ms before its own end, and they must reach the node before the

@@ -206,7 +206,7 @@ impl Book {
             returns: due.iter().filter_map(|d| d.back.clone()).collect(),
         };
         let timeout = self.node.config.store_timeout;
-        let exchanged = crate::lease::exchange(&self.node.store, rules, now_ms, &req, timeout, |r| {
+        let exchanged = crate::exchange::exchange(&self.node.store, rules, now_ms, &req, timeout, |r| {
             r.lease_ttl.map(|_| walk::ttl_us(r))
         })
         .await;

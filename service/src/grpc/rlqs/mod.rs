@@ -2,7 +2,7 @@
 //! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`): Envoy's
 //! `envoy.filters.http.rate_limit_quota` reports how each of its buckets is used, and
 //! Sluice answers with **assignments**, token buckets Envoy enforces locally, each one a lease
-//! of the bucket's rule quota ([`crate::lease::exchange`]), so every Envoy of every node
+//! of the bucket's rule quota ([`crate::exchange::exchange`]), so every Envoy of every node
 //! together stays within the bound docs/design.md states for leases.
 //!
 //! [`bucket`] maps a `BucketId` to a rule and an identity, [`assign`] sizes assignments, and
