@@ -13,7 +13,7 @@ use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 use sluice_core::Decision;
 
 use crate::decide::{decide_limits, verdict, Target};
-use crate::metrics::Verdict;
+use crate::metrics::{Api, Verdict};
 use crate::node::Node;
 use crate::store::keys;
 use crate::violations::Violation;
@@ -58,6 +58,7 @@ fn refused_for_missing(node: &Node, rule: &Rule, now_ms: u64) -> CheckResponse {
 
 /// Decides a validated request (see [`canonical`] for a caller's request).
 pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
+    let _timer = node.metrics.time_check(Api::Http);
     let rules = node.rules();
     let now_us = node.clock.now_us();
     let now_ms = instant_ms(now_us);
@@ -95,6 +96,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
         let Some(decision) = decision else { continue };
         let verdict = verdict(decision.allowed, rule.shadow);
         node.metrics.check(&rule.name, verdict);
+        node.metrics.near_limit(&rule.name, &decision);
         if verdict == Verdict::Denied && denied_by.is_none() {
             denied_by = Some((rule, identity));
         }
