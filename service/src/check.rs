@@ -13,7 +13,7 @@ use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 use sluice_core::Decision;
 
 use crate::decide::{decide_limits, verdict, Target};
-use crate::metrics::Verdict;
+use crate::metrics::{Api, Verdict};
 use crate::node::Node;
 use crate::violations::Violation;
 
@@ -75,6 +75,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     if req.cost == 0 {
         return crate::quota::peek(node, req).await;
     }
+    let _timer = node.metrics.time_check(Api::Http);
     let rules = node.rules();
     let now_us = node.clock.now_us();
     let now_ms = instant_ms(now_us);
@@ -106,6 +107,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
         let Some(decision) = decision else { continue };
         let verdict = verdict(decision.allowed, rule.shadow);
         node.metrics.check(&rule.name, verdict);
+        node.metrics.near_limit(&rule.name, &decision);
         if verdict == Verdict::Denied && denied_by.is_none() {
             denied_by = Some((rule, identity));
         }

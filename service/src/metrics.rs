@@ -15,10 +15,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+mod latency;
+mod rules;
+
+pub use latency::{Api, CheckTimer};
+use latency::{CheckLatency, Latency};
+use rules::{BuildInfo, RulesInForce};
+use sluice_core::rules::RuleSet;
+use sluice_core::Decision;
+
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
-};
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -40,10 +47,8 @@ pub enum Verdict {
 }
 
 const VERDICTS: [&str; 3] = ["allowed", "denied", "shadow_denied"];
-/// Histogram bucket upper bounds in seconds.
-const BUCKETS: [f64; 12] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-];
+/// The index of a rule's near-limit count, after its verdicts'.
+const NEAR_LIMIT: usize = VERDICTS.len();
 
 /// The node's counters, and the registry that exposes them with the rest of the node's.
 ///
@@ -52,7 +57,9 @@ const BUCKETS: [f64; 12] = [
 pub struct Metrics {
     registry: Registry,
     checks: RuleChecks,
-    store_latency: StoreLatency,
+    check_latency: CheckLatency,
+    rules_in_force: RulesInForce,
+    store_latency: Latency,
     store_errors: Counter,
     degraded: Counter,
     lease_calls: Counter,
@@ -79,7 +86,21 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("sluice");
         let checks = RuleChecks::default();
         registry.register("checks", "Rule evaluations by outcome", checks.clone());
-        let store_latency = StoreLatency::default();
+        registry.register(
+            "checks_near_limit",
+            "Checks a rule allowed with at most a fifth of its limit left",
+            NearLimit(checks.clone()),
+        );
+        let check_latency = CheckLatency::default();
+        registry.register(
+            "check_duration_seconds",
+            "Time to decide a check, by API (rlqs: a store exchange deciding assignments)",
+            check_latency.clone(),
+        );
+        let rules_in_force = RulesInForce::default();
+        registry.register_collector(Box::new(rules_in_force.clone()));
+        registry.register_collector(Box::new(BuildInfo));
+        let store_latency = Latency::default();
         registry.register(
             "store_latency_seconds",
             "Latency of counter store calls",
@@ -118,6 +139,8 @@ impl Default for Metrics {
             ),
             registry,
             checks,
+            check_latency,
+            rules_in_force,
             store_latency,
             reloads_ok,
             reloads_error,
@@ -142,7 +165,27 @@ impl Metrics {
 
     /// Counts one rule's verdict.
     pub fn check(&self, rule: &str, verdict: Verdict) {
-        self.checks.count(rule, verdict);
+        self.checks.count(rule, verdict as usize);
+    }
+
+    /// Counts a check `rule` allowed with at most a fifth of its limit left (nothing when
+    /// `decision` denied, or left more).
+    pub fn near_limit(&self, rule: &str, decision: &Decision) {
+        if decision.allowed && decision.limit > 0 && decision.remaining.saturating_mul(5) <= decision.limit {
+            self.checks.count(rule, NEAR_LIMIT);
+        }
+    }
+
+    /// Times a check of `api` until the timer is dropped.
+    pub fn time_check(&self, api: Api) -> CheckTimer<'_> {
+        CheckTimer::start(self.check_latency.of(api))
+    }
+
+    /// Records `rules`, of published `version` (0: not published), as put in force now:
+    /// `sluice_rule_limit`, `sluice_rule_period_seconds`, `sluice_rules_version` and
+    /// `sluice_rules_loaded_timestamp_seconds` show them from the next scrape.
+    pub fn rules_in_force(&self, rules: &RuleSet, version: u64) {
+        self.rules_in_force.set(rules, version);
     }
 
     /// Records one store call's latency.
@@ -209,12 +252,12 @@ impl Metrics {
     }
 }
 
-/// A rule's check counters, one per [`Verdict`], by rule name: a check finds its rule's
-/// under a read lock, by the `&str` it has, with no label set built; the first check of a
-/// rule name takes the write lock to add it. The family `sluice_checks_total`, encoded
-/// sorted by rule.
+/// A rule's check counters, one per [`Verdict`] and one of checks near the limit, by rule
+/// name: a check finds its rule's under a read lock, by the `&str` it has, with no label
+/// set built; the first check of a rule name takes the write lock to add it. The family
+/// `sluice_checks_total`, encoded sorted by rule ([`NearLimit`] encodes the last count).
 #[derive(Debug, Clone, Default)]
-struct RuleChecks(Arc<RwLock<HashMap<Arc<str>, [AtomicU64; 3]>>>);
+struct RuleChecks(Arc<RwLock<HashMap<Arc<str>, [AtomicU64; 4]>>>);
 
 /// The labels of `sluice_checks_total`, in this order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -224,8 +267,8 @@ struct CheckLabels {
 }
 
 impl RuleChecks {
-    fn count(&self, rule: &str, verdict: Verdict) {
-        let i = verdict as usize;
+    /// Adds one to `rule`'s count `i` (a [`Verdict`], or [`NEAR_LIMIT`]).
+    fn count(&self, rule: &str, i: usize) {
         if let Some(c) = self.0.read().unwrap_or_else(|p| p.into_inner()).get(rule) {
             c[i].fetch_add(1, Ordering::Relaxed);
             return;
@@ -235,21 +278,27 @@ impl RuleChecks {
     }
 }
 
-impl TypedMetric for RuleChecks {
-    const TYPE: MetricType = MetricType::Counter;
-}
-
-impl EncodeMetric for RuleChecks {
-    fn encode(&self, mut encoder: MetricEncoder<'_>) -> fmt::Result {
-        // A copy, so checks do not wait on the encoding.
-        let mut rules: Vec<(Arc<str>, [u64; 3])> = {
+impl RuleChecks {
+    /// A copy of the counts sorted by rule, so checks do not wait on the encoding.
+    fn snapshot(&self) -> Vec<(Arc<str>, [u64; 4])> {
+        let mut rules: Vec<(Arc<str>, [u64; 4])> = {
             let map = self.0.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
                 .map(|(rule, c)| (rule.clone(), c.each_ref().map(|c| c.load(Ordering::Relaxed))))
                 .collect()
         };
         rules.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (rule, counts) in rules {
+        rules
+    }
+}
+
+impl TypedMetric for RuleChecks {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for RuleChecks {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> fmt::Result {
+        for (rule, counts) in self.snapshot() {
             for (decision, n) in VERDICTS.into_iter().zip(counts) {
                 let labels = CheckLabels {
                     rule: rule.clone(),
@@ -266,47 +315,21 @@ impl EncodeMetric for RuleChecks {
     }
 }
 
-/// The histogram `sluice_store_latency_seconds`, in atomics: an observation adds to one
-/// bucket, the count and the sum, and takes no lock (`prometheus-client`'s `Histogram`
-/// takes a mutex per observation).
-#[derive(Debug, Clone, Default)]
-struct StoreLatency(Arc<LatencyCounts>);
+/// The family `sluice_checks_near_limit_total`: each rule's count of checks it allowed
+/// with at most a fifth of its limit left, from [`RuleChecks`].
+#[derive(Debug, Clone)]
+struct NearLimit(RuleChecks);
 
-#[derive(Debug, Default)]
-struct LatencyCounts {
-    /// Observations in each bucket of [`BUCKETS`] and no lower one (not cumulative).
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_ns: AtomicU64,
+impl TypedMetric for NearLimit {
+    const TYPE: MetricType = MetricType::Counter;
 }
 
-impl StoreLatency {
-    fn observe(&self, d: Duration) {
-        let c = &self.0;
-        let secs = d.as_secs_f64();
-        if let Some(i) = BUCKETS.iter().position(|bound| secs <= *bound) {
-            c.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        c.count.fetch_add(1, Ordering::Relaxed);
-        c.sum_ns
-            .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-}
-
-impl TypedMetric for StoreLatency {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for StoreLatency {
+impl EncodeMetric for NearLimit {
     fn encode(&self, mut encoder: MetricEncoder<'_>) -> fmt::Result {
-        let c = &self.0;
-        let buckets =
-            std::array::from_fn::<_, { BUCKETS.len() }, _>(|i| (BUCKETS[i], c.buckets[i].load(Ordering::Relaxed)));
-        // Read after the buckets, and never below them: `+Inf` is the largest bucket.
-        let in_buckets: u64 = buckets.iter().map(|b| b.1).sum();
-        let count = c.count.load(Ordering::Relaxed).max(in_buckets);
-        let sum = c.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+        for (rule, counts) in self.0.snapshot() {
+            ConstCounter::new(counts[NEAR_LIMIT]).encode(encoder.encode_family(&[("rule", rule)])?)?;
+        }
+        Ok(())
     }
 
     fn metric_type(&self) -> MetricType {
@@ -424,6 +447,7 @@ pub(crate) fn encode_family<S: EncodeLabelSet, M: EncodeMetric + TypedMetric>(
 mod tests {
     use std::collections::BTreeSet;
 
+    use super::latency::BUCKETS;
     use super::*;
     use crate::region::{Region, RegionConfig, Source};
     use crate::store::memory::MemoryStore;
@@ -441,6 +465,30 @@ mod tests {
         m.check(rule, Verdict::Allowed);
         m.check(rule, Verdict::Allowed);
         m.check(rule, Verdict::ShadowDenied);
+        for remaining in [21, 20, 0] {
+            let decision = Decision {
+                allowed: true,
+                limit: 100,
+                remaining,
+                reset_after: 0,
+                retry_after: 0,
+                delay: 0,
+            };
+            m.near_limit(rule, &decision);
+            m.near_limit(
+                rule,
+                &Decision {
+                    allowed: false,
+                    ..decision
+                },
+            );
+        }
+        drop(m.time_check(Api::Http));
+        drop(m.time_check(Api::Rlqs));
+        drop(m.time_check(Api::Rlqs));
+        let rules =
+            "[[rule]]\nname = \"per-ip\"\nby = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n";
+        m.rules_in_force(&RuleSet::from_toml(rules).expect("valid rules"), 7);
         m.store_latency(Duration::from_micros(300));
         m.store_latency(Duration::from_millis(70));
         m.store_latency(Duration::from_secs(2));
@@ -460,6 +508,17 @@ mod tests {
         region.count(Source::Cold);
         region.count(Source::CutOff);
         m.render()
+    }
+
+    /// The build info series, as this build labels it.
+    fn build_info() -> String {
+        match option_env!("SLUICE_GIT_SHA").filter(|s| !s.is_empty()) {
+            Some(sha) => format!(
+                r#"sluice_build_info{{version="{}",git_sha="{sha}"}}"#,
+                env!("CARGO_PKG_VERSION")
+            ),
+            None => format!(r#"sluice_build_info{{version="{}"}}"#, env!("CARGO_PKG_VERSION")),
+        }
     }
 
     /// The series a node exports: names and labels as dashboards, tests and docs read them
@@ -498,9 +557,28 @@ mod tests {
             r#"sluice_rules_reloads_total{result="ok"}"#,
             r#"sluice_rules_reloads_total{result="error"}"#,
             r#"sluice_global_link_up{region="r0"}"#,
+            r#"sluice_rule_limit{rule="per-ip"}"#,
+            r#"sluice_rule_period_seconds{rule="per-ip"}"#,
+            "sluice_rules_version",
+            "sluice_rules_loaded_timestamp_seconds",
         ]
         .map(String::from)
         .into();
+        expected.insert(format!(
+            r#"sluice_checks_near_limit_total{{rule="{rule}"}}"#,
+            rule = "per-ip"
+        ));
+        expected.insert(build_info());
+        for api in ["http", "grpc_rls", "rlqs"] {
+            for part in ["sum", "count"] {
+                expected.insert(format!(r#"sluice_check_duration_seconds_{part}{{api="{api}"}}"#));
+            }
+            for le in BUCKETS.map(|b| b.to_string()).into_iter().chain(["+Inf".into()]) {
+                expected.insert(format!(
+                    r#"sluice_check_duration_seconds_bucket{{api="{api}",le="{le}"}}"#
+                ));
+            }
+        }
         for decision in ["allowed", "denied", "shadow_denied"] {
             expected.insert(format!(r#"sluice_checks_total{{rule="per-ip",decision="{decision}"}}"#));
         }
@@ -551,6 +629,13 @@ mod tests {
             "sluice_rlqs_buckets gauge",
             "sluice_global_link_up gauge",
             "sluice_global_checks_total counter",
+            "sluice_checks_near_limit_total counter",
+            "sluice_check_duration_seconds histogram",
+            "sluice_rule_limit gauge",
+            "sluice_rule_period_seconds gauge",
+            "sluice_rules_version gauge",
+            "sluice_rules_loaded_timestamp_seconds gauge",
+            "sluice_build_info gauge",
         ] {
             assert!(text.contains(&format!("\n# TYPE {typed}\n")), "{typed}: {text}");
         }
@@ -581,6 +666,16 @@ mod tests {
             r#"sluice_global_checks_total{region="r0",source="cold"} 2"#,
             r#"sluice_global_checks_total{region="r0",source="cut_off"} 1"#,
             r#"sluice_global_checks_total{region="r0",source="pool"} 0"#,
+            // Allowed with 20 and 0 of 100 left; not with 21, nor any denial.
+            r#"sluice_checks_near_limit_total{rule="per-ip"} 2"#,
+            r#"sluice_check_duration_seconds_count{api="http"} 1"#,
+            r#"sluice_check_duration_seconds_count{api="grpc_rls"} 0"#,
+            r#"sluice_check_duration_seconds_count{api="rlqs"} 2"#,
+            r#"sluice_check_duration_seconds_bucket{api="rlqs",le="+Inf"} 2"#,
+            r#"sluice_rule_limit{rule="per-ip"} 100"#,
+            r#"sluice_rule_period_seconds{rule="per-ip"} 60.0"#,
+            "sluice_rules_version 7",
+            &format!("{} 1", build_info()),
         ] {
             assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
         }

@@ -116,6 +116,7 @@ impl Node {
         if let Some(region) = &region {
             region.register_metrics(metrics.registry_mut());
         }
+        metrics.rules_in_force(&rules, 0);
         Arc::new(Node {
             violations: Violations::start(store.clone(), config.violations_capacity),
             fallback: MemoryStore::new(config.max_keys),
@@ -145,12 +146,16 @@ impl Node {
 
     /// Replaces the rules in force on this node only (they are not the published ones).
     pub fn set_rules(&self, rules: RuleSet) {
-        self.rules.write().unwrap_or_else(|p| p.into_inner()).0 = Arc::new(rules);
+        let mut in_force = self.rules.write().unwrap_or_else(|p| p.into_inner());
+        self.metrics.rules_in_force(&rules, in_force.1);
+        in_force.0 = Arc::new(rules);
     }
 
     /// Puts the published rules of `version` in force.
     pub fn set_published_rules(&self, rules: RuleSet, version: u64) {
-        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = (Arc::new(rules), version);
+        let mut in_force = self.rules.write().unwrap_or_else(|p| p.into_inner());
+        self.metrics.rules_in_force(&rules, version);
+        *in_force = (Arc::new(rules), version);
     }
 
     /// The descriptor set the gRPC API decides by.

@@ -352,6 +352,18 @@ async fn example_6_shadow_mode_counts_but_never_refuses() {
         .find(|l| l.contains("user_user-a") && l.contains("shadow_denied"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
     assert!(shadow.is_some_and(|n| n >= 10), "shadow refusals counted: {metrics}");
+    let near = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_checks_near_limit_total{") && l.contains("user_user-b"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(
+        near.is_some_and(|n| n >= 1),
+        "checks near user-b's limit counted: {metrics}"
+    );
+    for (api, n) in [("grpc_rls", 55), ("http", 0)] {
+        let count = format!("sluice_check_duration_seconds_count{{api=\"{api}\"}} {n}\n");
+        assert!(metrics.contains(&count), "{count} in {metrics}");
+    }
 }
 
 const EXAMPLE_7: &str = "

@@ -100,6 +100,61 @@ async fn shadow_rules_count_but_never_deny() {
     }
 }
 
+/// The node's `/metrics` text.
+async fn scrape(n: &TestNode) -> String {
+    let r = n.client.get(n.url("/metrics")).send().await.expect("metrics");
+    r.text().await.expect("metrics text")
+}
+
+/// The value of the series `series` (its name and labels as written) in `text`.
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The operator's signals follow the checks (near the limit, latency) and the rules in
+/// force (limits, version, load time), on a real node's `/metrics`.
+#[tokio::test]
+async fn metrics_follow_checks_near_the_limit_and_rule_reloads() {
+    let n = node().await;
+    let text = scrape(&n).await;
+    assert_eq!(value(&text, r#"sluice_rule_limit{rule="per-ip"}"#), Some(3.0), "{text}");
+    assert_eq!(
+        value(&text, r#"sluice_rule_period_seconds{rule="per-ip"}"#),
+        Some(3600.0)
+    );
+    assert_eq!(value(&text, r#"sluice_rule_limit{rule="uploads"}"#), Some(10.0));
+    let version = value(&text, "sluice_rules_version").expect("a version");
+    let loaded = value(&text, "sluice_rules_loaded_timestamp_seconds").expect("a load time");
+    assert!(text.contains(&format!("sluice_build_info{{version=\"{}\"", env!("CARGO_PKG_VERSION"))));
+    // per-ip admits 3 an hour: 2 then 1 left is more than a fifth, 0 left is not.
+    let near = r#"sluice_checks_near_limit_total{rule="per-ip"}"#;
+    let ip = json!({"ip": "7.7.7.7"});
+    assert_eq!(n.admitted(ip.clone(), "/a", 2).await, 2);
+    assert_eq!(value(&scrape(&n).await, near), Some(0.0));
+    assert_eq!(n.admitted(ip.clone(), "/a", 1).await, 1);
+    assert_eq!(value(&scrape(&n).await, near), Some(1.0));
+    assert_eq!(
+        n.admitted(ip.clone(), "/a", 1).await,
+        0,
+        "a denial is not near the limit"
+    );
+    let text = scrape(&n).await;
+    assert_eq!(value(&text, near), Some(1.0));
+    let latency = |api: &str| format!(r#"sluice_check_duration_seconds_count{{api="{api}"}}"#);
+    assert_eq!(value(&text, &latency("http")), Some(4.0), "{text}");
+    assert_eq!(value(&text, &latency("grpc_rls")), Some(0.0));
+    // A reload: the changed limit shows, the removed rules' series go.
+    let rules = "[[rule]]\nname = \"per-ip\"\nby = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n";
+    assert_eq!(n.put_rules(rules.into(), None).await.status(), 200);
+    let text = scrape(&n).await;
+    assert_eq!(value(&text, r#"sluice_rule_limit{rule="per-ip"}"#), Some(5.0), "{text}");
+    assert_eq!(value(&text, r#"sluice_rule_period_seconds{rule="per-ip"}"#), Some(60.0));
+    assert!(!text.contains(r#"sluice_rule_limit{rule="uploads"}"#), "{text}");
+    assert_eq!(value(&text, "sluice_rules_version"), Some(version + 1.0));
+    assert!(value(&text, "sluice_rules_loaded_timestamp_seconds").is_some_and(|t| t > loaded));
+}
+
 #[tokio::test]
 async fn shaping_rules_return_a_delay() {
     let n = node().await;

@@ -420,6 +420,14 @@ async fn a_cut_stream_is_forgotten_and_its_buckets_no_longer_renewed() {
         .expect("stream");
     envoy.action().await;
     assert_eq!(node.metrics.rlqs.streams.load(Ordering::Relaxed), 1);
+    // The store exchange that decided the assignment is timed as an RLQS check.
+    let metrics = node.metrics.render();
+    let timed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"sluice_check_duration_seconds_count{api="rlqs"} "#))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(timed.is_some_and(|n| n >= 1), "{metrics}");
+    assert!(metrics.contains("sluice_check_duration_seconds_count{api=\"http\"} 0\n"));
     drop(envoy);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rlqs = &node.metrics.rlqs;

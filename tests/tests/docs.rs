@@ -62,3 +62,86 @@ fn the_readme_names_files_and_functions_that_exist() {
     }
     assert!(checked > 30, "only {checked} names checked: is the table still there?");
 }
+
+/// The keys the rule file reads in a `[[rule]]` (or `[[override]]`) table, as the reader
+/// itself names them when it meets one it does not know.
+fn keys_read(table: &str) -> Vec<String> {
+    let file = format!(r#"{{"{table}": [{{"no such key": 1}}]}}"#);
+    let doc = sluice_core::json::parse(file.as_bytes()).expect("JSON");
+    let e = sluice_core::rules::RuleFile::read(&doc).expect_err("an unknown key is refused");
+    let message = e.to_string();
+    let (_, list) = message.split_once("expected one of ").expect("the keys listed");
+    let keys: Vec<String> = list.split(", ").map(|k| k.trim().to_owned()).collect();
+    assert!(keys.len() > 3, "{message}");
+    keys
+}
+
+/// Every key of a rule and of an override is in the rules' reference, docs/design.md's
+/// Rules section, as a `key = value` line of its example (so its meaning is written beside
+/// it); and `by`'s every kind of identity.
+#[test]
+fn every_rule_key_is_documented() {
+    let design = std::fs::read_to_string(root().join("docs/design.md")).expect("docs/design.md");
+    let start = design.find("\n## Rules\n").expect("a Rules section");
+    let end = design[start + 1..]
+        .find("\n## ")
+        .map_or(design.len(), |e| start + 1 + e);
+    let section = &design[start..end];
+    let documented = |key: &str| {
+        section
+            .lines()
+            .any(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+    };
+    for table in ["rule", "override"] {
+        for key in keys_read(table) {
+            assert!(
+                documented(&key),
+                "docs/design.md#rules does not document the {table} key {key}"
+            );
+        }
+    }
+    for by in [
+        "\"ip\"",
+        "\"user\"",
+        "\"api_key\"",
+        "\"tier\"",
+        "\"global\"",
+        "\"header:<name>\"",
+    ] {
+        assert!(
+            section.contains(by),
+            "docs/design.md#rules: by = {by} is not documented"
+        );
+    }
+}
+
+/// Every route of the admin API, with each of its methods, is in docs/service.md.
+#[test]
+fn every_admin_endpoint_is_documented() {
+    let http = std::fs::read_to_string(root().join("service/src/http.rs")).expect("http.rs");
+    let service = std::fs::read_to_string(root().join("docs/service.md")).expect("docs/service.md");
+    let start = http.find("pub fn admin_router").expect("admin_router");
+    let end = http[start..].find("\n}\n").map_or(http.len(), |e| start + e);
+    let mut checked = 0;
+    // Each piece is one route: its path, then its method router, up to the next route.
+    for route in http[start..end].split(".route(\"").skip(1) {
+        let Some((path, methods)) = route.split_once('"') else {
+            continue;
+        };
+        for (method, call) in [
+            ("GET", "get("),
+            ("PUT", "put("),
+            ("POST", "post("),
+            ("DELETE", "delete("),
+        ] {
+            if path.starts_with("/v1/admin/") && methods.contains(call) {
+                assert!(
+                    service.contains(&format!("`{method} {path}")),
+                    "docs/service.md does not document {method} {path}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 5, "only {checked} admin endpoints found in admin_router");
+}

@@ -20,7 +20,7 @@ use super::envoy::service::ratelimit::v3::rate_limit_response::{Code, Descriptor
 use super::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::decide::{decide_limits, verdict, Target};
-use crate::metrics::Verdict;
+use crate::metrics::{Api, Verdict};
 use crate::node::Node;
 use crate::violations::Violation;
 
@@ -116,6 +116,7 @@ impl RateLimitService for RateLimiter {
         let req = request.into_inner();
         let (entries, costs, own) = validate(&req)?;
         let node = &*self.node;
+        let _timer = node.metrics.time_check(Api::GrpcRls);
         let now_us = node.clock.now_us();
         let now_ms = instant_ms(now_us);
         let descriptors = node.descriptors();
@@ -171,6 +172,7 @@ impl RateLimitService for RateLimiter {
         for (l, d) in limited.iter().zip(&decisions) {
             let verdict = verdict(d.allowed, l.limit.shadow);
             node.metrics.check(&l.limit.name, verdict);
+            node.metrics.near_limit(&l.limit.name, d);
             let over = verdict == Verdict::Denied;
             if over && overall == Code::Ok {
                 overall = Code::OverLimit;

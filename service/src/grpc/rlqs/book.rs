@@ -206,10 +206,13 @@ impl Book {
             returns: due.iter().filter_map(|d| d.back.clone()).collect(),
         };
         let timeout = self.node.config.store_timeout;
-        let exchanged = crate::exchange::exchange(&self.node.store, rules, now_ms, &req, timeout, |r| {
-            r.lease_ttl.map(|_| walk::ttl_us(r))
-        })
-        .await;
+        let exchanged = {
+            let _timer = self.node.metrics.time_check(crate::metrics::Api::Rlqs);
+            crate::exchange::exchange(&self.node.store, rules, now_ms, &req, timeout, |r| {
+                r.lease_ttl.map(|_| walk::ttl_us(r))
+            })
+            .await
+        };
         let stats = self.stats();
         stats.exchanges.fetch_add(1, Ordering::Relaxed);
         stats.grants.fetch_add(due.len() as u64, Ordering::Relaxed);
