@@ -52,7 +52,7 @@ fn an_allowed_request_is_checked_resumed_and_gets_the_headers(flavor: Flavor) {
     );
     assert_eq!(
         body,
-        json!({"identities": {"ip": "203.0.113.9", "user": "42", "tier": "free"}, "method": "GET", "path": "/api/search", "cost": 1})
+        json!({"identities": {"ip": "203.0.113.9", "user": "42", "tier": "free"}, "method": "GET", "path": "/api/search", "cost": 1, "host": "example.com"})
     );
     host.respond_call(call.token, answer(true, 57, 47_000, 0)).unwrap();
     assert_eq!(host.stream(s).unwrap().request_resumes, 1);
