@@ -357,10 +357,13 @@ impl HttpContext for Stream {
         let method = request_header(":method");
         let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
         let path = request_header(":path").map_or_else(|| "/".into(), |p| check_path(&p));
-        // Envoy names it `:authority`; a host that is none (the proxy refuses most such
-        // requests first) matches only rules naming no host, as at the service.
-        let host = request_header(":authority")
-            .or_else(|| request_header("host"))
+        // The client's `Host`: Nginx hands it over as it came (its `:authority` is the
+        // server's own name and port, whatever the client asked for — seen in a real Nginx);
+        // Envoy turns it into `:authority` and keeps no `host`. A host that is none (the proxy
+        // refuses most such requests first) matches only rules naming no host, as at the
+        // service.
+        let host = request_header("host")
+            .or_else(|| request_header(":authority"))
             .filter(|h| is_host(h));
         if self.shared.borrow().debits.is_some() {
             self.debit = Some(CheckRequest {

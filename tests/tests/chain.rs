@@ -657,18 +657,39 @@ fn a_cost_learnt_after_the_response_is_spent_real_envoy() {
     a_cost_learnt_after_the_response_is_spent(ProxyHost::RealEnvoy);
 }
 
-/// A rule naming hosts limits the requests for those hosts only, through the filter.
-#[test]
-fn a_rule_naming_a_host_limits_that_host_only() {
+/// A rule naming hosts limits the requests for those hosts only, through the filter: on
+/// Envoy the client's `Host` is `:authority`; on Nginx it is the `host` header, since
+/// ngx_wasm_module's `:authority` is the server's own name and port (seen in a real Nginx).
+fn a_rule_naming_a_host_limits_that_host_only(host: ProxyHost) {
     let chain = Chain::with(Options {
+        host,
         rules: "[[rule]]\nname = \"api-host\"\nby = \"ip\"\nhosts = [\"api.example.com\"]\n\
                 algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\n"
             .to_owned(),
         ..Options::default()
     });
-    let get = |host: &str| http(chain.proxies[0], "GET", "/x", &[("host", host)]).status;
+    let get = |name: &str| http(chain.proxies[0], "GET", "/x", &[("host", name)]).status;
     let api: Vec<u16> = (0..4).map(|_| get("API.example.com:8080")).collect();
-    assert_eq!(api, [200, 200, 429, 429], "the named host, any case, any port");
+    assert_eq!(
+        api,
+        [200, 200, 429, 429],
+        "{host:?}: the named host, any case, any port"
+    );
     let other: Vec<u16> = (0..4).map(|_| get("www.example.com")).collect();
-    assert_eq!(other, [200; 4], "another host is not limited");
+    assert_eq!(other, [200; 4], "{host:?}: another host is not limited");
+}
+
+#[test]
+fn a_rule_naming_a_host_limits_that_host_only_envoy() {
+    a_rule_naming_a_host_limits_that_host_only(ProxyHost::Envoy);
+}
+
+#[test]
+fn a_rule_naming_a_host_limits_that_host_only_nginx() {
+    a_rule_naming_a_host_limits_that_host_only(ProxyHost::Nginx);
+}
+
+#[test]
+fn a_rule_naming_a_host_limits_that_host_only_real_envoy() {
+    a_rule_naming_a_host_limits_that_host_only(ProxyHost::RealEnvoy);
 }

@@ -24,9 +24,10 @@ pub fn request_view(headers: &Headers, peer: SocketAddr, trusted_hops: u32) -> (
         .and_then(|entry| std::str::from_utf8(entry).ok())
         .and_then(|entry| entry.trim().parse::<IpAddr>().ok());
     let source = client.map_or_else(|| peer.to_string(), |ip| SocketAddr::new(ip, 0).to_string());
+    // Envoy keeps the client's `Host` as `:authority` only.
     let mut shown: Headers = headers
         .iter()
-        .filter(|(name, _)| !name.eq_ignore_ascii_case(XFF))
+        .filter(|(name, _)| !name.eq_ignore_ascii_case(XFF) && !name.eq_ignore_ascii_case("host"))
         .cloned()
         .collect();
     let mut value = came.cloned().unwrap_or_default();

@@ -21,6 +21,13 @@ pub fn request_view(headers: &Headers, peer: SocketAddr) -> (Headers, Vec<(Strin
             shown.push((name.clone(), parsed_path(value)));
             continue;
         }
+        if name == ":authority" {
+            // ngx_wasm_module builds `:authority` from the server's `server_name` or the
+            // machine's host name and the local port, never from the client's `Host` (seen in
+            // a real Nginx); the harness shows the host name alone.
+            shown.push((name.clone(), server_name().into_bytes()));
+            continue;
+        }
         if !name.starts_with(':') {
             let var = format!("ngx.http_{}", name.to_ascii_lowercase().replace('-', "_"));
             properties.push((var, value.clone()));
@@ -28,6 +35,15 @@ pub fn request_view(headers: &Headers, peer: SocketAddr) -> (Headers, Vec<(Strin
         shown.push((name.clone(), value.clone()));
     }
     (shown, properties)
+}
+
+/// The machine's host name, as Nginx names a server without `server_name`.
+fn server_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// Nginx's `$uri` of request target `raw`, followed by `?` and the raw query if any.
