@@ -1,6 +1,7 @@
 //! End-to-end fixtures for Sluice: the whole chain as real processes on loopback, and a
 //! plain HTTP/1.1 client that can also send what a correct client never would.
 
+pub mod build;
 pub mod chain;
 pub mod envoy;
 pub mod http;
