@@ -13,7 +13,7 @@
 //! - [`lease`]: leased quotas — units granted ahead of use, what each algorithm guarantees;
 //! - [`breaker`]: the circuit breaker around a call that may fail (the filter's check
 //!   calls, the service's store calls);
-//! - [`descriptors`]: Envoy's rate limit descriptors matched against an
+//! - `descriptors` (the `serde` feature): Envoy's rate limit descriptors matched against an
 //!   envoyproxy/ratelimit configuration (the check service's gRPC API);
 //! - [`rules`]: the rule file, its validation and matching a request to its rules;
 //! - [`path`]: the canonical form of a request path, which rules are matched against;
@@ -30,12 +30,21 @@
 //! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges),
 //! [`text`] (UTF-8-safe truncation) and [`json`] (the small JSON reader and writer with which
 //! the filter reads its configuration and the service's answers, and writes its calls).
+//!
+//! # Features
+//!
+//! - `serde`: serde derives on the wire, rules and client types; the service's side of the
+//!   wire (`CheckRequest::from_json`, `LeaseRequest::from_json`, `RuleSet::to_json`) through
+//!   serde_json; Envoy's descriptors. Off by default: the filter and the SDKs compile no
+//!   serde at all (`scripts/test` fails if the filter's dependencies ever name it).
+//! - `toml` (with `serde`): reading and writing TOML rule files, the service's.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 // Deciding.
 pub mod algorithm;
 pub mod breaker;
+#[cfg(feature = "serde")]
 pub mod descriptors;
 mod evict;
 pub mod headers;

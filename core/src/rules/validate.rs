@@ -77,8 +77,9 @@ impl Identity {
 
 /// What to do when no decision can be had: a rule's `failure` when the service's counter
 /// store is unreachable, the filter's `failure.mode` when the check service is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum FailureMode {
     /// Decide from a local fallback bucket (`"open"`, the default).
     #[default]
