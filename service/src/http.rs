@@ -18,13 +18,14 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::json;
 use sluice_core::lease::wire::LeaseRequest;
-use sluice_core::rules::{parse_rfc3339, Override, RuleSet};
+use sluice_core::rules::RuleSet;
 use sluice_core::wire::{CheckRequest, MAX_HOLD_MS};
 
+use crate::admin::{self, Access};
 use crate::check::check;
+use crate::console::SourceKind;
 use crate::exchange::LeaseError;
 use crate::lease;
 use crate::node::Node;
@@ -64,18 +65,30 @@ pub fn router(node: Arc<Node>) -> Router {
         .with_state(node)
 }
 
-/// The admin listener's routes (`--admin-listen`): the admin API behind its bearer token,
-/// health and metrics.
+/// The admin listener's routes (`--admin-listen`): the admin API behind its bearer tokens
+/// (the read-only one changes nothing), the console's page, health and metrics; every
+/// answer with the console's security headers ([`admin::security_headers`]).
 pub fn admin_router(node: Arc<Node>) -> Router {
     // Every admin route behind the token by construction: a layer on the routes, not a call
-    // each handler must remember (health and metrics, added after, stay open).
+    // each handler must remember (health, metrics and the page, added after, stay open).
     let admin = Router::new()
+        .route("/v1/admin/node", get(admin::node_info))
         .route("/v1/admin/rules", get(get_rules).put(put_rules))
-        .route("/v1/admin/overrides", post(add_override).delete(remove_override))
+        .route("/v1/admin/rules/status", get(admin::rules_status))
+        .route(
+            "/v1/admin/overrides",
+            get(admin::list_overrides)
+                .post(admin::add_override)
+                .delete(remove_override),
+        )
         .route("/v1/admin/violations", get(violations))
+        .route("/v1/admin/top", get(admin::top))
+        .route("/v1/admin/explain", post(admin::explain))
+        .route("/v1/admin/reset", post(admin::reset))
         .route_layer(middleware::from_fn_with_state(node.clone(), admin_only));
-    common(admin, "see /v1/admin/rules")
+    common(admin.merge(admin::console_files()), "see /v1/admin/rules")
         .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
+        .layer(middleware::map_response(admin::security_headers))
         .with_state(node)
 }
 
@@ -270,29 +283,64 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
-/// Lets a request on to the admin API only with the admin token (see [`authorize`]).
-async fn admin_only(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
-    match authorize(&node, request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
+/// Lets a request on to the admin API only with a token: the admin token for anything, the
+/// read-only token for reading (and explain, which spends nothing); 403 for a change with
+/// the read-only token. The caller's [`Access`] goes on as a request extension.
+async fn admin_only(State(node): State<Arc<Node>>, mut request: Request, next: Next) -> Response {
+    let access = match authorize(&node, request.headers()) {
+        Ok(access) => access,
+        Err(e) => return e.into_response(),
+    };
+    if access == Access::Read {
+        if let Some(what) = changes(request.method(), request.uri().path()) {
+            return ApiError(
+                StatusCode::FORBIDDEN,
+                format!("this token is read-only: changing {what} needs the admin token"),
+            )
+            .into_response();
+        }
     }
+    request.extensions_mut().insert(access);
+    next.run(request).await
 }
 
-/// Checks the bearer token in constant time.
-fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = node.config.admin_token.as_deref() else {
+/// What a request to the admin API changes, if it changes anything.
+fn changes(method: &axum::http::Method, path: &str) -> Option<&'static str> {
+    use axum::http::Method;
+    if method == Method::GET || method == Method::HEAD || (method == Method::POST && path == "/v1/admin/explain") {
+        return None;
+    }
+    Some(match path {
+        "/v1/admin/rules" => "the rules",
+        "/v1/admin/overrides" => "overrides",
+        "/v1/admin/reset" => "counters",
+        _ => "anything",
+    })
+}
+
+/// Which token the request's bearer token is, compared in constant time with both.
+fn authorize(node: &Node, headers: &HeaderMap) -> Result<Access, ApiError> {
+    let (admin, read) = (
+        node.config.admin_token.as_deref(),
+        node.config.admin_read_token.as_deref(),
+    );
+    if admin.is_none() && read.is_none() {
         return Err(ApiError(
             StatusCode::UNAUTHORIZED,
             "the admin API is disabled: start sluice-service with --admin-token-file".into(),
         ));
-    };
+    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if crate::node::constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-        Ok(())
+    let is = |token: Option<&str>| token.is_some_and(|t| crate::node::constant_time_eq(given.as_bytes(), t.as_bytes()));
+    let (is_admin, is_read) = (is(admin), is(read));
+    if is_admin {
+        Ok(Access::Admin)
+    } else if is_read {
+        Ok(Access::Read)
     } else {
         Err(ApiError(
             StatusCode::UNAUTHORIZED,
@@ -344,7 +392,7 @@ async fn put_rules(
     }
     .map_err(|e| bad(format!("rules not changed: {e}")))?;
     let count = rules.rules().len();
-    match rules_source::replace(&node, rules, expected)
+    match rules_source::replace(&node, rules, expected, (SourceKind::Admin, "PUT /v1/admin/rules"))
         .await
         .map_err(not_stored)?
     {
@@ -369,12 +417,16 @@ fn not_stored(e: StoreError) -> ApiError {
 
 /// Applies `change` to the rules in force and publishes them; when another change came
 /// first, adopts it and applies `change` again (so concurrent overrides are all kept).
-async fn change_rules(node: &Node, change: impl Fn(&mut RuleSet) -> Result<(), ApiError>) -> Result<(), ApiError> {
+pub(crate) async fn change_rules(
+    node: &Node,
+    what: &str,
+    change: impl Fn(&mut RuleSet) -> Result<(), ApiError>,
+) -> Result<(), ApiError> {
     for _ in 0..5 {
         let (in_force, version) = node.rules_in_force();
         let mut rules = (*in_force).clone();
         change(&mut rules)?;
-        match rules_source::replace(node, rules, Some(version))
+        match rules_source::replace(node, rules, Some(version), (SourceKind::Admin, what))
             .await
             .map_err(not_stored)?
         {
@@ -388,32 +440,6 @@ async fn change_rules(node: &Node, change: impl Fn(&mut RuleSet) -> Result<(), A
     ))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OverrideBody {
-    rule: String,
-    identity: String,
-    limit: u64,
-    until: String,
-}
-
-async fn add_override(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let raw = body(raw)?;
-    let o: OverrideBody = serde_json::from_slice(&raw).map_err(|e| bad(format!("invalid override: {e}")))?;
-    let until_ms = parse_rfc3339(&o.until).map_err(|e| bad(format!("field until: {e}")))?;
-    let o = Override {
-        rule: o.rule,
-        identity: o.identity,
-        limit: o.limit,
-        until_ms,
-    };
-    change_rules(&node, |rules| {
-        rules.add_override(o.clone()).map_err(|e| bad(e.to_string()))
-    })
-    .await?;
-    Ok((StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response())
-}
-
 async fn remove_override(
     State(node): State<Arc<Node>>,
     Query(q): Query<HashMap<String, String>>,
@@ -421,7 +447,8 @@ async fn remove_override(
     let (Some(rule), Some(identity)) = (q.get("rule"), q.get("identity")) else {
         return Err(bad("give the override as ?rule=NAME&identity=VALUE"));
     };
-    change_rules(&node, |rules| {
+    let what = format!("override of {rule:?} for {identity:?} removed");
+    change_rules(&node, &what, |rules| {
         if rules.remove_override(rule, identity) {
             Ok(())
         } else {
@@ -448,7 +475,12 @@ async fn violations(
     };
     let list = node
         .violations
-        .recent(&node.store, q.get("identity").map(String::as_str), count)
+        .recent(
+            &node.store,
+            q.get("rule").map(String::as_str),
+            q.get("identity").map(String::as_str),
+            count,
+        )
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     Ok(Json(json!({"violations": list, "dropped": node.violations.dropped()})).into_response())
