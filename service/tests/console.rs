@@ -395,6 +395,20 @@ async fn explain_and_reset_act_on_redis_and_a_cluster() {
     assert_eq!(get(&n, "/v1/admin/node").await["store"], "redis");
     explain_spends_nothing(&n, "198.51.100.1").await;
     reset_restores_the_quota(&n, "198.51.100.2").await;
+    // Both keys of the sliding log are gone (the log left behind would later take its
+    // entries off a count that no longer holds them).
+    let keys = ["sluice:{198.51.100.2}:login:log", "sluice:{198.51.100.2}:login:logm"];
+    assert_eq!(
+        server.cli(&["EXISTS", keys[0], keys[1]]).trim(),
+        "2",
+        "one request since the reset"
+    );
+    let body = json!({"rule": "login", "identity": "198.51.100.2"});
+    assert_eq!(
+        call(&n, "POST", "/v1/admin/reset", Some(TOKEN), Some(body)).await.0,
+        200
+    );
+    assert_eq!(server.cli(&["EXISTS", keys[0], keys[1]]).trim(), "0");
     let cluster = RedisCluster::start(3, 0);
     let n = redis_node(&cluster.url()).await;
     assert_eq!(get(&n, "/v1/admin/node").await["store"], "redis-cluster");
