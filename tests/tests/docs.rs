@@ -123,8 +123,10 @@ fn every_admin_endpoint_is_documented() {
     let start = http.find("pub fn admin_router").expect("admin_router");
     let end = http[start..].find("\n}\n").map_or(http.len(), |e| start + e);
     let mut checked = 0;
-    // Each piece is one route: its path, then its method router, up to the next route.
-    for route in http[start..end].split(".route(\"").skip(1) {
+    // Each piece is one route: its path, then its method router, up to the next route
+    // (whitespace dropped: rustfmt puts a long route's path on a line of its own).
+    let routes: String = http[start..end].split_whitespace().collect();
+    for route in routes.split(".route(\"").skip(1) {
         let Some((path, methods)) = route.split_once('"') else {
             continue;
         };
