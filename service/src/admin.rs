@@ -91,9 +91,23 @@ pub async fn security_headers(mut response: Response) -> Response {
 }
 
 /// A 400 about one field of a body: `{"error", "field"}`, so the page shows it by the field.
-fn field_error(field: &str, message: impl Into<String>) -> Response {
-    let body = json!({"error": message.into(), "field": field});
-    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+pub struct FieldError {
+    field: String,
+    message: String,
+}
+
+impl IntoResponse for FieldError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": self.message, "field": self.field});
+        (StatusCode::BAD_REQUEST, Json(body)).into_response()
+    }
+}
+
+fn field_error(field: &str, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.to_owned(),
+        message: message.into(),
+    }
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
@@ -199,13 +213,14 @@ pub async fn list_overrides(State(node): State<Arc<Node>>) -> Response {
 
 /// `POST /v1/admin/overrides`: adds (or replaces) an override; a 400 names its `field`.
 pub async fn add_override(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRejection>) -> Response {
-    let o = match object(raw).map_err(IntoResponse::into_response).and_then(read_override) {
-        Ok(o) => o,
-        Err(answer) => return answer,
+    let o = match object(raw).map(read_override) {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => return e.into_response(),
+        Err(e) => return e.into_response(),
     };
     // Checked against the rules in force first, to name the field; checked again in the change.
     if let Err(RulesError::Override { field, message, .. }) = (*node.rules()).clone().add_override(o.clone()) {
-        return field_error(field, format!("{field}: {message}"));
+        return field_error(field, format!("{field}: {message}")).into_response();
     }
     let what = format!("override of {:?} for {:?} added", o.rule, o.identity);
     let changed = change_rules(&node, &what, |rules| {
@@ -219,7 +234,7 @@ pub async fn add_override(State(node): State<Arc<Node>>, raw: Result<Bytes, Byte
 }
 
 /// An override from a body's fields, or a 400 naming the first bad one.
-fn read_override(mut body: serde_json::Map<String, Value>) -> Result<Override, Response> {
+fn read_override(mut body: serde_json::Map<String, Value>) -> Result<Override, FieldError> {
     let mut text = |field: &str| match body.remove(field) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s),
         Some(_) => Err(field_error(field, format!("{field} must be a non-empty string"))),
