@@ -15,7 +15,10 @@
 //!   calls, the service's store calls);
 //! - `descriptors` (the `serde` feature): Envoy's rate limit descriptors matched against an
 //!   envoyproxy/ratelimit configuration (the check service's gRPC API);
-//! - [`rules`]: the rule file, its validation and matching a request to its rules;
+//! - [`rules`]: the rule file, its validation and matching a request to its rules (and
+//!   explaining why a rule does not match);
+//! - [`space_saving`]: the heaviest hitters of a stream in bounded memory (the clients a
+//!   rule refuses most);
 //! - [`path`]: the canonical form of a request path, which rules are matched against;
 //! - [`identity`]: identity values bounded by digest, client addresses grouped by prefix;
 //! - [`wire`]: the `POST /v1/check` request and answer;
@@ -52,6 +55,7 @@ pub mod identity;
 pub mod lease;
 pub mod path;
 pub mod rules;
+pub mod space_saving;
 pub mod state_map;
 pub mod wire;
 

@@ -238,10 +238,9 @@ impl RuleSet {
         host: Option<&'a str>,
         path: &'a str,
     ) -> impl Iterator<Item = (&'a Rule, &'a str)> + 'a {
-        self.rules.iter().filter_map(move |rule| {
-            let identity = rule.identity_in(identities)?;
-            rule.applies(identities, method, host, path).then_some((rule, identity))
-        })
+        self.rules
+            .iter()
+            .filter_map(move |rule| Some((rule, rule.explain(identities, method, host, path).ok()?)))
     }
 
     /// The limit for `identity` under `rule` at `now_ms` (unix ms): the override's while
