@@ -370,12 +370,12 @@ impl DescriptorSet {
 
     /// The limits of a request's descriptors (`None` where none applies) with their
     /// counters' identities, less those that another applying limit `replaces`.
-    pub fn limits_for<'s>(
+    pub fn limits_for<'s, 'd>(
         &'s self,
         domain: &str,
-        descriptors: &[Vec<(&str, &str)>],
+        descriptors: impl IntoIterator<Item = &'d [(&'d str, &'d str)]>,
     ) -> Vec<Option<(&'s DescriptorLimit, String)>> {
-        let mut found: Vec<_> = descriptors.iter().map(|d| self.find(domain, d)).collect();
+        let mut found: Vec<_> = descriptors.into_iter().map(|d| self.find(domain, d)).collect();
         let replaced: BTreeSet<String> = found
             .iter()
             .flatten()

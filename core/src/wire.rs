@@ -286,6 +286,18 @@ pub struct RuleOutcome<'a> {
     pub degraded: bool,
 }
 
+/// Of several limits, the one whose quota a client is shown (`of` gives each one's decision,
+/// if it was decided, and whether it is a shadow): the most restrictive enforced one —
+/// refusing first, then the least remaining, then the longest reset. The check's answer and
+/// the gRPC service's headers both show this one.
+pub fn headline<T>(items: &[T], of: impl Fn(&T) -> Option<(&Decision, bool)>) -> Option<&T> {
+    items
+        .iter()
+        .filter_map(|t| of(t).filter(|(_, shadow)| !shadow).map(|(d, _)| (t, d)))
+        .min_by_key(|(_, d)| (d.allowed, d.remaining, std::cmp::Reverse(d.reset_after)))
+        .map(|(t, _)| t)
+}
+
 impl CheckResponse {
     /// Combines the outcomes of every matching rule into the response.
     ///
@@ -295,13 +307,7 @@ impl CheckResponse {
     pub fn from_outcomes(outcomes: &[RuleOutcome<'_>], now_ms: u64) -> CheckResponse {
         let enforced = || outcomes.iter().filter(|o| !o.shadow);
         let allowed = enforced().all(|o| o.decision.allowed);
-        let headline = enforced().min_by_key(|o| {
-            (
-                o.decision.allowed,
-                o.decision.remaining,
-                std::cmp::Reverse(o.decision.reset_after),
-            )
-        });
+        let headline = headline(outcomes, |o| Some((&o.decision, o.shadow)));
         let mut response = CheckResponse {
             allowed,
             retry_after_ms: enforced()

@@ -1,22 +1,29 @@
 //! The decision step every front end shares (the HTTP check, the gRPC rate limit service,
 //! a region's regional rules): the limits a request is decided against, all at once.
 //!
+//! Each limit travels as one [`Matched`] value from matching to the answer: the front end
+//! builds it (a rule and its identity, or a descriptor's limit), [`decide_limits`] (or a
+//! region's [`crate::region::decide::decide`]) fills in its decision, and [`settle`] counts
+//! it the same way whoever asked: metrics, the console, the violation of a refusal.
+//!
 //! The store decides them in one call (one round trip per store slot; see
 //! [`crate::store`]): the request passes when every enforced limit admits it, and a denied
 //! request consumes nothing. Shadow limits count when the request passes but never deny.
 //! When the store fails, each limit's failure policy decides: `open` asks the node's
 //! fallback buckets (`degraded: true`), all-or-nothing as well; `closed` denies.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use sluice_core::algorithm::{passes, Part};
-use sluice_core::rules::{FailureMode, Rule, RuleSet};
+use sluice_core::rules::{FailureMode, Global, Rule, RuleSet};
 use sluice_core::wire::{CheckResponse, RuleOutcome};
 use sluice_core::{Decision, Limit};
 
 use crate::metrics::Verdict;
 use crate::node::Node;
 use crate::store::{closed_decision, within, Item, Stamped, Store, StoreError};
+use crate::violations::Violation;
 
 /// How a limit's decision counts in the metrics: a shadow limit's denial apart, since it
 /// refused nothing.
@@ -58,37 +65,142 @@ impl Target {
     }
 }
 
-/// Decides a request against every target at once, each at its cost, all-or-nothing, in
-/// one store call; when the store fails, by each target's failure policy. Returns the
-/// decisions in the targets' order and whether they came from the fallback buckets
-/// (`degraded`).
-pub async fn decide_limits(node: &Node, targets: &[Target]) -> (Vec<Decision>, bool) {
-    let items: Vec<Item<'_>> = targets.iter().map(Target::item).collect();
+/// One limit a request is decided against, from matching to the answer: what it limits,
+/// its store [`Target`], and its decision once made.
+#[derive(Debug, Clone)]
+pub struct Matched<'a> {
+    /// The rule's name (a descriptor's limit: its name).
+    pub name: &'a str,
+    /// The identity it counts.
+    pub identity: Cow<'a, str>,
+    /// The rule's window, for the answer's headers.
+    pub window_ms: u64,
+    /// The rule's global limit, if it is one (see [`crate::region`]).
+    pub global: Option<&'a Global>,
+    /// What the store decides.
+    pub target: Target,
+    /// Its decision; `None` until decided, and for good when a global rule refused the
+    /// request before this limit was counted.
+    pub decision: Option<Decision>,
+}
+
+impl<'a> Matched<'a> {
+    /// `rule` matched with `identity`, at `cost`: its limit for that identity (an
+    /// override's, if one is in force).
+    pub fn rule(node: &Node, rules: &RuleSet, (rule, identity): (&'a Rule, &'a str), cost: u64, now_ms: u64) -> Self {
+        Matched {
+            name: &rule.name,
+            identity: Cow::Borrowed(identity),
+            window_ms: rule.window_ms,
+            global: rule.global.as_ref(),
+            target: Target {
+                key: node.store.keys().limit(&rule.name, identity),
+                limit: rules.limit_for(rule, identity, now_ms),
+                shadow: rule.shadow,
+                failure: rule.failure,
+                cost,
+            },
+            decision: None,
+        }
+    }
+
+    /// Its part of the answer, once decided.
+    pub fn outcome(&self, degraded: bool) -> Option<RuleOutcome<'_>> {
+        Some(RuleOutcome {
+            rule: self.name,
+            window_ms: self.window_ms,
+            shadow: self.target.shadow,
+            decision: self.decision?,
+            degraded,
+        })
+    }
+}
+
+/// The limits of the rules a request matched, each at `cost`.
+pub fn matched<'a>(
+    node: &Node,
+    rules: &'a RuleSet,
+    found: impl IntoIterator<Item = (&'a Rule, &'a str)>,
+    cost: u64,
+    now_ms: u64,
+) -> Vec<Matched<'a>> {
+    found
+        .into_iter()
+        .map(|found| Matched::rule(node, rules, found, cost, now_ms))
+        .collect()
+}
+
+/// After the decision, the same for every front end: each decided limit counted (its
+/// verdict in the metrics and the console, and whether it is near its limit), and the first
+/// enforced refusal logged as a violation (of `path`, empty for a gRPC call). Limits not
+/// decided (a global rule refused the request first) count nothing.
+pub fn settle<'m, 'a: 'm>(
+    node: &Node,
+    limits: impl IntoIterator<Item = &'m Matched<'a>>,
+    degraded: bool,
+    path: &str,
+    now_ms: u64,
+) {
+    let mut refused = false;
+    for m in limits {
+        let Some(decision) = &m.decision else { continue };
+        let verdict = verdict(decision.allowed, m.target.shadow);
+        count(node, m.name, &m.identity, verdict, degraded);
+        node.metrics.near_limit(m.name, decision);
+        if verdict == Verdict::Denied && !refused {
+            refused = true;
+            node.violations.record(Violation {
+                rule: m.name.to_owned(),
+                identity: m.identity.clone().into_owned(),
+                at_ms: now_ms,
+                cost: m.target.cost,
+                path: path.to_owned(),
+            });
+        }
+    }
+}
+
+/// Counts one limit's verdict in the node's metrics and its console.
+pub fn count(node: &Node, name: &str, identity: &str, verdict: Verdict, degraded: bool) {
+    node.metrics.check(name, verdict);
+    node.console.record(name, identity, verdict, degraded);
+}
+
+/// Decides a request against every limit at once, each at its cost, all-or-nothing, in one
+/// store call; when the store fails, by each limit's failure policy. Fills in each limit's
+/// decision; whether they came from the fallback buckets (`degraded`).
+pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<Item = &'m mut Matched<'a>>) -> bool {
+    let mut limits: Vec<&mut Matched<'a>> = limits.into_iter().collect();
+    let targets: Vec<&Target> = limits.iter().map(|m| &m.target).collect();
+    let items: Vec<Item<'_>> = targets.iter().map(|t| t.item()).collect();
     let (mut decisions, degraded) = match store_decide(node, &items).await {
         Ok(stamps) => (stamps.iter().map(|s| s.decision).collect(), false),
         Err(e) => {
             tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
             node.metrics.degraded();
-            (fail_over(node, targets, &items), true)
+            (fail_over(node, &targets, &items), true)
         }
     };
     // A refused request took nothing: the limits that would have admitted it still hold
     // what they held, and say so.
     let parts: Vec<Part<'_>> = items.iter().map(|i| i.part).collect();
     if !passes(&parts, &decisions) {
-        for (d, t) in decisions.iter_mut().zip(targets).filter(|(d, _)| d.allowed) {
+        for (d, t) in decisions.iter_mut().zip(&targets).filter(|(d, _)| d.allowed) {
             d.remaining = d.remaining.saturating_add(t.cost.max(1));
         }
     }
     if !degraded {
-        remember(node, targets, &decisions);
+        remember(node, &targets, &decisions);
     }
-    (decisions, degraded)
+    for (m, d) in limits.iter_mut().zip(decisions) {
+        m.decision = Some(d);
+    }
+    degraded
 }
 
 /// Seeds the fallback bucket of every target that fails open with what the store said is
 /// left of it, so a failover starts each from there, not from a whole quota.
-fn remember(node: &Node, targets: &[Target], decisions: &[Decision]) {
+fn remember(node: &Node, targets: &[&Target], decisions: &[Decision]) {
     if matches!(*node.store, Store::Memory(_)) {
         return; // never fails over
     }
@@ -121,8 +233,8 @@ async fn store_decide(node: &Node, items: &[Item<'_>]) -> Result<Vec<Stamped>, S
 /// The decisions when the store could not answer: rules that fail closed deny; rules that
 /// fail open ask the fallback buckets together, which keep nothing when a closed rule
 /// denies the request anyway.
-fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>]) -> Vec<Decision> {
-    let fails_open = |m: &Target| m.failure == FailureMode::Open;
+fn fail_over(node: &Node, matched: &[&Target], items: &[Item<'_>]) -> Vec<Decision> {
+    let fails_open = |m: &&Target| m.failure == FailureMode::Open;
     let open: Vec<Item<'_>> = items
         .iter()
         .zip(matched)
@@ -160,19 +272,4 @@ pub fn refused_for_missing(rule: &Rule, now_ms: u64) -> CheckResponse {
         degraded: false,
     };
     CheckResponse::from_outcomes(&[outcome], now_ms)
-}
-
-/// The limits of the `matched` rules, each at `cost`.
-pub fn targets(node: &Node, rules: &RuleSet, matched: &[(&Rule, &str)], cost: u64, now_ms: u64) -> Vec<Target> {
-    let keys = node.store.keys();
-    matched
-        .iter()
-        .map(|&(rule, identity)| Target {
-            key: keys.limit(&rule.name, identity),
-            limit: rules.limit_for(rule, identity, now_ms),
-            shadow: rule.shadow,
-            failure: rule.failure,
-            cost,
-        })
-        .collect()
 }

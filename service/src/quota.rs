@@ -7,30 +7,20 @@
 //! its global rules are spent from leases the node holds (see [`crate::region`]).
 
 use sluice_core::algorithm::peeked;
-use sluice_core::rules::Rule;
+use sluice_core::rules::{Rule, RuleSet};
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 
-use crate::decide::{refused_for_missing, targets, Target};
+use crate::decide::{matched, refused_for_missing, Matched};
 use crate::node::Node;
 use crate::store::{within, Item, StoreError};
 
 /// The rules `req` matches that this node can peek or debit.
-fn matched<'r>(node: &Node, rules: &'r sluice_core::rules::RuleSet, req: &'r CheckRequest) -> Vec<(&'r Rule, &'r str)> {
+fn found<'r>(node: &Node, rules: &'r RuleSet, req: &'r CheckRequest) -> Vec<(&'r Rule, &'r str)> {
     rules
         .matching_host(&req.identities, &req.method, req.host.as_deref(), &req.path)
         .filter(|(rule, _)| node.region.is_none() || rule.global.is_none())
         .collect()
-}
-
-fn outcome<'t>(rule: &'t Rule, decision: sluice_core::Decision, degraded: bool) -> RuleOutcome<'t> {
-    RuleOutcome {
-        rule: &rule.name,
-        window_ms: rule.window_ms,
-        shadow: rule.shadow,
-        decision,
-        degraded,
-    }
 }
 
 /// What `req` would get now, spending nothing: each rule's decision for a request of cost
@@ -39,31 +29,32 @@ fn outcome<'t>(rule: &'t Rule, decision: sluice_core::Decision, degraded: bool) 
 pub async fn peek(node: &Node, req: &CheckRequest) -> CheckResponse {
     let rules = node.rules();
     let now_ms = instant_ms(node.clock.now_us());
-    let matched = matched(node, &rules, req);
-    if let Some((rule, _)) = matched.iter().find(|(rule, id)| rule.refuses(id) && !rule.shadow) {
+    let found = found(node, &rules, req);
+    if let Some((rule, _)) = found.iter().find(|(rule, id)| rule.refuses(id) && !rule.shadow) {
         return refused_for_missing(rule, now_ms);
     }
-    let targets: Vec<Target> = targets(node, &rules, &matched, 1, now_ms);
-    let (decisions, degraded) = peek_targets(node, &targets).await;
-    let outcomes: Vec<RuleOutcome<'_>> = matched
-        .iter()
-        .zip(decisions)
-        .map(|(&(rule, _), d)| outcome(rule, peeked(d), degraded))
-        .collect();
+    let mut matched = matched(node, &rules, found, 1, now_ms);
+    let degraded = peek_limits(node, &mut matched).await;
+    let outcomes: Vec<RuleOutcome<'_>> = matched.iter().filter_map(|m| m.outcome(degraded)).collect();
     CheckResponse::from_outcomes(&outcomes, now_ms)
 }
 
-/// The decisions `targets` (each of cost 1) would get now, spending nothing, and whether
-/// the fallback buckets gave them (`degraded`: the store could not answer).
-pub async fn peek_targets(node: &Node, targets: &[Target]) -> (Vec<sluice_core::Decision>, bool) {
-    let items: Vec<Item<'_>> = targets.iter().map(Target::item).collect();
-    match within(node.config.store_timeout, node.store.peek_all(&items)).await {
+/// Fills in the decisions `limits` (each of cost 1) would get now, spending nothing, as a
+/// peek reads them ([`peeked`]: `remaining` what is left); whether the fallback buckets
+/// gave them (`degraded`: the store could not answer).
+pub async fn peek_limits(node: &Node, limits: &mut [Matched<'_>]) -> bool {
+    let items: Vec<Item<'_>> = limits.iter().map(|m| m.target.item()).collect();
+    let (decisions, degraded) = match within(node.config.store_timeout, node.store.peek_all(&items)).await {
         Ok(decisions) => (decisions, false),
         Err(e) => {
             tracing::debug!(error = %e, "store failed; the fallback buckets answer the peek");
             (node.fallback.decide_all_now(&items, false), true)
         }
+    };
+    for (m, d) in limits.iter_mut().zip(decisions) {
+        m.decision = Some(peeked(d));
     }
+    degraded
 }
 
 /// Spends `req.cost` of every rule `req` matches, whatever is left of each: never refused,
@@ -73,17 +64,13 @@ pub async fn peek_targets(node: &Node, targets: &[Target]) -> (Vec<sluice_core::
 pub async fn debit(node: &Node, req: &CheckRequest) -> Result<CheckResponse, StoreError> {
     let rules = node.rules();
     let now_ms = instant_ms(node.clock.now_us());
-    let matched = matched(node, &rules, req);
-    let targets = targets(node, &rules, &matched, req.cost, now_ms);
-    let mut outcomes = Vec::with_capacity(matched.len());
-    for (&(rule, _), target) in matched.iter().zip(&targets) {
-        let taken = within(
-            node.config.store_timeout,
-            node.store.take(&target.key, &target.limit, req.cost),
-        )
-        .await?;
-        tracing::debug!(rule = %rule.name, cost = req.cost, taken = taken.units, "debit");
-        outcomes.push(outcome(rule, taken.decision, false));
+    let mut matched = matched(node, &rules, found(node, &rules, req), req.cost, now_ms);
+    for m in &mut matched {
+        let t = &m.target;
+        let taken = within(node.config.store_timeout, node.store.take(&t.key, &t.limit, t.cost)).await?;
+        tracing::debug!(rule = %m.name, cost = t.cost, taken = taken.units, "debit");
+        m.decision = Some(taken.decision);
     }
+    let outcomes: Vec<RuleOutcome<'_>> = matched.iter().filter_map(|m| m.outcome(false)).collect();
     Ok(CheckResponse::from_outcomes(&outcomes, now_ms))
 }

@@ -23,7 +23,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sluice_core::algorithm::peeked;
 use sluice_core::identity::{bounded, ip_identity};
 use sluice_core::rules::{Identity, Rule, RuleSet, MISSING};
 use sluice_core::time::{instant_ms, wait_ms};
@@ -217,13 +216,9 @@ async fn explain_rules(node: &Node, rules: &RuleSet, req: &CheckRequest) -> Valu
         .filter_map(|(r, found)| found.as_ref().ok().map(|id| (*r, *id)))
         .filter(|(r, id)| !r.refuses(id) && (node.region.is_none() || r.global.is_none()))
         .collect();
-    let targets = crate::decide::targets(node, rules, &peekable, 1, now_ms);
-    let (decisions, degraded) = crate::quota::peek_targets(node, &targets).await;
-    let states: HashMap<&str, Decision> = peekable
-        .iter()
-        .zip(decisions)
-        .map(|((r, _), d)| (r.name.as_str(), peeked(d)))
-        .collect();
+    let mut peeked = crate::decide::matched(node, rules, peekable, 1, now_ms);
+    let degraded = crate::quota::peek_limits(node, &mut peeked).await;
+    let states: HashMap<&str, Decision> = peeked.iter().filter_map(|m| Some((m.name, m.decision?))).collect();
     let mut would_pass = true;
     let answers: Vec<Value> = explained
         .iter()

@@ -8,7 +8,7 @@ use sluice_core::descriptors::{DescriptorLimit, DescriptorSet, Unit};
 use sluice_core::headers::{format_headers, HeaderMode, Quota};
 use sluice_core::rules::FailureMode;
 use sluice_core::time::{instant_ms, wait_ms};
-use sluice_core::wire::MAX_COST;
+use sluice_core::wire::{headline, MAX_COST};
 use sluice_core::Decision;
 use tonic::{Request, Response, Status};
 
@@ -19,10 +19,9 @@ use super::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit 
 use super::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 use super::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::decide::{decide_limits, verdict, Target};
-use crate::metrics::{Api, Verdict};
+use crate::decide::{count, decide_limits, settle, verdict, Matched, Target};
+use crate::metrics::Api;
 use crate::node::Node;
-use crate::violations::Violation;
 
 /// Descriptors per request, and entries per descriptor, accepted at most.
 const MAX_DESCRIPTORS: usize = 64;
@@ -74,12 +73,13 @@ impl RateLimiter {
     }
 }
 
-/// A descriptor that falls under a limit (configured, or the request's own), with its
-/// counter's identity.
+/// A descriptor that falls under a limit (configured, or the request's own), as the
+/// decision step carries it.
 struct Limited<'a> {
+    /// The descriptor's place in the request.
     index: usize,
-    limit: Cow<'a, DescriptorLimit>,
-    identity: String,
+    limit: &'a DescriptorLimit,
+    matched: Matched<'a>,
 }
 
 /// A limit a request sets for one of its descriptors: requests per unit.
@@ -90,15 +90,16 @@ type RequestLimit = (u64, Unit);
 fn limits_of<'s>(
     descriptors: &'s DescriptorSet,
     domain: &str,
-    entries: &[Entries<'_>],
-    own: &[Option<RequestLimit>],
+    asked: &[Descriptor<'_>],
 ) -> Vec<Option<(Cow<'s, DescriptorLimit>, String)>> {
-    let configured = descriptors.limits_for(domain, entries);
+    let configured = descriptors.limits_for(domain, asked.iter().map(|d| d.entries.as_slice()));
     configured
         .into_iter()
-        .zip(entries.iter().zip(own))
-        .map(|(found, (entries, own))| {
-            let overridden = own.and_then(|(per, unit)| descriptors.overridden(domain, entries, per, unit));
+        .zip(asked)
+        .map(|(found, d)| {
+            let overridden = d
+                .own
+                .and_then(|(per, unit)| descriptors.overridden(domain, &d.entries, per, unit));
             match overridden {
                 Some((limit, identity)) => Some((Cow::Owned(limit), identity)),
                 None => found.map(|(limit, identity)| (Cow::Borrowed(limit), identity)),
@@ -114,52 +115,52 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let req = request.into_inner();
-        let (entries, costs, own) = validate(&req)?;
+        let asked = validate(&req)?;
         let node = &*self.node;
         let _timer = node.metrics.time_check(Api::GrpcRls);
         let now_us = node.clock.now_us();
         let now_ms = instant_ms(now_us);
         let descriptors = node.descriptors();
-        let limits = limits_of(&descriptors, &req.domain, &entries, &own);
-        let mut statuses: Vec<DescriptorStatus> = entries.iter().map(|_| ok_status()).collect();
+        let limits = limits_of(&descriptors, &req.domain, &asked);
+        let mut statuses: Vec<DescriptorStatus> = asked.iter().map(|_| ok_status()).collect();
         let mut overall = Code::Ok;
         // Counted limits go to the store; unlimited ones are OK and a limit of 0 refuses.
         let mut limited: Vec<Limited<'_>> = Vec::with_capacity(limits.len());
-        for (index, found) in limits.into_iter().enumerate() {
+        for (index, found) in limits.iter().enumerate() {
             let Some((limit, identity)) = found else { continue };
-            if limit.limit.is_some() {
-                limited.push(Limited { index, limit, identity });
-            } else if limit.unlimited {
-                statuses[index].limit_remaining = u32::MAX;
-            } else {
-                let refused = !limit.shadow;
-                node.metrics.check(&limit.name, verdict(false, limit.shadow));
-                node.console
-                    .record(&limit.name, &identity, verdict(false, limit.shadow), false);
-                statuses[index].code = if refused { Code::OverLimit } else { Code::Ok } as i32;
-                if refused {
-                    overall = Code::OverLimit;
+            match limit.limit {
+                Some(counted) => limited.push(Limited {
+                    index,
+                    limit,
+                    matched: Matched {
+                        name: &limit.name,
+                        identity: Cow::Borrowed(identity),
+                        window_ms: instant_ms(counted.window()),
+                        global: None,
+                        target: Target {
+                            key: node.store.keys().limit(&limit.name, identity),
+                            limit: counted,
+                            shadow: limit.shadow,
+                            failure: limit.failure,
+                            cost: asked[index].cost,
+                        },
+                        decision: None,
+                    },
+                }),
+                None if limit.unlimited => statuses[index].limit_remaining = u32::MAX,
+                None => {
+                    count(node, &limit.name, identity, verdict(false, limit.shadow), false);
+                    if !limit.shadow {
+                        statuses[index].code = Code::OverLimit as i32;
+                        overall = Code::OverLimit;
+                    }
                 }
             }
         }
-        let targets: Vec<Target> = limited
-            .iter()
-            .filter_map(|l| {
-                Some(Target {
-                    key: node.store.keys().limit(&l.limit.name, &l.identity),
-                    limit: l.limit.limit?,
-                    shadow: l.limit.shadow,
-                    failure: l.limit.failure,
-                    cost: costs[l.index],
-                })
-            })
-            .collect();
         // A request one limit refuses outright consumes nothing elsewhere.
-        let (decisions, degraded) = if targets.is_empty() || overall == Code::OverLimit {
-            (Vec::new(), false)
-        } else {
-            decide_limits(node, &targets).await
-        };
+        let degraded = !limited.is_empty()
+            && overall == Code::Ok
+            && decide_limits(node, limited.iter_mut().map(|l| &mut l.matched)).await;
         if let Some(closed) = limited
             .iter()
             .find(|l| degraded && l.limit.failure == FailureMode::Closed && !l.limit.shadow)
@@ -169,37 +170,19 @@ impl RateLimitService for RateLimiter {
                 closed.limit.name
             )));
         }
-        // The limit whose headers the response carries: the first denial, else the least remaining.
-        let mut shown: Option<(&Limited<'_>, &Decision)> = None;
-        for (l, d) in limited.iter().zip(&decisions) {
-            let verdict = verdict(d.allowed, l.limit.shadow);
-            node.metrics.check(&l.limit.name, verdict);
-            node.console.record(&l.limit.name, &l.identity, verdict, degraded);
-            node.metrics.near_limit(&l.limit.name, d);
-            let over = verdict == Verdict::Denied;
-            if over && overall == Code::Ok {
+        settle(node, limited.iter().map(|l| &l.matched), degraded, "", now_ms);
+        for l in &limited {
+            let Some(d) = &l.matched.decision else { continue };
+            let over = !d.allowed && !l.limit.shadow;
+            if over {
                 overall = Code::OverLimit;
-                node.violations.record(Violation {
-                    rule: l.limit.name.clone(),
-                    identity: l.identity.clone(),
-                    at_ms: now_ms,
-                    cost: costs[l.index],
-                    path: String::new(),
-                });
             }
             if let Some(status) = statuses.get_mut(l.index) {
-                *status = status_of(&l.limit, d, over);
-            }
-            let replace = match shown {
-                None => !l.limit.shadow,
-                Some((_, s)) => {
-                    !l.limit.shadow && (over && s.allowed || (d.allowed == s.allowed && d.remaining < s.remaining))
-                }
-            };
-            if replace {
-                shown = Some((l, d));
+                *status = status_of(l.limit, d, over);
             }
         }
+        // The limit whose headers the response carries, as the HTTP check's answer shows it.
+        let shown = headline(&limited, |l| Some((l.matched.decision.as_ref()?, l.limit.shadow)));
         let wanted = match self.headers {
             AnswerHeaders::Never => false,
             AnswerHeaders::Refusals => overall == Code::OverLimit,
@@ -207,7 +190,7 @@ impl RateLimitService for RateLimiter {
         };
         let response_headers_to_add = shown
             .filter(|_| wanted)
-            .map(|(l, d)| headers(&l.limit, d, now_ms))
+            .and_then(|l| Some(headers(l.limit, l.matched.decision.as_ref()?, now_ms)))
             .unwrap_or_default();
         Ok(Response::new(RateLimitResponse {
             overall_code: overall as i32,
@@ -224,7 +207,7 @@ type Entries<'a> = Vec<(&'a str, &'a str)>;
 /// The descriptors' entries, what the request costs each (its own `hits_addend`, else
 /// the request's; 0 means 1) and the limit each sets itself, or what is wrong with the
 /// request.
-fn validate(req: &RateLimitRequest) -> Result<Checked<'_>, Status> {
+fn validate(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
     if req.domain.is_empty() {
         return Err(Status::invalid_argument(
             "the domain is empty: name the configuration domain",
@@ -240,8 +223,6 @@ fn validate(req: &RateLimitRequest) -> Result<Checked<'_>, Status> {
         )));
     }
     let request_cost = u64::from(req.hits_addend.max(1));
-    let mut costs = Vec::with_capacity(req.descriptors.len());
-    let mut own = Vec::with_capacity(req.descriptors.len());
     let mut all = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
         if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
@@ -265,15 +246,24 @@ fn validate(req: &RateLimitRequest) -> Result<Checked<'_>, Status> {
                 "descriptor {i}: hits_addend {cost} is over {MAX_COST}, the most one request may cost"
             )));
         }
-        costs.push(cost);
-        own.push(d.limit.as_ref().map(|l| request_limit(i, l)).transpose()?);
-        all.push(entries);
+        all.push(Descriptor {
+            entries,
+            cost,
+            own: d.limit.as_ref().map(|l| request_limit(i, l)).transpose()?,
+        });
     }
-    Ok((all, costs, own))
+    Ok(all)
 }
 
-/// What [`validate`] finds in a request: each descriptor's entries, cost and own limit.
-type Checked<'a> = (Vec<Entries<'a>>, Vec<u64>, Vec<Option<RequestLimit>>);
+/// A descriptor of a request as [`validate`] finds it.
+struct Descriptor<'a> {
+    /// Its entries, `(key, value)`.
+    entries: Entries<'a>,
+    /// What the request costs its limit: its own `hits_addend`, else the request's (0 is 1).
+    cost: u64,
+    /// The limit it sets itself, if any.
+    own: Option<RequestLimit>,
+}
 
 /// Descriptor `i`'s own limit, or why it cannot be used (its unit unknown).
 fn request_limit(i: usize, l: &RateLimitOverride) -> Result<RequestLimit, Status> {

@@ -3,12 +3,12 @@
 //! always, all-or-nothing across both.
 
 use sluice_core::lease::book::{Left, QuotaKey, Spend};
-use sluice_core::rules::{Rule, Unreachable};
+use sluice_core::rules::Unreachable;
 use sluice_core::time::instant_ms;
 use sluice_core::{Decision, Micros};
 
 use super::{Region, Source};
-use crate::decide::{decide_limits, Target};
+use crate::decide::{decide_limits, Matched};
 use crate::node::Node;
 use crate::store::closed_decision;
 
@@ -19,86 +19,67 @@ enum Plan {
     /// As `Refused` for want of units, but a quota lacks them only for want of asking
     /// (see [`cold`]): the check may wait for its lease.
     Cold(Vec<(usize, Decision)>),
-    /// The global rules in `pooled` spent from the book (`spent`, in the same order); those
-    /// in `alone` are decided in the region's store with their share.
+    /// The global rules in `pooled` spent from the book (each with what its quota holds
+    /// after); those in `alone` are decided in the region's store with their share.
     Go {
-        pooled: Vec<(usize, QuotaKey)>,
-        spent: Vec<Left>,
+        pooled: Vec<(usize, QuotaKey, Left)>,
         alone: Vec<usize>,
         /// The check waited for a cold quota's first lease.
         waited: bool,
     },
 }
 
-/// Decides a check whose `matched` rules (`targets`, in the same order) include global
-/// rules. A rule's decision is `None` when it was not counted because a global rule refused
-/// the request first; `true` beside them when the global store could not be reached and a
-/// rule's `on_global_unreachable` decided (the answer's `degraded`).
-pub async fn decide(
-    node: &Node,
-    region: &Region,
-    matched: &[(&Rule, &str)],
-    targets: &[Target],
-    now_us: Micros,
-) -> (Vec<Option<Decision>>, bool) {
+/// Decides a check whose `matched` limits include global rules, filling in their
+/// decisions; a limit's stays `None` when it was not counted because a global rule refused
+/// the request first. Returns `true` when the global store could not be reached and a rule's
+/// `on_global_unreachable` decided (the answer's `degraded`).
+pub async fn decide(node: &Node, region: &Region, matched: &mut [Matched<'_>], now_us: Micros) -> bool {
     let now_ms = instant_ms(now_us);
-    let cost = targets.first().map_or(1, |t| t.cost);
-    let mut out = vec![None; matched.len()];
-    let planned = match plan(region, matched, targets, cost, now_ms) {
-        Plan::Cold(refused) if region.link_up() => wait_cold(node, region, matched, targets, cost, refused).await,
+    let cost = matched.first().map_or(1, |m| m.target.cost);
+    let planned = match plan(region, matched, cost, now_ms) {
+        Plan::Cold(refused) if region.link_up() => wait_cold(node, region, matched, cost, refused).await,
         planned => planned,
     };
-    let (pooled, spent, alone, waited) = match planned {
-        Plan::Refused(refused, source) => return refuse(region, out, refused, source),
+    let (pooled, alone, waited) = match planned {
+        Plan::Refused(refused, source) => return refuse(region, matched, refused, source),
         // The global store is cut off: no wait, a refusal.
-        Plan::Cold(refused) => return refuse(region, out, refused, Source::Empty),
-        Plan::Go {
-            pooled,
-            spent,
-            alone,
-            waited,
-        } => (pooled, spent, alone, waited),
+        Plan::Cold(refused) => return refuse(region, matched, refused, Source::Empty),
+        Plan::Go { pooled, alone, waited } => (pooled, alone, waited),
     };
-    // The rest in one store call: the regional rules, and the global ones deciding alone.
-    let in_store: Vec<usize> = (0..matched.len())
-        .filter(|i| matched[*i].0.global.is_none() || alone.contains(i))
+    // The rest in one store call: the regional rules, and the global ones deciding alone
+    // with the share of this client's limit (an override's, if it has one).
+    for &i in &alone {
+        let m = &mut matched[i];
+        if let Some(share) = m.global.and_then(|g| g.unreachable.share(&m.target.limit)) {
+            m.target.limit = share;
+        }
+    }
+    let in_store = |(i, m): &(usize, &mut Matched<'_>)| m.global.is_none() || alone.contains(i);
+    let store: Vec<&mut Matched<'_>> = matched
+        .iter_mut()
+        .enumerate()
+        .filter(in_store)
+        .map(|(_, m)| m)
         .collect();
-    let store_targets: Vec<Target> = in_store
+    let degraded = !store.is_empty() && decide_limits(node, store).await;
+    let passes = matched
         .iter()
-        .map(|&i| {
-            // Deciding alone: the share of this client's limit (an override's, if it has one).
-            let share = matched[i]
-                .0
-                .global
-                .as_ref()
-                .and_then(|g| g.unreachable.share(&targets[i].limit));
-            Target {
-                limit: share.unwrap_or(targets[i].limit),
-                ..targets[i].clone()
-            }
-        })
-        .collect();
-    let (decided, degraded) = if store_targets.is_empty() {
-        (Vec::new(), false)
-    } else {
-        decide_limits(node, &store_targets).await
-    };
-    let passes = decided.iter().zip(&store_targets).all(|(d, t)| d.allowed || t.shadow);
+        .enumerate()
+        .filter(|(i, m)| m.global.is_none() || alone.contains(i))
+        .all(|(_, m)| m.decision.is_some_and(|d| d.allowed) || m.target.shadow);
     if !passes {
-        let quotas: Vec<QuotaKey> = pooled.iter().map(|(_, q)| q.clone()).collect();
+        let quotas: Vec<QuotaKey> = pooled.iter().map(|(_, q, _)| q.clone()).collect();
+        let spent: Vec<Left> = pooled.iter().map(|(_, _, left)| *left).collect();
         region.book().unspend(&quotas, &spent, cost, now_ms);
     }
-    for (i, d) in in_store.into_iter().zip(decided) {
-        out[i] = Some(d);
-    }
-    for ((i, _), left) in pooled.iter().zip(&spent) {
+    for (i, _, left) in &pooled {
         // A refused request took nothing: the units went back to the lease.
         let remaining = if passes {
             left.remaining
         } else {
             left.remaining.saturating_add(cost)
         };
-        out[*i] = Some(Decision {
+        matched[*i].decision = Some(Decision {
             allowed: true,
             limit: left.limit,
             remaining,
@@ -114,37 +95,32 @@ pub async fn decide(
     } else {
         Source::Pool
     });
-    (out, degraded || !alone.is_empty())
+    degraded || !alone.is_empty()
 }
 
 /// The answer of a check its global rules refused (`refused`, counted as `source`).
-fn refuse(
-    region: &Region,
-    mut out: Vec<Option<Decision>>,
-    refused: Vec<(usize, Decision)>,
-    source: Source,
-) -> (Vec<Option<Decision>>, bool) {
+fn refuse(region: &Region, matched: &mut [Matched<'_>], refused: Vec<(usize, Decision)>, source: Source) -> bool {
     region.count(source);
     for (i, d) in refused {
-        out[i] = Some(d);
+        matched[i].decision = Some(d);
     }
     // Refused while the global store cannot be reached: a failure policy decided.
-    (out, !region.link_up())
+    !region.link_up()
 }
 
 /// Which global rules spend from the book and which decide alone, and the spend itself.
-fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u64, now_ms: u64) -> Plan {
+fn plan(region: &Region, matched: &[Matched<'_>], cost: u64, now_ms: u64) -> Plan {
     let up = region.link_up();
     let mut book = region.book();
     let mut pooled = Vec::new();
     let mut alone = Vec::new();
-    for (i, (rule, identity)) in matched.iter().enumerate() {
-        let Some(global) = &rule.global else { continue };
-        let quota = (rule.name.clone(), (*identity).to_owned());
+    for (i, m) in matched.iter().enumerate() {
+        let Some(global) = m.global else { continue };
+        let quota = (m.name.to_owned(), m.identity.clone().into_owned());
         match &global.unreachable {
             _ if up => pooled.push((i, quota)),
             Unreachable::Spend => pooled.push((i, quota)),
-            Unreachable::Closed => return Plan::Refused(vec![(i, closed_decision(&targets[i].limit))], Source::CutOff),
+            Unreachable::Closed => return Plan::Refused(vec![(i, closed_decision(&m.target.limit))], Source::CutOff),
             Unreachable::Share { .. } if book.holds(&quota, cost, now_ms) => pooled.push((i, quota)),
             Unreachable::Share { .. } => alone.push(i),
         }
@@ -152,22 +128,25 @@ fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u6
     let quotas: Vec<QuotaKey> = pooled.iter().map(|(_, q)| q.clone()).collect();
     match book.spend_units(&quotas, cost, now_ms) {
         Spend::Spent(spent) => Plan::Go {
-            pooled,
-            spent,
+            pooled: pooled
+                .into_iter()
+                .zip(spent)
+                .map(|((i, q), left)| (i, q, left))
+                .collect(),
             alone,
             waited: false,
         },
         // Not with the region's book (`remember_spent` is off); refused as a spent quota is.
         Spend::Exhausted { quota, .. } => {
             let (i, _) = pooled[quota];
-            Plan::Refused(vec![(i, closed_decision(&targets[i].limit))], Source::Empty)
+            Plan::Refused(vec![(i, closed_decision(&matched[i].target.limit))], Source::Empty)
         }
         Spend::Missing => {
             // The quotas without units refuse; the others are not counted.
             let refused = pooled
                 .iter()
                 .filter(|(_, q)| !book.holds(q, cost, now_ms))
-                .map(|(i, _)| (*i, closed_decision(&targets[*i].limit)))
+                .map(|(i, _)| (*i, closed_decision(&matched[*i].target.limit)))
                 .collect();
             // Decided under the same lock as the spend: a lease landing just after it wakes
             // the waiting check again.
@@ -190,8 +169,7 @@ fn plan(region: &Region, matched: &[(&Rule, &str)], targets: &[Target], cost: u6
 async fn wait_cold(
     node: &Node,
     region: &Region,
-    matched: &[(&Rule, &str)],
-    targets: &[Target],
+    matched: &[Matched<'_>],
     cost: u64,
     refused: Vec<(usize, Decision)>,
 ) -> Plan {
@@ -206,16 +184,13 @@ async fn wait_cold(
             return Plan::Refused(refused, Source::ColdTimedOut);
         }
         let now_ms = instant_ms(node.clock.now_us());
-        match plan(region, matched, targets, cost, now_ms) {
+        match plan(region, matched, cost, now_ms) {
             // Another quota's exchange ended; this one's lease has not landed yet.
             Plan::Cold(_) if region.link_up() => {}
             Plan::Cold(refused) => return Plan::Refused(refused, Source::Empty),
-            Plan::Go {
-                pooled, spent, alone, ..
-            } => {
+            Plan::Go { pooled, alone, .. } => {
                 return Plan::Go {
                     pooled,
-                    spent,
                     alone,
                     waited: true,
                 }
