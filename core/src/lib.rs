@@ -30,6 +30,8 @@
 //! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges),
 //! [`text`] (UTF-8-safe truncation) and [`json`] (the small JSON reader and writer with which
 //! the filter reads its configuration and the service's answers, and writes its calls).
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 // Deciding.
 pub mod algorithm;

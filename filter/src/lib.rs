@@ -11,6 +11,8 @@
 //! `stream` context over it. The modules depend one way: `root` → `stream` → `answer`,
 //! `host`, `clock`, `metrics`, `shared`, `buckets`, `identity`, `config`; `root` → `leases`,
 //! `debits` (costs learnt after the response, sent on the root's tick).
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod answer;
 pub mod buckets;

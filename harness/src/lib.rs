@@ -24,6 +24,8 @@
 //! Envoy semantics kept: a paused stream resumes only on `proxy_continue_stream`; a local
 //! response ends the stream; a call that times out is delivered with no headers; all
 //! streams share one VM and its root context (id 1; streams 2, 3, …).
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod abi;
 mod host;

@@ -1,4 +1,6 @@
 //! `sluice-harness`: run a proxy-wasm module as a small HTTP proxy, without Envoy.
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

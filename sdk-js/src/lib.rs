@@ -7,6 +7,8 @@
 //!
 //! Numbers cross the boundary as JavaScript numbers (`f64`): milliseconds and counts far
 //! below 2^53. Negative, NaN or infinite inputs count as 0.
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use sluice_core::backoff::{Backoff as CoreBackoff, BackoffPolicy, Jitter, SplitMix64};
 use sluice_core::headers::{self, HeaderMode, RateLimitInfo};

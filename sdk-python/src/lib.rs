@@ -8,6 +8,8 @@
 //!
 //! Times are milliseconds as Python `int`s; a negative or oversized one is refused by PyO3
 //! with an `OverflowError`, never wrapped.
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use pyo3::prelude::*;
 

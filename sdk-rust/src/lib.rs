@@ -38,7 +38,8 @@
 //! # Ok(())
 //! # }
 //! ```
-
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![warn(missing_docs)]
 
 mod client;

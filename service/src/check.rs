@@ -7,12 +7,11 @@
 use std::borrow::Cow;
 
 use sluice_core::identity::ip_identity;
-use sluice_core::rules::{Rule, RuleSet};
+use sluice_core::rules::Rule;
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
-use sluice_core::Decision;
 
-use crate::decide::{decide_limits, verdict, Target};
+use crate::decide::{decide_limits, refused_for_missing, targets, verdict};
 use crate::metrics::{Api, Verdict};
 use crate::node::Node;
 use crate::violations::Violation;
@@ -30,43 +29,6 @@ pub fn canonical(mut req: CheckRequest, ipv6_prefix: u8) -> CheckRequest {
         }
     }
     req
-}
-
-/// The answer to a request that a `deny` rule refuses for want of its identity: that rule
-/// denies, nothing is counted anywhere (a refused request takes nothing).
-pub(crate) fn refused_for_missing(rule: &Rule, now_ms: u64) -> CheckResponse {
-    let window = sluice_core::time::micros_from_ms(rule.window_ms);
-    let decision = Decision {
-        allowed: false,
-        limit: rule.limit.limit(),
-        remaining: 0,
-        reset_after: window,
-        retry_after: window,
-        delay: 0,
-    };
-    let outcome = RuleOutcome {
-        rule: &rule.name,
-        window_ms: rule.window_ms,
-        shadow: false,
-        decision,
-        degraded: false,
-    };
-    CheckResponse::from_outcomes(&[outcome], now_ms)
-}
-
-/// The limits of the `matched` rules, each at `cost`.
-pub(crate) fn targets(node: &Node, rules: &RuleSet, matched: &[(&Rule, &str)], cost: u64, now_ms: u64) -> Vec<Target> {
-    let keys = node.store.keys();
-    matched
-        .iter()
-        .map(|&(rule, identity)| Target {
-            key: keys.limit(&rule.name, identity),
-            limit: rules.limit_for(rule, identity, now_ms),
-            shadow: rule.shadow,
-            failure: rule.failure,
-            cost,
-        })
-        .collect()
 }
 
 /// Decides a validated request (see [`canonical`] for a caller's request); a request of

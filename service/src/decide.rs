@@ -10,7 +10,8 @@
 use std::time::Instant;
 
 use sluice_core::algorithm::{passes, Part};
-use sluice_core::rules::FailureMode;
+use sluice_core::rules::{FailureMode, Rule, RuleSet};
+use sluice_core::wire::{CheckResponse, RuleOutcome};
 use sluice_core::{Decision, Limit};
 
 use crate::metrics::Verdict;
@@ -135,6 +136,43 @@ fn fail_over(node: &Node, matched: &[Target], items: &[Item<'_>]) -> Vec<Decisio
         .map(|m| match fails_open(m).then(|| from_fallback.next()).flatten() {
             Some(d) => d,
             None => closed_decision(&m.limit),
+        })
+        .collect()
+}
+
+/// The answer to a request that a `deny` rule refuses for want of its identity: that rule
+/// denies, nothing is counted anywhere (a refused request takes nothing).
+pub fn refused_for_missing(rule: &Rule, now_ms: u64) -> CheckResponse {
+    let window = sluice_core::time::micros_from_ms(rule.window_ms);
+    let decision = Decision {
+        allowed: false,
+        limit: rule.limit.limit(),
+        remaining: 0,
+        reset_after: window,
+        retry_after: window,
+        delay: 0,
+    };
+    let outcome = RuleOutcome {
+        rule: &rule.name,
+        window_ms: rule.window_ms,
+        shadow: false,
+        decision,
+        degraded: false,
+    };
+    CheckResponse::from_outcomes(&[outcome], now_ms)
+}
+
+/// The limits of the `matched` rules, each at `cost`.
+pub fn targets(node: &Node, rules: &RuleSet, matched: &[(&Rule, &str)], cost: u64, now_ms: u64) -> Vec<Target> {
+    let keys = node.store.keys();
+    matched
+        .iter()
+        .map(|&(rule, identity)| Target {
+            key: keys.limit(&rule.name, identity),
+            limit: rules.limit_for(rule, identity, now_ms),
+            shadow: rule.shadow,
+            failure: rule.failure,
+            cost,
         })
         .collect()
 }

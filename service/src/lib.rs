@@ -10,6 +10,8 @@
 //! [`store::memory`] fallback buckets keep answering when the store does not. A node in one
 //! of several regions decides global rules from quota it leases from a global store in the
 //! background ([`region`]).
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod breaker;
 pub mod check;

@@ -1,4 +1,6 @@
 //! `sluice-service`: the check service binary.
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::future::Future;
 use std::path::PathBuf;

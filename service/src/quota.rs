@@ -11,8 +11,7 @@ use sluice_core::rules::Rule;
 use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 
-use crate::check::{refused_for_missing, targets};
-use crate::decide::Target;
+use crate::decide::{refused_for_missing, targets, Target};
 use crate::node::Node;
 use crate::store::{within, Item, StoreError};
 

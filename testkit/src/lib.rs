@@ -3,6 +3,8 @@
 //! (in plain text or TLS, open or behind an ACL user) with the TLS material they need, the
 //! workspace's wasm modules built for the tests that load them, scratch directories, and a
 //! WAN link (a delaying TCP relay that can be cut).
+// Test support: a failed fixture is a failed test, so it may panic with its reason.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod process;
 mod redis;

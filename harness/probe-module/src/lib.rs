@@ -6,6 +6,8 @@
 //!
 //! Plugin configuration: empty, `fail` (configure returns false), `tick=<ms>`, or
 //! `tick-twice=<ms>` (sets the tick period twice).
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::cell::RefCell;
 use std::time::{Duration, UNIX_EPOCH};

@@ -2,6 +2,8 @@
 //! service API over gRPC) or a proxy and prints throughput and latency percentiles; with
 //! `--redis-port`, also the `redis-benchmark` ceiling for `EVALSHA` of Sluice's own script
 //! at the same concurrency.
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::error::Error as _;
 use std::process::Command;

@@ -3,6 +3,8 @@
 //! limit, hyper, mimalloc — answering `POST /v1/check` as a no-op: it reads the body and
 //! answers a fixed check answer of a real one's size. What a check costs beyond this is
 //! Sluice's own work (parsing, matching, deciding, the answer's JSON), not HTTP's.
+// No panics outside tests (clippy.toml allows them in a crate's own unit tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 
