@@ -121,7 +121,6 @@ test('an operator sees, explains and steers the limits; hostile names stay text;
   const denied = await perIp.locator('polyline.denied').getAttribute('points');
   const ys = denied.trim().split(' ').map((p) => Number(p.split(',')[1]));
   assert.ok(Math.min(...ys) < 1, `the denied line reaches the chart's top: ${denied}`);
-  assert.match(await perIp.locator('td').last().textContent(), /[1-9][0-9.]* denied/);
   const topRow = page.locator('#top-body .top-rule[data-rule="per-ip"] tr').first();
   await topRow.locator('td.identity').filter({ hasText: /^10\.0\.0\.7$/ }).waitFor({ timeout: 10_000 });
   assert.match(await topRow.locator('td.num').textContent(), /^9( ± \d+)?$/);

@@ -36,7 +36,10 @@ async function waitForPort(port, child, timeoutMs = 30_000) {
     if (child.exitCode !== null) throw new Error(`sluice-service exited (${child.exitCode}) before listening`);
     const up = await new Promise((resolve) => {
       const c = net.connect(port, '127.0.0.1');
-      c.once('connect', () => c.destroy() || resolve(true));
+      c.once('connect', () => {
+        c.destroy();
+        resolve(true);
+      });
       c.once('error', () => resolve(false));
     });
     if (up) return;
