@@ -5,11 +5,10 @@
 //! jitter* (`min(cap, random(base, 3·previous))`). A server's `Retry-After` is a floor:
 //! the client never retries earlier than asked. The random source is passed in.
 
-use serde::{Deserialize, Serialize};
-
 /// Which jitter to apply to the exponential schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Jitter {
     /// `random(0, min(cap, base · 2^attempt))`.
     #[default]
@@ -19,8 +18,9 @@ pub enum Jitter {
 }
 
 /// The schedule's parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct BackoffPolicy {
     /// First delay's scale, in milliseconds.
     pub base_ms: u64,

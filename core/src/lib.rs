@@ -13,9 +13,12 @@
 //! - [`lease`]: leased quotas — units granted ahead of use, what each algorithm guarantees;
 //! - [`breaker`]: the circuit breaker around a call that may fail (the filter's check
 //!   calls, the service's store calls);
-//! - [`descriptors`]: Envoy's rate limit descriptors matched against an
+//! - `descriptors` (the `serde` feature): Envoy's rate limit descriptors matched against an
 //!   envoyproxy/ratelimit configuration (the check service's gRPC API);
-//! - [`rules`]: the rule file, its validation and matching a request to its rules;
+//! - [`rules`]: the rule file, its validation and matching a request to its rules (and
+//!   explaining why a rule does not match);
+//! - [`space_saving`]: the heaviest hitters of a stream in bounded memory (the clients a
+//!   rule refuses most);
 //! - [`path`]: the canonical form of a request path, which rules are matched against;
 //! - [`identity`]: identity values bounded by digest, client addresses grouped by prefix;
 //! - [`wire`]: the `POST /v1/check` request and answer;
@@ -30,12 +33,21 @@
 //! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges),
 //! [`text`] (UTF-8-safe truncation) and [`json`] (the small JSON reader and writer with which
 //! the filter reads its configuration and the service's answers, and writes its calls).
+//!
+//! # Features
+//!
+//! - `serde`: serde derives on the wire, rules and client types; the service's side of the
+//!   wire (`CheckRequest::from_json`, `LeaseRequest::from_json`, `RuleSet::to_json`) through
+//!   serde_json; Envoy's descriptors. Off by default: the filter and the SDKs compile no
+//!   serde at all (`scripts/test` fails if the filter's dependencies ever name it).
+//! - `toml` (with `serde`): reading and writing TOML rule files, the service's.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 // Deciding.
 pub mod algorithm;
 pub mod breaker;
+#[cfg(feature = "serde")]
 pub mod descriptors;
 mod evict;
 pub mod headers;
@@ -43,6 +55,7 @@ pub mod identity;
 pub mod lease;
 pub mod path;
 pub mod rules;
+pub mod space_saving;
 pub mod state_map;
 pub mod wire;
 

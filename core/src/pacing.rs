@@ -53,8 +53,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::headers::RateLimitInfo;
 
 mod bucket;
@@ -62,8 +60,9 @@ mod bucket;
 pub use bucket::{BucketPacer, Cost};
 
 /// Tuning of a [`Pacer`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct PacerConfig {
     /// Requests that may always go back to back, within the budget, before spreading.
     pub reserve: u64,

@@ -30,4 +30,4 @@ pub use glob::Glob;
 pub use global::{Global, Unreachable};
 pub use set::{Override, RuleSet};
 pub use timestamp::{format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
-pub use validate::{FailureMode, Identity, Rule, WhenMissing, MAX_RULE_NAME_BYTES, MISSING};
+pub use validate::{FailureMode, Identity, Mismatch, Rule, WhenMissing, MAX_RULE_NAME_BYTES, MISSING};

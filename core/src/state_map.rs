@@ -86,6 +86,11 @@ impl StateMap {
         self.entries.insert(key.into(), Entry { state, expires_at });
     }
 
+    /// Forgets `key`'s state (its next decision starts fresh); whether it was held.
+    pub fn remove(&mut self, key: &str) -> bool {
+        self.entries.remove(key).is_some()
+    }
+
     /// Drops every entry expired at `now`; returns how many keys remain.
     pub fn sweep(&mut self, now: Micros) -> usize {
         self.entries.retain(|_, e| e.expires_at > now);

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::algorithm::Decision;
@@ -50,11 +49,13 @@ pub fn check_method(method: &str) -> &str {
 #[error("{0}")]
 pub struct WireError(pub String);
 
+#[cfg(feature = "serde")]
 fn one() -> u64 {
     1
 }
 
 /// Deserializers that put the field's name in front of a type error.
+#[cfg(feature = "serde")]
 mod named {
     use std::collections::BTreeMap;
 
@@ -80,27 +81,28 @@ mod named {
 /// `POST /v1/check` request body.
 ///
 /// `{"identities": {"ip": "203.0.113.9", "user": "42"}, "method": "GET", "path": "/api/search", "cost": 1}`
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct CheckRequest {
     /// Identity name (`ip`, `user`, `api_key`, `tier`, `header:<name>`) → value; at most
     /// [`MAX_IDENTITIES`], keys 1 to [`MAX_IDENTITY_BYTES`] bytes, values at most that.
-    #[serde(deserialize_with = "named::identities")]
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "named::identities"))]
     pub identities: BTreeMap<String, String>,
     /// HTTP method of the request being limited: an HTTP token of 1 to [`MAX_METHOD_BYTES`] bytes.
-    #[serde(deserialize_with = "named::method")]
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "named::method"))]
     pub method: String,
     /// Path of the request being limited: 1 to [`MAX_PATH_BYTES`] bytes.
-    #[serde(deserialize_with = "named::path")]
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "named::path"))]
     pub path: String,
     /// The request's weight, 0..=[`MAX_COST`]; default 1. Cost 0 is a peek: what a request
     /// would get now, spending nothing.
-    #[serde(default = "one", deserialize_with = "named::cost")]
+    #[cfg_attr(feature = "serde", serde(default = "one", deserialize_with = "named::cost"))]
     pub cost: u64,
     /// The request's host (its `Host`/`:authority`; a port is ignored), for rules naming
     /// `hosts`: 1 to [`MAX_HOST_BYTES`] printable bytes. Absent, only rules naming no host
     /// apply.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub host: Option<String>,
 }
 
@@ -109,7 +111,8 @@ impl CheckRequest {
     ///
     /// Every error message starts `invalid check request: ` for JSON problems (naming the
     /// field where there is one, or listing the expected fields for an unknown one) and
-    /// names the field and the limit otherwise.
+    /// names the field and the limit otherwise. (With the `serde` feature: the service's.)
+    #[cfg(feature = "serde")]
     pub fn from_json(body: &[u8]) -> Result<CheckRequest, WireError> {
         if !matches!(body.trim_ascii_start().first(), Some(b'{') | None) {
             return Err(WireError("invalid check request: expected a JSON object".into()));
@@ -206,7 +209,8 @@ impl CheckRequest {
 const SHOWN_BYTES: usize = 40;
 
 /// One rule's part in a decision.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RuleResult {
     /// The rule's name.
     pub name: String,
@@ -221,7 +225,8 @@ pub struct RuleResult {
 }
 
 /// `POST /v1/check` response body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CheckResponse {
     /// Whether the request may pass.
     pub allowed: bool,
@@ -236,7 +241,7 @@ pub struct CheckResponse {
     /// When it resets, unix seconds.
     pub reset_at: u64,
     /// Its name; absent when no rule matched.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub policy: Option<String>,
     /// Its window in milliseconds.
     pub window_ms: u64,

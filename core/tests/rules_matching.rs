@@ -403,3 +403,88 @@ fn rules_naming_hosts_apply_to_those_hosts_only() {
     let bad = RuleSet::from_toml(&rule("h", "hosts = [\"a/b\"]\n")).unwrap_err();
     assert!(bad.to_string().contains("field hosts"), "{bad}");
 }
+
+/// Explaining says why each rule that does not match does not, and agrees with matching.
+#[test]
+fn explain_names_the_failing_condition_and_agrees_with_matching() {
+    let set = RuleSet::from_toml(
+        r#"
+[[rule]]
+name = "login"
+by = "ip"
+path = "/login"
+methods = ["POST"]
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+
+[[rule]]
+name = "api-host"
+by = "user"
+hosts = ["api.example.com"]
+path = "/api/*"
+tier = "free"
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+"#,
+    )
+    .unwrap();
+    let why = |i: &[(&str, &str)], m: &str, h: Option<&str>, p: &str| -> Vec<String> {
+        let i = ids(i);
+        let explained: Vec<String> = set
+            .rules()
+            .iter()
+            .map(|r| match r.explain(&i, m, h, p) {
+                Ok(id) => format!("{} matches by {id}", r.name),
+                Err(why) => format!("{}: {why}", r.name),
+            })
+            .collect();
+        let matched: Vec<&str> = set.matching_host(&i, m, h, p).map(|(r, _)| r.name.as_str()).collect();
+        let said: Vec<&str> = set
+            .rules()
+            .iter()
+            .filter(|r| r.explain(&i, m, h, p).is_ok())
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(matched, said);
+        explained
+    };
+    assert_eq!(
+        why(&[("ip", "1.2.3.4")], "GET", None, "/login"),
+        [
+            "login: method GET is not POST",
+            "api-host: no host given; the rule is for api.example.com"
+        ]
+    );
+    assert_eq!(
+        why(
+            &[("user", "u"), ("tier", "gold")],
+            "POST",
+            Some("API.example.com:443"),
+            "/api/x"
+        ),
+        [
+            "login: path /api/x does not match /login",
+            "api-host: tier gold is not free"
+        ]
+    );
+    assert_eq!(
+        why(&[("tier", "free")], "POST", Some("api.example.com"), "/login"),
+        [
+            "login: no ip identity, and the rule skips requests without it",
+            "api-host: path /login does not match /api/*"
+        ]
+    );
+    assert_eq!(
+        why(
+            &[("user", "u"), ("tier", "free"), ("ip", "9.9.9.9")],
+            "POST",
+            Some("api.example.com"),
+            "/api/x"
+        ),
+        ["login: path /api/x does not match /login", "api-host matches by u"]
+    );
+    assert_eq!(set.rules()[0].conditions(), "POST /login");
+    assert_eq!(set.rules()[1].conditions(), "on api.example.com /api/* tier=free");
+}

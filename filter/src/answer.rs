@@ -3,8 +3,8 @@
 
 use sluice_core::wire::CheckResponse;
 
-use crate::host::{call_response_body, call_response_header};
 use crate::identity::header_text;
+use crate::proxy::Proxy;
 
 /// The largest check answer read.
 const MAX_BODY: usize = 64 * 1024;
@@ -28,11 +28,11 @@ pub enum Failure {
 }
 
 /// The check call's answer, or why there is none.
-pub fn read_answer() -> Result<CheckResponse, Failure> {
-    match call_response_header(":status").as_deref() {
+pub fn read_answer(proxy: &impl Proxy) -> Result<CheckResponse, Failure> {
+    match proxy.call_header(":status").as_deref() {
         None => Err(Failure::NoAnswer("no response (timeout or connection failure)".into())),
         Some(b"503") => {
-            let body = call_response_body(MAX_BODY);
+            let body = proxy.call_body(MAX_BODY);
             let text = header_text(&body);
             if ENVOY_NO_ANSWER.iter().any(|p| text.starts_with(p)) {
                 Err(Failure::NoAnswer(format!("no answer from the cluster: {text}")))
@@ -40,7 +40,7 @@ pub fn read_answer() -> Result<CheckResponse, Failure> {
                 Err(Failure::Service("status 503".into()))
             }
         }
-        Some(b"200") => CheckResponse::from_json(&call_response_body(MAX_BODY)).map_err(|e| Failure::Service(e.0)),
+        Some(b"200") => CheckResponse::from_json(&proxy.call_body(MAX_BODY)).map_err(|e| Failure::Service(e.0)),
         Some(status) if status.starts_with(b"4") => Err(Failure::Request(format!(
             "status {}: the check service refused the request",
             header_text(status)

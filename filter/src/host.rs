@@ -14,15 +14,14 @@
 //! `InternalFailure` or traps; proxy-wasm-cpp-host adds `InvalidMemoryAccess` only for a
 //! pointer out of the module's memory, which the SDK never passes.
 
-use std::net::IpAddr;
 use std::ptr::{null, null_mut};
 use std::time::Duration;
 
-use proxy_wasm::traits::Context;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, StreamType};
 
-use crate::config::{Check, IpSource};
-use crate::identity::{client_ip, header_text, source_ip};
+use crate::config::Check;
+use crate::identity::header_text;
+use crate::proxy::Proxy;
 
 /// The ABI 0.2.1 imports the filter calls itself, as the SDK declares them but with the
 /// status as a plain number, so that no status a host answers is out of range.
@@ -156,18 +155,6 @@ pub fn plugin_configuration() -> Option<Vec<u8>> {
     buffer(BufferType::PluginConfiguration, usize::MAX)
 }
 
-/// The client IP: from the forwarding header with trusted hops, else the connection's.
-pub fn request_ip(source: &IpSource) -> Option<IpAddr> {
-    // No header to trust (Envoy: its own `source.address` is the client): no host call for it.
-    let forwarded = (source.trusted_hops > 0)
-        .then(|| request_header(&source.header))
-        .flatten();
-    client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| {
-        let raw = property_bytes(b"source\0address")?;
-        source_ip(std::str::from_utf8(&raw).ok()?)
-    })
-}
-
 /// Property `path` (NUL-separated segments) as the host gives it; `None` when the host
 /// has no such property or refuses.
 fn property_bytes(path: &[u8]) -> Option<Vec<u8>> {
@@ -177,7 +164,7 @@ fn property_bytes(path: &[u8]) -> Option<Vec<u8>> {
 
 /// Property `segments` as text ([`header_text`]): Envoy's dynamic metadata (a string comes
 /// as its bytes), an Nginx variable (`["ngx", NAME]`). `None` when absent or empty.
-pub fn property(segments: &[String]) -> Option<String> {
+pub fn property(segments: &[&str]) -> Option<String> {
     let path = segments.join("\0");
     let raw = property_bytes(path.as_bytes())?;
     (!raw.is_empty()).then(|| header_text(&raw).into_owned())
@@ -202,8 +189,8 @@ fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
 }
 
 /// Answers the stream with a local response (the host ends it).
-pub fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
-    let map = serialize_map(&headers);
+pub fn respond(status: u32, headers: &[(&str, &str)], body: &[u8]) {
+    let map = serialize_map(headers);
     // SAFETY: pointers and lengths of live buffers; no details (null, 0), no gRPC status (-1).
     let result = unsafe {
         abi::proxy_send_local_response(
@@ -221,10 +208,9 @@ pub fn respond(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) {
 }
 
 /// Dispatches `method path` (with a JSON `body`, its credential and `extra` headers) to
-/// the check `service` from context `ctx`, whose callback gets the answer; the call's token,
+/// the check `service` from the context being called, whose callback gets the answer; the call's token,
 /// or why it did not go out. The SDK's call: see the module's documentation.
-pub fn call<C: Context + ?Sized>(
-    ctx: &C,
+pub fn call(
     service: &Check,
     (method, path): (&str, &str),
     body: Option<&[u8]>,
@@ -240,7 +226,7 @@ pub fn call<C: Context + ?Sized>(
         headers.push((name, value));
     }
     headers.extend_from_slice(extra);
-    ctx.dispatch_http_call(
+    proxy_wasm::hostcalls::dispatch_http_call(
         &service.cluster,
         headers,
         body,
@@ -296,4 +282,64 @@ pub fn increment_metric(id: u32, offset: i64) {
 pub fn record_metric(id: u32, value: u64) {
     // SAFETY: no pointers.
     unsafe { abi::proxy_record_metric(id, value) };
+}
+
+/// The proxy over the proxy-wasm ABI: the context being called is the one answering.
+pub struct Abi;
+
+impl Proxy for Abi {
+    fn request_header(&self, name: &str) -> Option<String> {
+        request_header(name)
+    }
+
+    fn response_header(&self, name: &str) -> Option<String> {
+        response_header(name)
+    }
+
+    fn property(&self, segments: &[&str]) -> Option<String> {
+        property(segments)
+    }
+
+    fn add_response_header(&mut self, name: &str, value: &str) {
+        add_response_header(name, value);
+    }
+
+    fn respond(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
+        respond(status, headers, body);
+    }
+
+    fn call(
+        &mut self,
+        service: &Check,
+        request: (&str, &str),
+        body: Option<&[u8]>,
+        extra: &[(&str, &str)],
+        timeout_ms: u64,
+    ) -> Result<u32, String> {
+        call(service, request, body, extra, timeout_ms)
+    }
+
+    fn call_header(&self, name: &str) -> Option<Vec<u8>> {
+        call_response_header(name)
+    }
+
+    fn call_body(&self, max: usize) -> Vec<u8> {
+        call_response_body(max)
+    }
+
+    fn log(&self, level: LogLevel, msg: &str) {
+        log(level, msg);
+    }
+
+    fn count(&mut self, id: u32, n: u64) {
+        if id != 0 && n > 0 {
+            increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    fn record(&mut self, id: u32, value: u64) {
+        if id != 0 {
+            record_metric(id, value);
+        }
+    }
 }

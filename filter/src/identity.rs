@@ -9,6 +9,9 @@ use sluice_core::path::canonical;
 use sluice_core::text::truncate;
 use sluice_core::wire::MAX_PATH_BYTES;
 
+use crate::config::IpSource;
+use crate::proxy::Proxy;
+
 /// A header value as text. Header values are bytes: a proxy passes obs-text (0x80–0xFF) on
 /// to the filter. Valid UTF-8 is kept as it is. Otherwise `%` and every byte that is not
 /// UTF-8 are percent-escaped (`caf\xE9` → `caf%E9`), so distinct values stay distinct
@@ -61,6 +64,16 @@ pub fn source_ip(address: &str) -> Option<IpAddr> {
         return Some(sock.ip());
     }
     None
+}
+
+/// The client IP: from the forwarding header with trusted hops, else the connection's
+/// (`source.address`).
+pub fn request_ip(proxy: &impl Proxy, source: &IpSource) -> Option<IpAddr> {
+    // No header to trust (Envoy: its own `source.address` is the client): no host call for it.
+    let forwarded = (source.trusted_hops > 0)
+        .then(|| proxy.request_header(&source.header))
+        .flatten();
+    client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| source_ip(&proxy.property(&["source", "address"])?))
 }
 
 #[cfg(test)]

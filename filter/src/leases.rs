@@ -12,6 +12,7 @@ use sluice_core::wire::CheckResponse;
 
 use crate::config::Lease;
 use crate::metrics::Metrics;
+use crate::proxy::Proxy;
 
 /// Bytes of a rules or lease answer read at most.
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -87,6 +88,7 @@ impl Leasing {
     /// A request's decision by leases (see [`ByLease`]).
     pub fn decide(
         &mut self,
+        proxy: &mut impl Proxy,
         identities: &BTreeMap<String, String>,
         method: &str,
         host: Option<&str>,
@@ -109,7 +111,7 @@ impl Leasing {
             return ByLease::Check(quotas);
         }
         let spent = self.book.spend(&quotas, now_ms);
-        self.report();
+        self.report(proxy);
         match spent {
             Spend::Spent(left) => ByLease::Allowed(quotas.into_iter().zip(left).collect()),
             Spend::Exhausted {
@@ -137,31 +139,31 @@ impl Leasing {
     }
 
     /// Counts what befell the book's leases (see `sluice_core::lease::book::Tally`).
-    fn report(&mut self) {
+    fn report(&mut self, proxy: &mut impl Proxy) {
         let t = self.book.take_tally();
         let m = &self.metrics;
-        Metrics::add(m.leases_renewed, t.renewed);
-        Metrics::add(m.leases_expired, t.expired);
-        Metrics::add(m.lease_units_expired, t.units_expired);
-        Metrics::add(m.lease_units_spent, t.units_spent);
+        proxy.count(m.leases_renewed, t.renewed);
+        proxy.count(m.leases_expired, t.expired);
+        proxy.count(m.lease_units_expired, t.units_expired);
+        proxy.count(m.lease_units_spent, t.units_spent);
     }
 
     /// Counts the leases a lease call gave back: returned when the service answered it,
     /// expired when not (their units come back as the quota refills, as an expired lease's).
-    fn gave_back(&self, (leases, units): (u64, u64), answered: bool) {
+    fn gave_back(&self, proxy: &mut impl Proxy, (leases, units): (u64, u64), answered: bool) {
         let m = &self.metrics;
         let (leases_id, units_id) = if answered {
             (m.leases_returned, m.lease_units_returned)
         } else {
             (m.leases_expired, m.lease_units_expired)
         };
-        Metrics::add(leases_id, leases);
-        Metrics::add(units_id, units);
+        proxy.count(leases_id, leases);
+        proxy.count(units_id, units);
     }
 
     /// The calls to send now: the rules when their poll is due, and a lease call when
     /// leases are to be asked for or given back (one of each in flight at most).
-    pub fn due(&mut self, now_ms: u64) -> Vec<Out> {
+    pub fn due(&mut self, proxy: &mut impl Proxy, now_ms: u64) -> Vec<Out> {
         let mut out = Vec::new();
         let in_flight =
             |calls: &[(u32, Pending)], rules: bool| calls.iter().any(|(_, p)| matches!(p, Pending::Rules) == rules);
@@ -178,7 +180,7 @@ impl Leasing {
         }
         if !in_flight(&self.calls, false) {
             let (grants, returns) = self.book.due(now_ms);
-            self.report();
+            self.report(proxy);
             let unspent = returns.iter().fold(0, |n: u64, r| n.saturating_add(r.unspent));
             let given = (returns.len() as u64, unspent);
             if !grants.is_empty() || !returns.is_empty() {
@@ -205,35 +207,41 @@ impl Leasing {
     }
 
     /// A call could not go out.
-    pub fn not_sent(&mut self, pending: &Pending) {
+    pub fn not_sent(&mut self, proxy: &mut impl Proxy, pending: &Pending) {
         if let Pending::Lease { asks, returns, .. } = pending {
             self.book.failed(asks);
-            self.gave_back(*returns, false);
+            self.gave_back(proxy, *returns, false);
         }
     }
 
     /// The answer to the call `token` (status 0: none came); whether it was one of ours.
-    pub fn answered(&mut self, token: u32, status: u16, etag: Option<String>, body: &[u8], now_ms: u64) -> bool {
+    pub fn answered(
+        &mut self,
+        proxy: &mut impl Proxy,
+        token: u32,
+        (status, etag, body): (u16, Option<String>, &[u8]),
+        now_ms: u64,
+    ) -> bool {
         let Some(i) = self.calls.iter().position(|(t, _)| *t == token) else {
             return false;
         };
         match self.calls.swap_remove(i).1 {
             Pending::Rules => {
                 if status == 200 {
-                    self.rules_arrived(etag, body, now_ms);
+                    self.rules_arrived(proxy, etag, body, now_ms);
                 }
             }
             Pending::Lease { asks, sent_ms, returns } => {
                 let answer = LeaseResponse::from_json(body);
-                self.gave_back(returns, status == 200 && answer.is_ok());
+                self.gave_back(proxy, returns, status == 200 && answer.is_ok());
                 match answer {
                     Ok(answer) if status == 200 && answer.grants.len() == asks.len() => {
                         let held: Vec<u64> = answer.grants.iter().map(|g| g.units).filter(|&u| u > 0).collect();
-                        Metrics::add(self.metrics.leases_granted, held.len() as u64);
+                        proxy.count(self.metrics.leases_granted, held.len() as u64);
                         let units = held.iter().fold(0, |n: u64, u| n.saturating_add(*u));
-                        Metrics::add(self.metrics.lease_units_granted, units);
+                        proxy.count(self.metrics.lease_units_granted, units);
                         self.book.granted(&asks, &answer.grants, sent_ms, now_ms);
-                        self.report();
+                        self.report(proxy);
                         if self.etag.as_deref() != Some(&format!("\"{}\"", answer.rules_version)) {
                             self.polled_ms = None; // the rules changed: ask for them now
                         }
@@ -246,7 +254,7 @@ impl Leasing {
     }
 
     /// New rules: leases of the old ones go back with the next call.
-    fn rules_arrived(&mut self, etag: Option<String>, body: &[u8], now_ms: u64) {
+    fn rules_arrived(&mut self, proxy: &mut impl Proxy, etag: Option<String>, body: &[u8], now_ms: u64) {
         let Ok(rules) = std::str::from_utf8(body)
             .map_err(|_| ())
             .and_then(|t| RuleSet::from_json(t).map_err(|_| ()))
@@ -255,7 +263,7 @@ impl Leasing {
         };
         if self.rules.is_some() {
             self.book.forget_all(now_ms);
-            self.report();
+            self.report(proxy);
         }
         self.rules = Some(rules);
         self.etag = etag;

@@ -8,9 +8,11 @@
 //!
 //! One root context per VM (`root`) builds the state its streams share (`shared`: the
 //! configuration, the buckets, the breaker, the metric ids); each HTTP stream gets a
-//! `stream` context over it. The modules depend one way: `root` → `stream` → `answer`,
-//! `host`, `clock`, `metrics`, `shared`, `buckets`, `identity`, `config`; `root` → `leases`,
-//! `debits` (costs learnt after the response, sent on the root's tick).
+//! `stream` context over it, which borrows that state once per callback and hands it to the
+//! request's `flow`: the decisions, over a `proxy::Proxy` (the ABI's in `host`, a fake in
+//! the unit tests). The modules depend one way: `root` → `stream` → `flow` → `answer`,
+//! `proxy`, `metrics`, `shared`, `buckets`, `identity`, `config`, `leases`, `debits`;
+//! `root`, `stream` → `host`, `clock` (the ABI, only they call it).
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -19,6 +21,7 @@ pub mod buckets;
 mod clock;
 pub mod config;
 mod debits;
+mod flow;
 // The one module that may use `unsafe` (the workspace denies it): it calls the proxy-wasm
 // ABI's imports itself, through raw pointers, so that no status a host answers traps.
 #[allow(unsafe_code)]
@@ -26,6 +29,7 @@ mod host;
 pub mod identity;
 mod leases;
 mod metrics;
+mod proxy;
 mod root;
 mod shared;
 mod stream;

@@ -1,5 +1,6 @@
 //! The filter's metrics, defined once per VM. A metric the host refuses has id 0 and is
-//! skipped: metrics never fail a request.
+//! skipped: metrics never fail a request. They are counted through the proxy
+//! ([`crate::proxy::Proxy::count`]).
 
 use proxy_wasm::types::MetricType;
 
@@ -72,25 +73,6 @@ impl Metrics {
             debits: counter("sluice_filter_debits"),
             debit_units: counter("sluice_filter_debit_units"),
             debits_failed: counter("sluice_filter_debits_failed"),
-        }
-    }
-
-    /// Adds one to counter `id`.
-    pub fn bump(id: u32) {
-        Metrics::add(id, 1);
-    }
-
-    /// Adds `n` to counter `id`.
-    pub fn add(id: u32, n: u64) {
-        if id != 0 && n > 0 {
-            host::increment_metric(id, i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// Records `value` in histogram `id`.
-    pub fn record(id: u32, value: u64) {
-        if id != 0 {
-            host::record_metric(id, value);
         }
     }
 }

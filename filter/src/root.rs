@@ -1,5 +1,7 @@
 //! The root context: reads the configuration and builds the VM's [`Shared`] state, then
-//! gives every HTTP stream a [`Stream`] over it.
+//! gives every HTTP stream a [`Stream`] over it. Its tick sends the debits the streams queued
+//! and the lease calls, and its call answers go to them. Each callback borrows the shared
+//! state once.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -8,14 +10,16 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
+use sluice_core::lease::book::QuotaKey;
 use sluice_core::time::instant_ms;
 use sluice_core::wire::CheckResponse;
 
 use crate::clock::now_us;
 use crate::config::Config;
-use crate::host::{self, call_response_body, call_response_header, log};
+use crate::host::{self, log, Abi};
 use crate::leases::MAX_ANSWER_BYTES;
 use crate::metrics::Metrics;
+use crate::proxy::Proxy;
 use crate::shared::Shared;
 use crate::stream::Stream;
 
@@ -29,76 +33,86 @@ impl Context for Root {
     /// The answer to a rules, lease or debit call of the timer's.
     fn on_http_call_response(&mut self, token: u32, _headers: usize, body: usize, _trailers: usize) {
         let Some(shared) = &self.shared else { return };
-        let debit = shared.borrow_mut().debits.as_mut().and_then(|d| d.answered(token));
-        if let Some(quotas) = debit {
-            debit_answered(&mut shared.borrow_mut(), &quotas);
-            return;
-        }
-        let status = call_response_header(":status")
-            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
-            .unwrap_or(0);
-        let etag = call_response_header("etag").and_then(|e| String::from_utf8(e).ok());
-        let body = if body > 0 {
-            call_response_body(body.min(MAX_ANSWER_BYTES))
-        } else {
-            Vec::new()
-        };
-        if let Some(leasing) = shared.borrow_mut().leasing.as_mut() {
-            leasing.answered(token, status, etag, &body, instant_ms(now_us()));
-        }
+        answered(&mut shared.borrow_mut(), &mut Abi, token, body, now_us());
     }
 }
 
-impl Root {
-    /// Sends every queued debit (`crate::debits`).
-    fn send_debits(&mut self, shared: &Rc<RefCell<Shared>>) {
-        let (due, check, path, metrics) = {
-            let mut s = shared.borrow_mut();
-            let Some(debits) = s.debits.as_mut() else { return };
-            let (due, path) = (debits.due(), debits.config.path.clone());
-            (due, s.config.check.clone(), path, s.metrics)
-        };
-        for debit in due {
-            let sent = host::call(
-                self,
-                &check,
-                ("POST", &path),
-                Some(&debit.body),
-                &[],
-                u64::from(check.timeout_ms),
-            );
-            let mut s = shared.borrow_mut();
-            match (sent, s.debits.as_mut()) {
-                (Ok(token), Some(debits)) => debits.sent(token, debit.quotas),
-                (Err(why), _) => {
-                    log(LogLevel::Warn, &format!("sluice-filter: debit not sent ({why})"));
-                    Metrics::bump(metrics.debits_failed);
-                }
-                (Ok(_), None) => {}
+/// The answer to the root's call `token` (a body of `body` bytes).
+fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: u64) {
+    if let Some(quotas) = s.debits.as_mut().and_then(|d| d.answered(token)) {
+        debit_answered(s, p, &quotas, now);
+        return;
+    }
+    let status = status(p);
+    let etag = p.call_header("etag").and_then(|e| String::from_utf8(e).ok());
+    let body = if body > 0 {
+        p.call_body(body.min(MAX_ANSWER_BYTES))
+    } else {
+        Vec::new()
+    };
+    if let Some(leasing) = s.leasing.as_mut() {
+        leasing.answered(p, token, (status, etag, &body), instant_ms(now));
+    }
+}
+
+/// The answered call's status (0: none came).
+fn status(p: &impl Proxy) -> u16 {
+    p.call_header(":status")
+        .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+        .unwrap_or(0)
+}
+
+/// The service answered a debit: a leased quota it says is spent is refused here until it
+/// refills; a debit it did not take is counted as lost.
+fn debit_answered(s: &mut Shared, p: &mut impl Proxy, quotas: &[QuotaKey], now: u64) {
+    let status = status(p);
+    let answer = (status == 200)
+        .then(|| p.call_body(MAX_ANSWER_BYTES))
+        .and_then(|body| CheckResponse::from_json(&body).ok());
+    let Some(answer) = answer else {
+        p.log(
+            LogLevel::Warn,
+            &format!("sluice-filter: debit not taken (status {status})"),
+        );
+        p.count(s.metrics.debits_failed, 1);
+        return;
+    };
+    if let (false, Some(rule), Some(leasing)) = (answer.allowed, &answer.policy, s.leasing.as_mut()) {
+        leasing.refused(quotas, rule, &answer, instant_ms(now));
+    }
+}
+
+/// Sends every queued debit (`crate::debits`).
+fn send_debits(s: &mut Shared, p: &mut impl Proxy) {
+    let Some(debits) = s.debits.as_mut() else { return };
+    let check = &s.config.check;
+    for debit in debits.due() {
+        let request = ("POST", debits.config.path.as_str());
+        match p.call(check, request, Some(&debit.body), &[], u64::from(check.timeout_ms)) {
+            Ok(token) => debits.sent(token, debit.quotas),
+            Err(why) => {
+                p.log(LogLevel::Warn, &format!("sluice-filter: debit not sent ({why})"));
+                p.count(s.metrics.debits_failed, 1);
             }
         }
     }
 }
 
-/// The service answered a debit: a leased quota it says is spent is refused here until it
-/// refills; a debit it did not take is counted as lost.
-fn debit_answered(s: &mut Shared, quotas: &[sluice_core::lease::book::QuotaKey]) {
-    let status = call_response_header(":status")
-        .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
-        .unwrap_or(0);
-    let answer = (status == 200)
-        .then(|| call_response_body(MAX_ANSWER_BYTES))
-        .and_then(|body| CheckResponse::from_json(&body).ok());
-    let Some(answer) = answer else {
-        log(
-            LogLevel::Warn,
-            &format!("sluice-filter: debit not taken (status {status})"),
-        );
-        Metrics::bump(s.metrics.debits_failed);
-        return;
-    };
-    if let (false, Some(rule), Some(leasing)) = (answer.allowed, &answer.policy, s.leasing.as_mut()) {
-        leasing.refused(quotas, rule, &answer, instant_ms(now_us()));
+/// Asks for the rules and for leases, and gives back what leases will not spend.
+fn send_lease_calls(s: &mut Shared, p: &mut impl Proxy, now: u64) {
+    let Some(leasing) = s.leasing.as_mut() else { return };
+    let check = &s.config.check;
+    for out in leasing.due(p, instant_ms(now)) {
+        let etag = out.etag.as_deref().map(|e| ("if-none-match", e));
+        let extra: Vec<(&str, &str)> = etag.into_iter().collect();
+        let request = (out.method, out.path.as_str());
+        match p.call(check, request, out.body.as_deref(), &extra, u64::from(check.timeout_ms)) {
+            Ok(token) => leasing.sent(token, out.pending),
+            Err(why) => {
+                p.log(LogLevel::Debug, &format!("sluice-filter: lease call not sent ({why})"));
+                leasing.not_sent(p, &out.pending);
+            }
+        }
     }
 }
 
@@ -112,7 +126,10 @@ impl RootContext for Root {
             );
             return false;
         };
-        let shared = match Config::parse(&bytes).map_err(|e| e.to_string()).and_then(Shared::new) {
+        let shared = Config::parse(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|config| Shared::new(config, Metrics::define()));
+        let shared = match shared {
             Ok(s) => s,
             Err(e) => {
                 log(LogLevel::Error, &format!("sluice-filter: configuration refused: {e}"));
@@ -134,38 +151,13 @@ impl RootContext for Root {
         true
     }
 
-    /// Asks for the rules and for leases, gives back what leases will not spend, and sends
-    /// the debits the streams queued.
+    /// Sends the debits the streams queued, asks for the rules and for leases, and gives
+    /// back what leases will not spend.
     fn on_tick(&mut self) {
-        let Some(shared) = self.shared.clone() else { return };
-        self.send_debits(&shared);
-        let now_ms = instant_ms(now_us());
-        let (due, check) = {
-            let mut s = shared.borrow_mut();
-            let due = s.leasing.as_mut().map(|l| l.due(now_ms)).unwrap_or_default();
-            (due, s.config.check.clone())
-        };
-        for out in due {
-            let etag = out.etag.as_deref().map(|e| ("if-none-match", e));
-            let extra: Vec<(&str, &str)> = etag.into_iter().collect();
-            let sent = host::call(
-                self,
-                &check,
-                (out.method, &out.path),
-                out.body.as_deref(),
-                &extra,
-                u64::from(check.timeout_ms),
-            );
-            let mut s = shared.borrow_mut();
-            let Some(leasing) = s.leasing.as_mut() else { return };
-            match sent {
-                Ok(token) => leasing.sent(token, out.pending),
-                Err(why) => {
-                    log(LogLevel::Debug, &format!("sluice-filter: lease call not sent ({why})"));
-                    leasing.not_sent(&out.pending);
-                }
-            }
-        }
+        let Some(shared) = &self.shared else { return };
+        let s = &mut shared.borrow_mut();
+        send_debits(s, &mut Abi);
+        send_lease_calls(s, &mut Abi, now_us());
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -29,9 +29,9 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The state for a validated configuration (defining the metrics with the host), or why
-    /// it cannot be had.
-    pub fn new(config: Config) -> Result<Shared, String> {
+    /// The state for a validated configuration counting into `metrics`, or why it cannot be
+    /// had.
+    pub fn new(config: Config, metrics: Metrics) -> Result<Shared, String> {
         let local = config
             .local
             .as_ref()
@@ -41,7 +41,6 @@ impl Shared {
         let fallback = Buckets::new(fb.rate_per_s, fb.burst, max_keys).ok_or("failure.fallback: invalid rate")?;
         let settings = &config.failure.breaker;
         let breaker = Breaker::new(settings.failures, micros_from_ms(settings.cooldown_ms));
-        let metrics = Metrics::define();
         let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics));
         let debits = config.debit.clone().map(Debits::new);
         Ok(Shared {

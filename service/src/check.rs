@@ -49,6 +49,8 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     }
     if let Some((rule, _)) = matched.iter().find(|(rule, id)| rule.refuses(id) && !rule.shadow) {
         node.metrics.check(&rule.name, Verdict::Denied);
+        node.console
+            .record(&rule.name, sluice_core::rules::MISSING, Verdict::Denied, false);
         return refused_for_missing(rule, now_ms);
     }
     let targets = targets(node, &rules, &matched, req.cost, now_ms);
@@ -69,6 +71,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
         let Some(decision) = decision else { continue };
         let verdict = verdict(decision.allowed, rule.shadow);
         node.metrics.check(&rule.name, verdict);
+        node.console.record(&rule.name, identity, verdict, degraded);
         node.metrics.near_limit(&rule.name, &decision);
         if verdict == Verdict::Denied && denied_by.is_none() {
             denied_by = Some((rule, identity));

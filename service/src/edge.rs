@@ -39,7 +39,15 @@ pub struct Edge {
     /// Longest an HTTP/1.1 keep-alive connection may sit idle between requests: longer than
     /// any proxy keeps a pooled connection by default, so the proxy, not the node, closes it.
     pub idle_timeout: Duration,
+    /// Hand each HTTP request its connection's peer address ([`Peer`]), for the admin API's
+    /// logs; off on the data listener, whose checks need no extension per request.
+    pub peer_addresses: bool,
 }
+
+/// The address of the client on the other end of a request's connection (`host:port`, or
+/// `unix socket`), a request extension when [`Edge::peer_addresses`] is on.
+#[derive(Debug, Clone)]
+pub struct Peer(pub String);
 
 impl Default for Edge {
     fn default() -> Self {
@@ -48,6 +56,7 @@ impl Default for Edge {
             max_connections: 10_000,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_millis(IDLE_TIMEOUT_MS),
+            peer_addresses: false,
         }
     }
 }
@@ -299,7 +308,7 @@ impl Edge {
         &self,
         listener: Listener,
         mut stop: watch::Receiver<bool>,
-        each: impl Fn(Conn) + Clone + Send + 'static,
+        each: impl Fn(Conn, String) + Clone + Send + 'static,
     ) {
         let places = Arc::new(Semaphore::new(self.max_connections));
         loop {
@@ -310,9 +319,9 @@ impl Edge {
                 },
                 () = until_stopped(&mut stop) => return,
             };
-            let io = tokio::select! {
+            let (io, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok(io) => io,
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors, say: wait a little rather than spin.
                         tracing::warn!(error = %e, "cannot accept a connection");
@@ -323,13 +332,13 @@ impl Edge {
                 () = until_stopped(&mut stop) => return,
             };
             match &self.tls {
-                None => each(Conn::new(io, place, self.timeouts())),
+                None => each(Conn::new(io, place, self.timeouts()), peer),
                 Some(tls) => {
                     // The handshake in a task of its own: a slow client holds its place, not the loop.
                     let (tls, timeouts, each) = (tls.clone(), self.timeouts(), each.clone());
                     tokio::spawn(async move {
                         if let Some(io) = handshake(&tls, io, timeouts.header).await {
-                            each(Conn::new(io, place, timeouts));
+                            each(Conn::new(io, place, timeouts), peer);
                         }
                     });
                 }
@@ -356,8 +365,14 @@ impl Edge {
         let serving = Arc::new(());
         let serve_one = {
             let (stop, serving) = (stop.clone(), serving.clone());
-            move |conn: Conn| {
-                let (builder, router, mut stop) = (builder.clone(), router.clone(), stop.clone());
+            let peers = self.peer_addresses;
+            move |conn: Conn, peer: String| {
+                let (builder, mut stop) = (builder.clone(), stop.clone());
+                let router = if peers {
+                    router.clone().layer(axum::Extension(Peer(peer)))
+                } else {
+                    router.clone()
+                };
                 let serving = serving.clone();
                 tokio::spawn(async move {
                     let served = builder.serve_connection(TokioIo::new(conn), TowerToHyperService::new(router));
@@ -404,7 +419,7 @@ impl Edge {
         let listener = listener.into();
         let (tx, rx) = mpsc::channel::<io::Result<Conn>>(64);
         tokio::spawn(async move {
-            self.accept(listener, stop, move |conn| {
+            self.accept(listener, stop, move |conn, _| {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let _ = tx.send(Ok(conn)).await;

@@ -1,6 +1,7 @@
-//! The HTTP interface: the data API (`/v1/check`, `/v1/lease`, `/v1/wait`, `/v1/rules`),
-//! health and metrics on the data listener ([`router`]), and the admin API on a listener of
-//! its own ([`admin_router`]).
+//! The HTTP interface of the data listener: the data API (`/v1/check`, `/v1/debit`,
+//! `/v1/lease`, `/v1/wait`, `/v1/rules`), health and metrics ([`router`]); and what every
+//! listener shares ([`ApiError`], the health and metrics routes). The admin API, on a
+//! listener of its own, is [`crate::admin`].
 //!
 //! Every error is JSON `{"error": "..."}` with a 4xx status that names the client's mistake,
 //! or 503 when the store is down; nothing a client sends produces a 500. With a data token
@@ -11,25 +12,20 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::json;
 use sluice_core::lease::wire::LeaseRequest;
-use sluice_core::rules::{parse_rfc3339, Override, RuleSet};
 use sluice_core::wire::{CheckRequest, MAX_HOLD_MS};
 
 use crate::check::check;
 use crate::exchange::LeaseError;
 use crate::lease;
 use crate::node::Node;
-use crate::rules_source;
-use crate::store::{Publish, StoreError};
 
 /// Largest request body of the data API (a check, a lease exchange).
 pub const BODY_LIMIT: usize = 16 * 1024;
@@ -46,12 +42,12 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn bad(msg: impl Into<String>) -> ApiError {
+pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
 /// The data listener's routes: the data API (behind the data token, when one is set),
-/// health and metrics. The admin API is not among them: see [`admin_router`].
+/// health and metrics. The admin API is not among them: see [`crate::admin::router`].
 pub fn router(node: Arc<Node>) -> Router {
     let data = Router::new()
         .route("/v1/check", post(check_handler))
@@ -64,23 +60,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .with_state(node)
 }
 
-/// The admin listener's routes (`--admin-listen`): the admin API behind its bearer token,
-/// health and metrics.
-pub fn admin_router(node: Arc<Node>) -> Router {
-    // Every admin route behind the token by construction: a layer on the routes, not a call
-    // each handler must remember (health and metrics, added after, stay open).
-    let admin = Router::new()
-        .route("/v1/admin/rules", get(get_rules).put(put_rules))
-        .route("/v1/admin/overrides", post(add_override).delete(remove_override))
-        .route("/v1/admin/violations", get(violations))
-        .route_layer(middleware::from_fn_with_state(node.clone(), admin_only));
-    common(admin, "see /v1/admin/rules")
-        .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
-        .with_state(node)
-}
-
 /// Health, metrics and the JSON fallbacks every listener has.
-fn common(routes: Router<Arc<Node>>, hint: &'static str) -> Router<Arc<Node>> {
+pub(crate) fn common(routes: Router<Arc<Node>>, hint: &'static str) -> Router<Arc<Node>> {
     routes
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
@@ -130,7 +111,7 @@ impl FromRequestParts<Arc<Node>> for Authorized {
     }
 }
 
-fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     result.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -268,188 +249,4 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
     let text = node.metrics.render();
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
-}
-
-/// Lets a request on to the admin API only with the admin token (see [`authorize`]).
-async fn admin_only(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
-    match authorize(&node, request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-/// Checks the bearer token in constant time.
-fn authorize(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = node.config.admin_token.as_deref() else {
-        return Err(ApiError(
-            StatusCode::UNAUTHORIZED,
-            "the admin API is disabled: start sluice-service with --admin-token-file".into(),
-        ));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if crate::node::constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-        Ok(())
-    } else {
-        Err(ApiError(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong bearer token".into(),
-        ))
-    }
-}
-
-/// `GET /v1/admin/rules`: the rules in force, with their published version as the `ETag`.
-async fn get_rules(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
-    let (rules, version) = node.rules_in_force();
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/toml".to_owned()),
-            (header::ETAG, format!("\"{version}\"")),
-        ],
-        rules.to_toml(),
-    )
-        .into_response())
-}
-
-/// `PUT /v1/admin/rules`: replaces the rules everywhere. With `If-Match: "<version>"` (the
-/// `ETag` of a GET) only if they are still that version, else 412 Precondition Failed (RFC
-/// 9110's answer to a failed `If-Match`); without, unconditionally.
-async fn put_rules(
-    State(node): State<Arc<Node>>,
-    headers: HeaderMap,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let expected = match headers.get(header::IF_MATCH) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().trim_matches('"').parse::<u64>().ok())
-                .ok_or_else(|| bad("If-Match must be the ETag of GET /v1/admin/rules, e.g. \"3\""))?,
-        ),
-    };
-    let raw = body(raw)?;
-    let text = std::str::from_utf8(&raw).map_err(|_| bad("rules must be UTF-8 text"))?;
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    let rules = if is_json {
-        RuleSet::from_json(text)
-    } else {
-        RuleSet::from_toml(text)
-    }
-    .map_err(|e| bad(format!("rules not changed: {e}")))?;
-    let count = rules.rules().len();
-    match rules_source::replace(&node, rules, expected)
-        .await
-        .map_err(not_stored)?
-    {
-        Publish::Done(version) => Ok((
-            [(header::ETAG, format!("\"{version}\""))],
-            Json(json!({"status": "ok", "rules": count, "version": version})),
-        )
-            .into_response()),
-        Publish::Conflict(now) => Err(ApiError(
-            StatusCode::PRECONDITION_FAILED,
-            format!(
-                "rules not changed: they are version {now} now, not {}; GET them again and reapply your change",
-                expected.unwrap_or_default()
-            ),
-        )),
-    }
-}
-
-fn not_stored(e: StoreError) -> ApiError {
-    ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("rules not stored: {e}"))
-}
-
-/// Applies `change` to the rules in force and publishes them; when another change came
-/// first, adopts it and applies `change` again (so concurrent overrides are all kept).
-async fn change_rules(node: &Node, change: impl Fn(&mut RuleSet) -> Result<(), ApiError>) -> Result<(), ApiError> {
-    for _ in 0..5 {
-        let (in_force, version) = node.rules_in_force();
-        let mut rules = (*in_force).clone();
-        change(&mut rules)?;
-        match rules_source::replace(node, rules, Some(version))
-            .await
-            .map_err(not_stored)?
-        {
-            Publish::Done(_) => return Ok(()),
-            Publish::Conflict(_) => rules_source::adopt_published(node).await.map_err(not_stored)?,
-        }
-    }
-    Err(ApiError(
-        StatusCode::CONFLICT,
-        "rules not changed: they kept changing under this update; try again".into(),
-    ))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OverrideBody {
-    rule: String,
-    identity: String,
-    limit: u64,
-    until: String,
-}
-
-async fn add_override(State(node): State<Arc<Node>>, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let raw = body(raw)?;
-    let o: OverrideBody = serde_json::from_slice(&raw).map_err(|e| bad(format!("invalid override: {e}")))?;
-    let until_ms = parse_rfc3339(&o.until).map_err(|e| bad(format!("field until: {e}")))?;
-    let o = Override {
-        rule: o.rule,
-        identity: o.identity,
-        limit: o.limit,
-        until_ms,
-    };
-    change_rules(&node, |rules| {
-        rules.add_override(o.clone()).map_err(|e| bad(e.to_string()))
-    })
-    .await?;
-    Ok((StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response())
-}
-
-async fn remove_override(
-    State(node): State<Arc<Node>>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    let (Some(rule), Some(identity)) = (q.get("rule"), q.get("identity")) else {
-        return Err(bad("give the override as ?rule=NAME&identity=VALUE"));
-    };
-    change_rules(&node, |rules| {
-        if rules.remove_override(rule, identity) {
-            Ok(())
-        } else {
-            Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!("no override for rule {rule:?} and identity {identity:?}"),
-            ))
-        }
-    })
-    .await?;
-    Ok(Json(json!({"status": "ok"})).into_response())
-}
-
-async fn violations(
-    State(node): State<Arc<Node>>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    let count = match q.get("count") {
-        Some(c) => c
-            .parse::<usize>()
-            .map_err(|_| bad(format!("count {c:?} is not a number")))?
-            .min(10_000),
-        None => 100,
-    };
-    let list = node
-        .violations
-        .recent(&node.store, q.get("identity").map(String::as_str), count)
-        .await
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-    Ok(Json(json!({"violations": list, "dropped": node.violations.dropped()})).into_response())
 }

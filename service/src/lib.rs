@@ -9,13 +9,16 @@
 //! published rules, [`housekeeping`] sweeps expired state and overrides, and [`breaker`] and
 //! [`store::memory`] fallback buckets keep answering when the store does not. A node in one
 //! of several regions decides global rules from quota it leases from a global store in the
-//! background ([`region`]).
+//! background ([`region`]). The operator's console reads [`console`] (this node's rates
+//! and top refused identities) and the admin API's [`admin`] endpoints.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod admin;
 pub mod breaker;
 pub mod check;
 pub mod clock;
+pub mod console;
 pub mod decide;
 pub mod edge;
 pub mod exchange;

@@ -88,16 +88,17 @@ impl Listener {
         }
     }
 
-    /// The next connection, with `TCP_NODELAY` on a TCP one (a check is one small write each
-    /// way: Nagle's algorithm would hold it for the peer's delayed ACK).
-    pub(crate) async fn accept(&self) -> io::Result<Box<dyn Io>> {
+    /// The next connection and its peer's address, with `TCP_NODELAY` on a TCP one (a check
+    /// is one small write each way: Nagle's algorithm would hold it for the peer's delayed
+    /// ACK).
+    pub(crate) async fn accept(&self) -> io::Result<(Box<dyn Io>, String)> {
         match self {
             Listener::Tcp(listener) => {
-                let (tcp, _) = listener.accept().await?;
+                let (tcp, peer) = listener.accept().await?;
                 let _ = tcp.set_nodelay(true);
-                Ok(Box::new(tcp))
+                Ok((Box::new(tcp), peer.to_string()))
             }
-            Listener::Unix(listener) => Ok(Box::new(listener.accept().await?.0)),
+            Listener::Unix(listener) => Ok((Box::new(listener.accept().await?.0), "unix socket".to_owned())),
         }
     }
 

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::{check_toml, RuleSet};
 use sluice_service::breaker::BreakerState;
+use sluice_service::console::SourceKind;
 use sluice_service::edge::{self, Edge};
 use sluice_service::listen::{ListenAddr, Listener};
 use sluice_service::node::{Node, NodeConfig};
@@ -20,7 +21,7 @@ use sluice_service::store::keys::{self, Keys};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{redact, RedisOptions, RedisStore};
 use sluice_service::store::Store;
-use sluice_service::{grpc, housekeeping, http, region, rules_source};
+use sluice_service::{admin, grpc, housekeeping, http, region, rules_source};
 
 /// Every check allocates a few small, short-lived buffers (the parsed request, the rule
 /// keys, the JSON answer); mimalloc serves them with less CPU than the system allocator.
@@ -136,6 +137,15 @@ struct Args {
     /// File holding the admin API's bearer token; without it the admin API answers 401.
     #[arg(long, value_name = "FILE", requires = "admin_listen")]
     admin_token_file: Option<PathBuf>,
+    /// File holding a read-only bearer token for the admin API and the console: it may read
+    /// every `GET` endpoint and explain a request, and gets 403 for any change (rules,
+    /// overrides, resets). For the people who watch but do not steer.
+    #[arg(long, value_name = "FILE", requires = "admin_listen")]
+    admin_read_token_file: Option<PathBuf>,
+    /// This node's name on the console (`GET /v1/admin/node`); default: the host's name and
+    /// the data listener's address.
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
     /// File holding the credential the data API asks of callers (/v1/check, /v1/lease,
     /// /v1/wait, /v1/rules and the gRPC rate limit service): give it to the proxies (the
     /// filter's `check.token`). Without it anyone who reaches the listener may spend any
@@ -254,6 +264,46 @@ enum Command {
         #[arg(long)]
         allow_empty_rules: bool,
     },
+    /// Explains a request against a rules file, offline (no node, no store): the canonical
+    /// path and identity values the rules read (the path without its query and dot
+    /// segments, an IPv6 client grouped by --ipv6-prefix, long values digested), and for
+    /// each rule in evaluation order whether it matches and, if not, why (method, host,
+    /// tier, path or a missing identity). For the counters' state as well, ask a running
+    /// node: POST /v1/admin/explain. Exits 0, or 1 when the file or the request is invalid.
+    ///
+    /// Example: sluice-service explain --rules examples/rules.toml --path '/api/x?y=1'
+    /// --method POST --ip 2001:db8::1 --identity user=alice
+    Explain {
+        /// The rules file (TOML).
+        #[arg(long, value_name = "FILE.toml")]
+        rules: PathBuf,
+        /// The request's path (a query and dot segments are fine: they are made canonical).
+        #[arg(long)]
+        path: String,
+        /// The request's method.
+        #[arg(long, default_value = "GET")]
+        method: String,
+        /// The request's host (`Host` header), for rules naming `hosts`.
+        #[arg(long)]
+        host: Option<String>,
+        /// The client's address: the `ip` identity.
+        #[arg(long)]
+        ip: Option<String>,
+        /// Another identity, KEY=VALUE (`user=alice`, `api_key=k1`, `tier=free`,
+        /// `header:x-team=blue`); repeat for more.
+        #[arg(long = "identity", value_name = "KEY=VALUE", value_parser = key_value)]
+        identities: Vec<(String, String)>,
+        /// IPv6 clients are grouped by their network of this many bits, as the node's flag.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u8).range(1..=128))]
+        ipv6_prefix: u8,
+    },
+}
+
+/// `KEY=VALUE`, split at the first `=`.
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -270,6 +320,9 @@ fn main() -> anyhow::Result<()> {
     }) = &args.command
     {
         std::process::exit(check_rules(file, *allow_empty_rules));
+    }
+    if let Some(Command::Explain { .. }) = &args.command {
+        std::process::exit(explain(&args));
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     match args.log_format {
@@ -290,6 +343,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let config = node_config(&args)?;
     let region = region(&args, &rules).await?;
     let node = Node::in_region(store, rules, config, region);
+    match args.rules.as_deref().filter(|_| !rules_are_yaml(&args)) {
+        Some(path) => node.console.set_source(SourceKind::File, path.display().to_string()),
+        None => node.console.set_source(SourceKind::None, "no --rules file"),
+    }
     node.set_descriptors(descriptors);
     start_tasks(&node, &args, fingerprint, yaml_fingerprint);
     serve(node, &args, edge).await
@@ -338,6 +395,61 @@ fn check_rules(file: &std::path::Path, allow_empty: bool) -> i32 {
             1
         }
     }
+}
+
+/// `explain`: which rules of a file a request matches and why the others do not; 1 when
+/// the file or the request is invalid.
+fn explain(args: &Args) -> i32 {
+    let Some(Command::Explain {
+        rules,
+        path,
+        method,
+        host,
+        ip,
+        identities,
+        ipv6_prefix,
+    }) = &args.command
+    else {
+        return 1;
+    };
+    let set = match rules_source::load_file(rules) {
+        Ok((set, _)) => set,
+        Err(e) => {
+            eprintln!("{e}");
+            return 1;
+        }
+    };
+    let ids: std::collections::BTreeMap<&str, &str> =
+        identities.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let body = serde_json::json!({"method": method, "path": path, "host": host, "ip": ip, "identities": ids});
+    let serde_json::Value::Object(body) = body else {
+        return 1;
+    };
+    let req = match admin::console::explain_request(body, *ipv6_prefix) {
+        Ok(req) => req,
+        Err(e) => {
+            eprintln!("invalid request: {e}");
+            return 1;
+        }
+    };
+    println!("path: {}", req.path);
+    if let Some(host) = &req.host {
+        println!("host: {host}");
+    }
+    for (key, value) in &req.identities {
+        println!("identity {key}: {value}");
+    }
+    for (rule, found) in admin::console::explain_matching(&set, &req) {
+        match found {
+            Ok(identity) => println!(
+                "rule {:?}: matches ({}), identity {identity}",
+                rule.name,
+                rule.conditions()
+            ),
+            Err(why) => println!("rule {:?}: no match: {why}", rule.name),
+        }
+    }
+    0
 }
 
 /// The gRPC API's descriptor files: `--descriptors`, and a `--rules` file in
@@ -394,6 +506,7 @@ fn edge(args: &Args) -> anyhow::Result<Edge> {
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         header_timeout: Duration::from_millis(args.header_timeout_ms),
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+        peer_addresses: false,
     })
 }
 
@@ -447,6 +560,14 @@ fn node_config(args: &Args) -> anyhow::Result<NodeConfig> {
         .as_deref()
         .map(|p| secret(p, "admin token"))
         .transpose()?;
+    let admin_read_token = args
+        .admin_read_token_file
+        .as_deref()
+        .map(|p| secret(p, "admin read token"))
+        .transpose()?;
+    if admin_read_token.is_some() && admin_read_token == admin_token {
+        bail!("--admin-read-token-file holds the admin token: give the read-only token a secret of its own");
+    }
     let data_token = args
         .data_token_file
         .as_deref()
@@ -461,6 +582,8 @@ fn node_config(args: &Args) -> anyhow::Result<NodeConfig> {
         breaker_cooldown: Duration::from_millis(args.breaker_cooldown_ms),
         max_keys: args.max_keys,
         admin_token,
+        admin_read_token,
+        node_name: node_name(args),
         data_token,
         token_header: args.token_header.to_ascii_lowercase(),
         max_waits: args.max_waits,
@@ -469,6 +592,20 @@ fn node_config(args: &Args) -> anyhow::Result<NodeConfig> {
         allow_empty_rules: args.allow_empty_rules,
         ..NodeConfig::default()
     })
+}
+
+/// `--node-name`, else the host's name and the data listener's address.
+fn node_name(args: &Args) -> String {
+    if let Some(name) = &args.node_name {
+        return name.clone();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host} {}", args.listen)
 }
 
 /// The node's region, with `--global-store`: its link to the global store, connected before
@@ -545,7 +682,11 @@ async fn serve(node: Arc<Node>, args: &Args, edge: Edge) -> anyhow::Result<()> {
         Some(addr) => {
             let admin_listener = bind(addr).await?;
             tracing::info!(admin_listen = %admin_listener.local_addr()?, token = node.config.admin_token.is_some(), "admin API");
-            let (edge, router, stopped) = (edge.clone(), http::admin_router(node.clone()), stopped());
+            let edge = Edge {
+                peer_addresses: true,
+                ..edge.clone()
+            };
+            let (router, stopped) = (admin::router(node.clone()), stopped());
             Some(tokio::spawn(async move {
                 edge.serve_http(admin_listener, router, stopped).await
             }))

@@ -10,6 +10,7 @@ use sluice_core::rules::RuleSet;
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
+use crate::console::Console;
 use crate::metrics::Metrics;
 use crate::region::Region;
 use crate::store::memory::MemoryStore;
@@ -29,6 +30,11 @@ pub struct NodeConfig {
     pub max_keys: usize,
     /// Bearer token of the admin API; `None` disables it.
     pub admin_token: Option<String>,
+    /// Bearer token of the admin API that may read but change nothing (`GET`s and
+    /// `POST /v1/admin/explain`).
+    pub admin_read_token: Option<String>,
+    /// The node's name on the console (`GET /v1/admin/node`).
+    pub node_name: String,
     /// The credential the data API (check, lease, wait, rules, gRPC) asks of its callers;
     /// `None` serves anyone who can reach the listener.
     pub data_token: Option<String>,
@@ -58,6 +64,8 @@ impl Default for NodeConfig {
             breaker_cooldown: Duration::from_secs(1),
             max_keys: 1_000_000,
             admin_token: None,
+            admin_read_token: None,
+            node_name: "sluice".into(),
             data_token: None,
             token_header: "authorization".into(),
             max_waits: 10_000,
@@ -81,6 +89,10 @@ pub struct Node {
     pub metrics: Metrics,
     /// The denials log.
     pub violations: Violations,
+    /// Per-rule rates, top refused identities and the rules' source, for the console.
+    pub console: Console,
+    /// When the node started, unix ms.
+    pub started_at_ms: u64,
     /// The node's clock.
     pub clock: Clock,
     /// Settings.
@@ -119,6 +131,8 @@ impl Node {
         metrics.rules_in_force(&rules, 0);
         Arc::new(Node {
             violations: Violations::start(store.clone(), config.violations_capacity),
+            console: Console::default(),
+            started_at_ms: crate::console::now_ms(),
             fallback: MemoryStore::new(config.max_keys),
             breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
             metrics,
@@ -148,6 +162,7 @@ impl Node {
     pub fn set_rules(&self, rules: RuleSet) {
         let mut in_force = self.rules.write().unwrap_or_else(|p| p.into_inner());
         self.metrics.rules_in_force(&rules, in_force.1);
+        self.console.rules_in_force(&rules);
         in_force.0 = Arc::new(rules);
     }
 
@@ -155,6 +170,7 @@ impl Node {
     pub fn set_published_rules(&self, rules: RuleSet, version: u64) {
         let mut in_force = self.rules.write().unwrap_or_else(|p| p.into_inner());
         self.metrics.rules_in_force(&rules, version);
+        self.console.rules_in_force(&rules);
         *in_force = (Arc::new(rules), version);
     }
 

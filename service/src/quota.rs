@@ -44,20 +44,26 @@ pub async fn peek(node: &Node, req: &CheckRequest) -> CheckResponse {
         return refused_for_missing(rule, now_ms);
     }
     let targets: Vec<Target> = targets(node, &rules, &matched, 1, now_ms);
-    let items: Vec<Item<'_>> = targets.iter().map(Target::item).collect();
-    let (decisions, degraded) = match within(node.config.store_timeout, node.store.peek_all(&items)).await {
-        Ok(decisions) => (decisions, false),
-        Err(e) => {
-            tracing::debug!(error = %e, "store failed; the fallback buckets answer the peek");
-            (node.fallback.decide_all_now(&items, false), true)
-        }
-    };
+    let (decisions, degraded) = peek_targets(node, &targets).await;
     let outcomes: Vec<RuleOutcome<'_>> = matched
         .iter()
         .zip(decisions)
         .map(|(&(rule, _), d)| outcome(rule, peeked(d), degraded))
         .collect();
     CheckResponse::from_outcomes(&outcomes, now_ms)
+}
+
+/// The decisions `targets` (each of cost 1) would get now, spending nothing, and whether
+/// the fallback buckets gave them (`degraded`: the store could not answer).
+pub async fn peek_targets(node: &Node, targets: &[Target]) -> (Vec<sluice_core::Decision>, bool) {
+    let items: Vec<Item<'_>> = targets.iter().map(Target::item).collect();
+    match within(node.config.store_timeout, node.store.peek_all(&items)).await {
+        Ok(decisions) => (decisions, false),
+        Err(e) => {
+            tracing::debug!(error = %e, "store failed; the fallback buckets answer the peek");
+            (node.fallback.decide_all_now(&items, false), true)
+        }
+    }
 }
 
 /// Spends `req.cost` of every rule `req` matches, whatever is left of each: never refused,

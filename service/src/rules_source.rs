@@ -22,6 +22,7 @@ use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use tokio::sync::Notify;
 
+use crate::console::SourceKind;
 use crate::grpc::config;
 use crate::node::Node;
 use crate::store::{Publish, StoreError};
@@ -71,11 +72,18 @@ fn fingerprint(files: &[impl AsRef<[u8]>]) -> u64 {
 }
 
 /// Publishes `rules` as the next version if the published version is `expected` (`None`:
-/// whatever it is), and puts them in force on this node. `Conflict` changes nothing.
-pub async fn replace(node: &Node, rules: RuleSet, expected: Option<u64>) -> Result<Publish, StoreError> {
+/// whatever it is), and puts them in force on this node, noting that they came from `kind`
+/// (`detail`: the file, the change) for the console. `Conflict` changes nothing.
+pub async fn replace(
+    node: &Node,
+    rules: RuleSet,
+    expected: Option<u64>,
+    (kind, detail): (SourceKind, &str),
+) -> Result<Publish, StoreError> {
     let outcome = node.store.publish_rules(&rules.to_toml(), expected).await?;
     if let Publish::Done(version) = outcome {
         node.set_published_rules(rules, version);
+        node.console.set_source(kind, detail);
         node.metrics.reload(true);
     }
     Ok(outcome)
@@ -205,13 +213,14 @@ async fn watch(node: Arc<Node>, kind: Kind, paths: Vec<PathBuf>, mut seen: u64) 
                 node.metrics.reload(true);
                 tracing::info!(file = %shown, rules = count, version, "rules reloaded");
             }
-            Loaded::Toml(rules) => match replace(&node, rules.clone(), None).await {
+            Loaded::Toml(rules) => match replace(&node, rules.clone(), None, (SourceKind::File, &shown)).await {
                 Ok(_) => {
                     seen = now;
                     tracing::info!(file = %shown, rules = count, version = node.rules_version(), "rules reloaded");
                 }
                 Err(e) => {
                     node.set_rules(rules);
+                    node.console.set_source(SourceKind::File, &shown);
                     tracing::warn!(file = %shown, "rules reloaded on this node only, publishing again shortly: {e}");
                 }
             },
@@ -242,7 +251,8 @@ pub async fn follow_published(node: Arc<Node>) {
 pub async fn adopt_published(node: &Node) -> Result<(), StoreError> {
     let Some(published) = node.store.published_rules().await? else {
         let rules = (*node.rules()).clone();
-        if let Publish::Done(version) = replace(node, rules, Some(0)).await? {
+        let source = node.console.source();
+        if let Publish::Done(version) = replace(node, rules, Some(0), (source.kind, &source.detail)).await? {
             tracing::info!(version, "no rules were published: published this node's");
         }
         return Ok(());
@@ -266,6 +276,8 @@ pub async fn adopt_published(node: &Node) -> Result<(), StoreError> {
                 "rules updated from the store"
             );
             node.set_published_rules(rules, published.version);
+            let detail = format!("version {} read from the store", published.version);
+            node.console.set_source(SourceKind::Pubsub, detail);
             node.metrics.reload(true);
         }
         Err(e) => {
@@ -285,7 +297,14 @@ pub async fn expire_overrides(node: &Node, now_ms: u64) -> Result<usize, StoreEr
     if removed == 0 {
         return Ok(0);
     }
-    match replace(node, rules, Some(version)).await? {
+    match replace(
+        node,
+        rules,
+        Some(version),
+        (SourceKind::Admin, "expired overrides removed"),
+    )
+    .await?
+    {
         Publish::Done(_) => {
             tracing::info!(removed, "expired overrides removed");
             Ok(removed)

@@ -44,15 +44,20 @@ impl Violations {
         }
     }
 
-    /// The most recent violations (newest first), optionally of one identity.
+    /// The most recent violations (newest first), optionally of one rule and one identity.
     pub async fn recent(
         &self,
         store: &Store,
+        rule: Option<&str>,
         identity: Option<&str>,
         count: usize,
     ) -> Result<Vec<Violation>, StoreError> {
-        let keep = |v: &Violation| identity.is_none_or(|i| v.identity == i);
-        let scan = if identity.is_some() { self.capacity } else { count };
+        let keep = |v: &Violation| identity.is_none_or(|i| v.identity == i) && rule.is_none_or(|r| v.rule == r);
+        let scan = if identity.is_some() || rule.is_some() {
+            self.capacity
+        } else {
+            count
+        };
         let all = store.recent_violations(scan).await?;
         Ok(all.into_iter().filter(keep).take(count).collect())
     }

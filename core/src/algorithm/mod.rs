@@ -20,7 +20,6 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::time::{Micros, MICROS_PER_MS};
@@ -32,8 +31,9 @@ pub use all::{decide_all, passes, Part};
 pub const EXACT_LIMIT: u64 = 1 << 53;
 
 /// Which algorithm a rule uses; the names are those of the rule file and the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Algorithm {
     /// Bursts up to `burst`, long-run rate `limit / window`.
     TokenBucket,

@@ -1,8 +1,6 @@
 //! `POST /v1/lease`: a proxy asks for leases and gives back what it did not spend, in one
 //! call. Times are relative (`expires_in_ms`): the proxy's clock is not the service's.
 
-use serde::{Deserialize, Serialize};
-
 use crate::json::{self, Json, JsonError};
 use crate::wire::{WireError, MAX_IDENTITY_BYTES};
 
@@ -13,20 +11,22 @@ pub const MAX_WANT: u64 = 1_000_000;
 
 /// `{"grants": [{"rule": "per-ip", "identity": "203.0.113.9", "want": 50}],
 ///   "returns": [{"rule": "per-ip", "identity": "203.0.113.9", "lease": 7, "unspent": 12}]}`
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct LeaseRequest {
     /// Leases asked for.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub grants: Vec<LeaseAsk>,
     /// Leases ending early or at their end, with what they did not spend.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub returns: Vec<LeaseReturn>,
 }
 
 /// One lease asked for: up to `want` units of `rule`'s quota for `identity`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct LeaseAsk {
     /// The rule's name.
     pub rule: String,
@@ -37,8 +37,9 @@ pub struct LeaseAsk {
 }
 
 /// What a lease did not spend.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct LeaseReturn {
     /// The rule's name.
     pub rule: String,
@@ -53,7 +54,8 @@ pub struct LeaseReturn {
 /// The answer: the leases granted (in the order asked; `units` 0 when none was left) and
 /// the units each return took back (never more than its lease still held, nothing once it
 /// ended), and the rules' version, so that a proxy knows when to fetch them again.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LeaseResponse {
     /// The version of the rules the service decided with.
     pub rules_version: u64,
@@ -64,7 +66,8 @@ pub struct LeaseResponse {
 }
 
 /// A lease granted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LeaseGranted {
     /// The lease's id, for its return.
     pub lease: u64,
@@ -87,7 +90,9 @@ pub struct LeaseGranted {
 }
 
 impl LeaseRequest {
-    /// Parses and validates a body; the error names what is wrong.
+    /// Parses and validates a body; the error names what is wrong. (With the `serde`
+    /// feature: the service's.)
+    #[cfg(feature = "serde")]
     pub fn from_json(body: &[u8]) -> Result<LeaseRequest, WireError> {
         let req: LeaseRequest =
             serde_json::from_slice(body).map_err(|e| WireError(format!("invalid lease request: {e}")))?;

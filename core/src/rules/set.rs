@@ -2,8 +2,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::file::{OverrideSpec, RuleFile, RuleSpec};
-use super::timestamp::{format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
+use super::file::RuleFile;
+#[cfg(feature = "serde")]
+use super::file::{OverrideSpec, RuleSpec};
+#[cfg(feature = "serde")]
+use super::timestamp::format_rfc3339;
+use super::timestamp::{parse_rfc3339, MAX_TIMESTAMP_MS};
 use super::validate::{limit_error_field, rule_label, validate_rule, Identity, Rule};
 use super::RulesError;
 use crate::algorithm::Limit;
@@ -42,6 +46,8 @@ struct ActiveOverride {
 #[derive(Debug, Clone, Default)]
 pub struct RuleSet {
     rules: Vec<Rule>,
+    /// The rules as written, for writing them back (the service's; the filter needs none).
+    #[cfg(feature = "serde")]
     specs: Vec<RuleSpec>,
     /// rule name → identity → override.
     overrides: HashMap<String, HashMap<String, ActiveOverride>>,
@@ -108,6 +114,7 @@ impl RuleSet {
         }
         let mut set = RuleSet {
             rules,
+            #[cfg(feature = "serde")]
             specs: file.rules,
             overrides: HashMap::new(),
         };
@@ -139,6 +146,7 @@ impl RuleSet {
 
     /// The rule file this set was built from, with the overrides currently held (file ones
     /// and those added at run time, sorted by rule then identity).
+    #[cfg(feature = "serde")]
     fn to_file(&self) -> RuleFile {
         let mut overrides: Vec<&Override> = self.overrides().collect();
         overrides.sort_by(|a, b| (&a.rule, &a.identity).cmp(&(&b.rule, &b.identity)));
@@ -165,13 +173,17 @@ impl RuleSet {
         toml::to_string(&self.to_file()).unwrap_or_default()
     }
 
-    /// The set as JSON that [`RuleSet::from_json`] reads back to the same set.
+    /// The set as JSON that [`RuleSet::from_json`] reads back to the same set. (With the
+    /// `serde` feature.)
+    #[cfg(feature = "serde")]
     pub fn to_json(&self) -> String {
         serde_json::to_string(&self.to_file()).unwrap_or_default()
     }
 
     /// The rules alone as JSON, without the overrides (which name identities, and which
     /// only the service applies): what a proxy needs to match requests to rules itself.
+    /// (With the `serde` feature.)
+    #[cfg(feature = "serde")]
     pub fn rules_json(&self) -> String {
         let file = RuleFile {
             rules: self.specs.clone(),
@@ -226,10 +238,9 @@ impl RuleSet {
         host: Option<&'a str>,
         path: &'a str,
     ) -> impl Iterator<Item = (&'a Rule, &'a str)> + 'a {
-        self.rules.iter().filter_map(move |rule| {
-            let identity = rule.identity_in(identities)?;
-            rule.applies(identities, method, host, path).then_some((rule, identity))
-        })
+        self.rules
+            .iter()
+            .filter_map(move |rule| Some((rule, rule.explain(identities, method, host, path).ok()?)))
     }
 
     /// The limit for `identity` under `rule` at `now_ms` (unix ms): the override's while

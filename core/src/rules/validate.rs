@@ -77,8 +77,9 @@ impl Identity {
 
 /// What to do when no decision can be had: a rule's `failure` when the service's counter
 /// store is unreachable, the filter's `failure.mode` when the check service is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum FailureMode {
     /// Decide from a local fallback bucket (`"open"`, the default).
     #[default]
@@ -174,12 +175,143 @@ impl Rule {
     /// A rule naming `hosts` applies only to a request whose `host` is one of them (without
     /// its port, whatever the case); a request without a host, only to rules naming none.
     pub fn applies(&self, identities: &BTreeMap<String, String>, method: &str, host: Option<&str>, path: &str) -> bool {
+        self.mismatch(identities, method, host, path).is_none()
+    }
+
+    /// The first condition of [`Rule::applies`] the request fails, or `None` when it
+    /// applies: the one test behind both matching and explaining, so they cannot drift.
+    pub fn mismatch<'a>(
+        &'a self,
+        identities: &'a BTreeMap<String, String>,
+        method: &'a str,
+        host: Option<&'a str>,
+        path: &'a str,
+    ) -> Option<Mismatch<'a>> {
+        if !(self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))) {
+            return Some(Mismatch::Method {
+                method,
+                methods: &self.methods,
+            });
+        }
+        if !(self.hosts.is_empty()
+            || host.is_some_and(|h| self.hosts.iter().any(|entry| super::host::matches(entry, h))))
+        {
+            return Some(Mismatch::Host {
+                host,
+                hosts: &self.hosts,
+            });
+        }
+        if let Some(tier) = self
+            .tier
+            .as_deref()
+            .filter(|t| identities.get("tier").map(String::as_str) != Some(*t))
+        {
+            return Some(Mismatch::Tier {
+                tier,
+                given: identities.get("tier").map(String::as_str),
+            });
+        }
         let without_slash = path.strip_suffix('/').filter(|p| !p.is_empty());
-        (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
-            && (self.hosts.is_empty()
-                || host.is_some_and(|h| self.hosts.iter().any(|entry| super::host::matches(entry, h))))
-            && self.tier.as_ref().is_none_or(|t| identities.get("tier") == Some(t))
-            && (self.path.matches(path) || without_slash.is_some_and(|p| self.path.matches(p)))
+        if !(self.path.matches(path) || without_slash.is_some_and(|p| self.path.matches(p))) {
+            return Some(Mismatch::Path {
+                path,
+                glob: self.path.as_str(),
+            });
+        }
+        None
+    }
+
+    /// Whether the rule applies to the request and the identity it limits it by, or the
+    /// first reason it does not: [`Rule::mismatch`], then [`Rule::identity_in`].
+    pub fn explain<'a>(
+        &'a self,
+        identities: &'a BTreeMap<String, String>,
+        method: &'a str,
+        host: Option<&'a str>,
+        path: &'a str,
+    ) -> Result<&'a str, Mismatch<'a>> {
+        if let Some(why) = self.mismatch(identities, method, host, path) {
+            return Err(why);
+        }
+        self.identity_in(identities)
+            .ok_or(Mismatch::MissingIdentity { key: self.by.key() })
+    }
+
+    /// What the rule matches, for people: its methods (none: every method), hosts, path
+    /// glob and tier, e.g. `GET POST /api/*` or `POST on api.example.com /login tier=free`.
+    pub fn conditions(&self) -> String {
+        let mut out = self.methods.join(" ");
+        if !self.hosts.is_empty() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str("on ");
+            out.push_str(&self.hosts.join(","));
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(self.path.as_str());
+        if let Some(tier) = &self.tier {
+            out.push_str(" tier=");
+            out.push_str(tier);
+        }
+        out
+    }
+}
+
+/// Why a rule does not apply to a request ([`Rule::explain`]); its `Display` says it to
+/// a person, e.g. `method GET is not POST`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mismatch<'a> {
+    /// The request's method is not among the rule's.
+    Method {
+        /// The request's method.
+        method: &'a str,
+        /// The rule's methods.
+        methods: &'a [String],
+    },
+    /// The request's host is not among the rule's (or it has none).
+    Host {
+        /// The request's host, if it named one.
+        host: Option<&'a str>,
+        /// The rule's hosts.
+        hosts: &'a [String],
+    },
+    /// The request's tier is not the rule's.
+    Tier {
+        /// The rule's tier.
+        tier: &'a str,
+        /// The request's `tier` identity, if any.
+        given: Option<&'a str>,
+    },
+    /// The request's path does not match the rule's glob.
+    Path {
+        /// The canonical path.
+        path: &'a str,
+        /// The rule's glob.
+        glob: &'a str,
+    },
+    /// The request lacks the identity the rule limits by, and the rule skips such requests.
+    MissingIdentity {
+        /// The identity's key (`ip`, `user`, `header:x-team`, …).
+        key: &'a str,
+    },
+}
+
+impl std::fmt::Display for Mismatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mismatch::Method { method, methods } => write!(f, "method {method} is not {}", methods.join(" or ")),
+            Mismatch::Host { host: None, hosts } => write!(f, "no host given; the rule is for {}", hosts.join(", ")),
+            Mismatch::Host { host: Some(h), hosts } => write!(f, "host {h} is not {}", hosts.join(", ")),
+            Mismatch::Tier { tier, given: None } => write!(f, "no tier identity; the rule is for tier {tier}"),
+            Mismatch::Tier { tier, given: Some(g) } => write!(f, "tier {g} is not {tier}"),
+            Mismatch::Path { path, glob } => write!(f, "path {path} does not match {glob}"),
+            Mismatch::MissingIdentity { key } => {
+                write!(f, "no {key} identity, and the rule skips requests without it")
+            }
+        }
     }
 }
 

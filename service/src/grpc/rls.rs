@@ -134,6 +134,8 @@ impl RateLimitService for RateLimiter {
             } else {
                 let refused = !limit.shadow;
                 node.metrics.check(&limit.name, verdict(false, limit.shadow));
+                node.console
+                    .record(&limit.name, &identity, verdict(false, limit.shadow), false);
                 statuses[index].code = if refused { Code::OverLimit } else { Code::Ok } as i32;
                 if refused {
                     overall = Code::OverLimit;
@@ -172,6 +174,7 @@ impl RateLimitService for RateLimiter {
         for (l, d) in limited.iter().zip(&decisions) {
             let verdict = verdict(d.allowed, l.limit.shadow);
             node.metrics.check(&l.limit.name, verdict);
+            node.console.record(&l.limit.name, &l.identity, verdict, degraded);
             node.metrics.near_limit(&l.limit.name, d);
             let over = verdict == Verdict::Denied;
             if over && overall == Code::Ok {

@@ -168,6 +168,20 @@ pub fn state_suffixes(algorithm: Algorithm) -> &'static [&'static str] {
     }
 }
 
+/// Every key that can hold the state of the limit `limit_key`, whatever its algorithm (a
+/// rule's algorithm may have changed since the state was written): each suffix of
+/// [`state_suffixes`] once, a sliding log's second key among them. All in the limit's slot.
+pub fn every_state_key(limit_key: &str) -> Vec<String> {
+    let mut suffixes: Vec<&str> = Algorithm::ALL
+        .iter()
+        .flat_map(|&a| state_suffixes(a))
+        .copied()
+        .collect();
+    suffixes.sort_unstable();
+    suffixes.dedup();
+    suffixes.iter().map(|s| format!("{limit_key}{s}")).collect()
+}
+
 fn push_escaped(key: &mut String, part: &str, colon: bool) {
     for c in part.chars() {
         match c {

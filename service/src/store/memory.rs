@@ -234,6 +234,11 @@ impl MemoryStore {
         (decisions, now)
     }
 
+    /// Forgets the state under `key`; whether there was any.
+    pub fn reset(&self, key: &str) -> bool {
+        self.lock(self.shard_index(key)).remove(key)
+    }
+
     /// Drops every expired entry; returns how many keys remain.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_us();

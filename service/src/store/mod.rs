@@ -212,6 +212,28 @@ impl Store {
         }
     }
 
+    /// Forgets the limit state under `key` (a [`keys::Keys::limit`] key), whatever its
+    /// algorithm: the next request starts from a whole quota. Whether there was any.
+    pub async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.reset(key)),
+            Store::Redis(r) => r.reset(key).await,
+        }
+    }
+
+    /// The deployment, for the console: `memory`, `redis`, `redis-cluster` or
+    /// `redis-sentinel`.
+    pub fn deployment(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+            Store::Redis(r) => match r.address().deployment {
+                redis::Deployment::Single { .. } => "redis",
+                redis::Deployment::Cluster => "redis-cluster",
+                redis::Deployment::Sentinel { .. } => "redis-sentinel",
+            },
+        }
+    }
+
     /// Whether the store answers.
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {

@@ -12,7 +12,7 @@ use sluice_service::edge::Edge;
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{self, Region};
 use sluice_service::store::Store;
-use sluice_service::{housekeeping, http, rules_source};
+use sluice_service::{admin, housekeeping, http, rules_source};
 
 /// The rules of [`TestNode::peek_and_debit`]: an LLM API's budget per user.
 pub const TOKEN_BUDGET_RULES: &str = r#"
@@ -75,7 +75,7 @@ impl TestNode {
         });
         let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let admin_addr = admin_listener.local_addr().expect("addr");
-        let admin = http::admin_router(node.clone());
+        let admin = admin::router(node.clone());
         let admin_server = tokio::spawn(async move {
             Edge::default()
                 .serve_http(admin_listener, admin, std::future::pending())

@@ -443,6 +443,15 @@ impl RedisStore {
         self.connection()?.query(cmd).await
     }
 
+    /// Deletes every key that can hold the state of the limit `key` (one `DEL`: they share
+    /// the limit's slot, so a cluster takes it too); whether any existed.
+    pub async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(keys::every_state_key(key));
+        let deleted: u64 = self.command(&cmd).await?;
+        Ok(deleted > 0)
+    }
+
     /// The published rule set, if any.
     pub async fn published_rules(&self) -> Result<Option<Published>, StoreError> {
         let mut cmd = redis::cmd("MGET");

@@ -1,0 +1,381 @@
+//! One request's way through the filter: identities, local bucket, leases, check call,
+//! answer. Each step is handed the VM's [`Shared`] state (borrowed once per callback by
+//! [`crate::stream::Stream`]) and the [`Proxy`], so it runs natively in unit tests.
+
+use std::collections::BTreeMap;
+
+use proxy_wasm::types::{Action, LogLevel};
+use sluice_core::breaker::BreakerState;
+use sluice_core::headers::{denial_body, format_headers, Quota};
+use sluice_core::identity::{bounded, ip_key};
+use sluice_core::lease::book::QuotaKey;
+use sluice_core::rules::host::is_host;
+use sluice_core::rules::FailureMode;
+use sluice_core::time::instant_ms;
+use sluice_core::wire::{check_method, CheckRequest, MAX_HOLD_MS};
+use sluice_core::{Decision, Micros};
+
+use crate::answer::{read_answer, Failure};
+use crate::buckets;
+use crate::debits;
+use crate::identity::{check_path, request_ip};
+use crate::leases::ByLease;
+use crate::proxy::Proxy;
+use crate::shared::Shared;
+
+#[cfg(test)]
+mod tests;
+
+const UNAVAILABLE: &str =
+    r#"{"status":"error","code":503,"message":"Rate limit service unavailable. Please retry later."}"#;
+
+/// One request's state between its callbacks.
+#[derive(Default)]
+pub struct Flow {
+    identities: BTreeMap<String, String>,
+    /// The key of the local and fallback buckets.
+    bucket_key: Option<String>,
+    /// The leased quotas of a request sent to the exact check, to remember one it refuses.
+    leased: Vec<QuotaKey>,
+    /// When the check call went out.
+    called_at: Micros,
+    /// The check's body, kept for its one retry; whether it was retried.
+    check_body: Vec<u8>,
+    retried: bool,
+    /// The call out is the half-open breaker's probe.
+    probe: bool,
+    /// The call out is the wait call holding a shaped request.
+    holding: bool,
+    /// Headers to add to the upstream's response.
+    response_headers: Vec<(&'static str, String)>,
+    /// The request as a debit would name it, while a cost learnt after the response may come.
+    debit: Option<CheckRequest>,
+}
+
+impl Flow {
+    /// The request's headers: decided here (a local bucket, a lease, the breaker), or paused
+    /// for the check call's answer.
+    pub fn on_request_headers(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> Action {
+        self.read_identities(s, p);
+        if let Some(action) = self.by_local_bucket(s, p, now) {
+            return action;
+        }
+        let method = p.request_header(":method");
+        let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
+        let path = p
+            .request_header(":path")
+            .map_or_else(|| "/".into(), |path| check_path(&path));
+        // The client's `Host`: Nginx hands it over as it came (its `:authority` is the
+        // server's own name and port, whatever the client asked for — seen in a real Nginx);
+        // Envoy turns it into `:authority` and keeps no `host`. A host that is none (the proxy
+        // refuses most such requests first) matches only rules naming no host, as at the
+        // service.
+        let host = p
+            .request_header("host")
+            .or_else(|| p.request_header(":authority"))
+            .filter(|h| is_host(h));
+        let request = CheckRequest {
+            identities: std::mem::take(&mut self.identities),
+            method,
+            path,
+            cost: 1,
+            host,
+        };
+        if s.debits.is_some() {
+            self.debit = Some(CheckRequest {
+                cost: 0,
+                ..request.clone()
+            });
+        }
+        if let Some(action) = self.by_lease(s, p, &request, now) {
+            return action;
+        }
+        self.check(s, p, &request, now)
+    }
+
+    /// The answer to this stream's call; whether the request goes on now.
+    pub fn on_call_response(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> bool {
+        std::mem::take(&mut self.holding) || self.on_check_answer(s, p, now)
+    }
+
+    /// The upstream's response headers: the quota's headers added, a debit queued.
+    pub fn on_response_headers(&mut self, s: &mut Shared, p: &mut impl Proxy) -> Action {
+        for (name, value) in std::mem::take(&mut self.response_headers) {
+            p.add_response_header(name, &value);
+        }
+        self.queue_debit(s, p);
+        Action::Continue
+    }
+
+    /// The stream ended: a probe that never got its answer frees the breaker.
+    pub fn on_log(&mut self, s: &mut Shared, now: Micros) {
+        if self.probe {
+            s.breaker.release_probe(now);
+        }
+    }
+
+    fn read_identities(&mut self, s: &Shared, p: &impl Proxy) {
+        let ids = &s.config.identities;
+        if let Some(source) = &ids.ip {
+            if let Some(ip) = request_ip(p, source) {
+                self.identities.insert("ip".into(), ip_key(ip, source.ipv6_prefix));
+            }
+        }
+        for (name, src) in [("user", &ids.user), ("api_key", &ids.api_key), ("tier", &ids.tier)] {
+            let value = src.as_ref().and_then(|src| match (&src.header, &src.property) {
+                (Some(header), _) => p.request_header(header),
+                (None, Some(path)) => p.property(&path.iter().map(String::as_str).collect::<Vec<_>>()),
+                (None, None) => None,
+            });
+            if let Some(v) = value.filter(|v| !v.is_empty()) {
+                self.identities.insert(name.into(), bounded(&v).into_owned());
+            }
+        }
+        let by = s.config.local.as_ref().map_or("ip", |l| l.by.as_str());
+        self.bucket_key = self.identities.get(by).or_else(|| self.identities.get("ip")).cloned();
+    }
+
+    /// The local prefilter: a client over its local rate is answered here, at once.
+    fn by_local_bucket(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> Option<Action> {
+        let (Some(bucket), Some(key)) = (&mut s.local, &self.bucket_key) else {
+            return None;
+        };
+        let d = bucket.take(key, now);
+        if d.allowed {
+            return None;
+        }
+        p.count(s.metrics.denied_local, 1);
+        deny_by_bucket(s, p, &d, "local", now);
+        Some(Action::Pause)
+    }
+
+    /// Sends the exact check, or applies the failure policy when it cannot go out.
+    fn check(&mut self, s: &mut Shared, p: &mut impl Proxy, request: &CheckRequest, now: Micros) -> Action {
+        if !s.breaker.allow(now) {
+            return self.fail_headers(s, p, now, "circuit breaker open");
+        }
+        self.probe = s.breaker.state() == BreakerState::HalfOpen;
+        let body = request.to_json().into_bytes();
+        let check = &s.config.check;
+        match p.call(
+            check,
+            ("POST", &check.path),
+            Some(&body),
+            &[],
+            u64::from(check.timeout_ms),
+        ) {
+            Ok(_) => {
+                self.called_at = now;
+                self.check_body = body;
+                p.count(s.metrics.checked, 1);
+                Action::Pause
+            }
+            Err(why) => {
+                self.probe = false;
+                s.breaker.failure(now);
+                self.fail_headers(s, p, now, &why)
+            }
+        }
+    }
+
+    /// The check service failed (or the breaker is open): apply the failure policy.
+    /// Returns whether the stream may go on.
+    fn fail(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros, why: &str) -> bool {
+        let mode = s.config.failure.mode;
+        p.log(
+            LogLevel::Debug,
+            &format!("sluice-filter: check failed ({why}); failing {mode:?}"),
+        );
+        if mode == FailureMode::Closed {
+            p.count(s.metrics.failed_closed, 1);
+            let headers = [("content-type", "application/json"), ("retry-after", "1")];
+            p.respond(503, &headers, UNAVAILABLE.as_bytes());
+            return false;
+        }
+        let key = self.bucket_key.as_deref().unwrap_or("-");
+        let d = s.fallback.take(key, now);
+        p.count(s.metrics.failed_open, 1);
+        if d.allowed {
+            return true;
+        }
+        deny_by_bucket(s, p, &d, "fallback", now);
+        false
+    }
+
+    /// [`Flow::fail`] while the request's headers are being handled: the request goes
+    /// on, or stays paused with its answer sent.
+    fn fail_headers(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros, why: &str) -> Action {
+        if self.fail(s, p, now, why) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
+    }
+
+    fn on_check_answer(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> bool {
+        self.probe = false;
+        let answer = match read_answer(p) {
+            Ok(a) => {
+                s.breaker.success();
+                a
+            }
+            Err(Failure::NoAnswer(why)) => {
+                s.breaker.failure(now);
+                if self.retry(s, p, now) {
+                    return false; // still paused: the retry's answer decides
+                }
+                return self.fail(s, p, now, &why);
+            }
+            Err(Failure::Service(why)) => {
+                s.breaker.failure(now);
+                return self.fail(s, p, now, &why);
+            }
+            Err(Failure::Request(why)) => {
+                s.breaker.release_probe(now);
+                return self.fail(s, p, now, &why);
+            }
+        };
+        let metrics = s.metrics;
+        p.record(metrics.check_latency_ms, instant_ms(now.saturating_sub(self.called_at)));
+        let quota = answer.quota(instant_ms(now));
+        if !answer.allowed {
+            p.count(metrics.denied_global, 1);
+            if let (Some(rule), Some(leasing)) = (&answer.policy, s.leasing.as_mut()) {
+                leasing.refused(&self.leased, rule, &answer, instant_ms(now));
+            }
+            deny(s, p, &quota);
+            return false;
+        }
+        if answer.policy.is_some() {
+            format_headers(&quota, s.config.headers, &mut self.response_headers);
+        }
+        p.count(metrics.allowed, 1);
+        if answer.delay_ms > 0 {
+            p.count(metrics.delayed, 1);
+            return !self.hold(s, p, answer.delay_ms);
+        }
+        true
+    }
+
+    /// Sends the check once more after a failure that came at once — a refused or reset
+    /// connection (a node that went away, a pooled connection it closed), not a stall: the
+    /// host picks the cluster's next endpoint. Once per request, only within the first half
+    /// of the timeout (with the rest as the retry's own), never as the breaker's probe or
+    /// once it opened. Whether the retry went out.
+    fn retry(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> bool {
+        let check = &s.config.check;
+        let timeout_ms = u64::from(check.timeout_ms);
+        let elapsed_ms = instant_ms(now.saturating_sub(self.called_at));
+        if self.retried || self.probe || elapsed_ms * 2 >= timeout_ms || !s.breaker.allow(now) {
+            return false;
+        }
+        self.retried = true;
+        let body = std::mem::take(&mut self.check_body);
+        let sent = p
+            .call(check, ("POST", &check.path), Some(&body), &[], timeout_ms - elapsed_ms)
+            .is_ok();
+        if sent {
+            p.count(s.metrics.check_retries, 1);
+        }
+        sent
+    }
+
+    /// The request decided by leases, if it can be (see [`crate::leases`]): it goes on with
+    /// the headers of its most restrictive quota, or is refused because a quota is spent.
+    /// `None`: check it exactly.
+    fn by_lease(&mut self, s: &mut Shared, p: &mut impl Proxy, r: &CheckRequest, now: Micros) -> Option<Action> {
+        let leasing = s.leasing.as_mut()?;
+        let decided = leasing.decide(p, &r.identities, &r.method, r.host.as_deref(), &r.path, instant_ms(now));
+        let metrics = s.metrics;
+        match decided {
+            ByLease::Allowed(quotas) => {
+                self.leased = quotas.iter().map(|(quota, _)| quota.clone()).collect();
+                if let Some(((rule, _), left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
+                    let quota = Quota::from_lease(rule, left, instant_ms(now));
+                    format_headers(&quota, s.config.headers, &mut self.response_headers);
+                }
+                p.count(metrics.allowed, 1);
+                p.count(metrics.leased, 1);
+                Some(Action::Continue)
+            }
+            ByLease::Refused {
+                rule,
+                left,
+                retry_after_ms,
+            } => {
+                p.count(metrics.denied_spent, 1);
+                let quota = Quota {
+                    retry_after_ms: Some(retry_after_ms),
+                    ..Quota::from_lease(&rule, &left, instant_ms(now))
+                };
+                deny(s, p, &quota);
+                Some(Action::Pause)
+            }
+            ByLease::Check(quotas) => {
+                self.leased = quotas;
+                None
+            }
+        }
+    }
+
+    /// Queues the cost the response's debit header names beyond the request's own (see
+    /// [`crate::debits`]), if the request passed and the header is there.
+    fn queue_debit(&mut self, s: &mut Shared, p: &mut impl Proxy) {
+        let Some(mut request) = self.debit.take() else { return };
+        let metrics = s.metrics;
+        let Some(debits) = s.debits.as_mut() else { return };
+        let Some(cost) = p
+            .response_header(&debits.config.header)
+            .and_then(|v| debits::extra_cost(&v))
+        else {
+            return;
+        };
+        request.cost = cost;
+        if debits.queue(&request, std::mem::take(&mut self.leased)) {
+            p.count(metrics.debits, 1);
+            p.count(metrics.debit_units, cost);
+        } else {
+            p.count(metrics.debits_failed, 1);
+        }
+    }
+
+    /// Holds the request `delay_ms` on the service's wait endpoint: the stream stays paused
+    /// and the call's answer (or its failure, at the latest `delay_ms + timeout_ms` later)
+    /// resumes it, so no host needs to resume a stream from a timer (ngx_wasm_module cannot).
+    /// Returns whether the call went out; if not, the request goes on at once: the check
+    /// already admitted it, shaping only spaces requests out.
+    fn hold(&mut self, s: &Shared, p: &mut impl Proxy, delay_ms: u64) -> bool {
+        let delay_ms = delay_ms.min(MAX_HOLD_MS);
+        let check = &s.config.check;
+        let path = format!("{}?ms={delay_ms}", check.wait_path);
+        match p.call(check, ("GET", &path), None, &[], delay_ms + u64::from(check.timeout_ms)) {
+            Ok(_) => {
+                self.holding = true;
+                true
+            }
+            Err(why) => {
+                p.log(
+                    LogLevel::Warn,
+                    &format!("sluice-filter: cannot hold the request ({why})"),
+                );
+                false
+            }
+        }
+    }
+}
+
+/// Answers 429 with headers describing `quota`.
+fn deny(s: &Shared, p: &mut impl Proxy, quota: &Quota<'_>) {
+    let mut headers = Vec::with_capacity(8);
+    format_headers(quota, s.config.headers, &mut headers);
+    headers.push(("content-type", "application/json".into()));
+    let pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let body = denial_body(quota.retry_after_ms.unwrap_or(1_000));
+    p.respond(429, &pairs, body.as_bytes());
+}
+
+/// Answers 429 for a local or fallback bucket's denial `d`.
+fn deny_by_bucket(s: &Shared, p: &mut impl Proxy, d: &Decision, policy: &'static str, now: Micros) {
+    let quota = Quota::from_decision(policy, d, instant_ms(buckets::WINDOW), instant_ms(now));
+    deny(s, p, &quota);
+}

@@ -1,0 +1,43 @@
+//! What the filter's decisions ask of the proxy that runs them: the request's headers and
+//! properties, local answers, calls to the check service and their answers, metrics.
+//!
+//! The wasm build answers over the proxy-wasm ABI ([`crate::host::Abi`]); the decisions'
+//! unit tests over a recording fake, natively, without a wasm build or a host.
+
+use proxy_wasm::types::LogLevel;
+
+use crate::config::Check;
+
+/// The proxy, as a stream's or the root's decisions see it.
+pub trait Proxy {
+    /// Request header `name` as text; `None` when absent.
+    fn request_header(&self, name: &str) -> Option<String>;
+    /// Response header `name` as text; `None` when absent.
+    fn response_header(&self, name: &str) -> Option<String>;
+    /// Property `segments` as text; `None` when absent or empty.
+    fn property(&self, segments: &[&str]) -> Option<String>;
+    /// Adds a header to the upstream's response.
+    fn add_response_header(&mut self, name: &str, value: &str);
+    /// Answers the stream with a local response.
+    fn respond(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]);
+    /// Dispatches `method path` (with a JSON `body`, the credential and `extra` headers) to
+    /// the check `service`; the call's token, or why it did not go out.
+    fn call(
+        &mut self,
+        service: &Check,
+        request: (&str, &str),
+        body: Option<&[u8]>,
+        extra: &[(&str, &str)],
+        timeout_ms: u64,
+    ) -> Result<u32, String>;
+    /// Header `name` of the answered call's response, as bytes.
+    fn call_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// The answered call's response body, at most `max` bytes.
+    fn call_body(&self, max: usize) -> Vec<u8>;
+    /// Logs `msg` at `level`.
+    fn log(&self, level: LogLevel, msg: &str);
+    /// Adds `n` to counter `id` (0: undefined, skipped).
+    fn count(&mut self, id: u32, n: u64);
+    /// Records `value` in histogram `id` (0: undefined, skipped).
+    fn record(&mut self, id: u32, value: u64);
+}
