@@ -189,7 +189,7 @@
     $('rules-version').textContent = `version ${rules.version}`;
     const src = rules.source || {};
     const what = src.kind === 'file' ? `file ${src.detail}` : src.kind === 'admin' ? 'admin API' :
-      src.kind === 'pubsub' ? 'another node (pub/sub)' : String(src.kind);
+      src.kind === 'pubsub' ? 'another node (pub/sub)' : src.kind === 'none' ? 'no rules file' : String(src.kind);
     $('rules-source').textContent = `${what}, ${src.at_ms ? ago(src.at_ms + Date.now() - rules.now_ms) : '?'}`;
     $('rules-source').title = src.at_ms ? fmtTime(src.at_ms) : '';
     const ro = node.access !== 'admin';

@@ -86,7 +86,7 @@ async function login(page, node, token, operator) {
 function shot(page, name, locator) {
   mkdirSync(SHOTS, { recursive: true });
   const path = join(SHOTS, `${name}.png`);
-  return locator ? locator.screenshot({ path }) : page.screenshot({ path });
+  return locator ? locator.screenshot({ path }) : page.screenshot({ path, clip: { x: 0, y: 0, width: 1280, height: 640 } });
 }
 
 test('an operator sees, explains and steers the limits; hostile names stay text; a read-only token changes nothing', async (t) => {
