@@ -214,28 +214,46 @@
     return s;
   }
 
+  // One row built once and cloned for each rule: cloning is cheaper than building.
+  const CELLS = ['name', 'by', 'limit', 'match', 'policy', 'chart', 'now'];
+  let protoRow = null;
   function makeRow(name) {
-    const tr = document.createElement('tr');
+    if (!protoRow) {
+      protoRow = document.createElement('tr');
+      for (const c of CELLS) protoRow.appendChild(document.createElement('td'));
+      protoRow.firstChild.className = 'name';
+      const svg = document.createElementNS(SVG, 'svg');
+      svg.setAttribute('class', 'spark');
+      svg.setAttribute('preserveAspectRatio', 'none');
+      svg.setAttribute('role', 'img');
+      svg.appendChild(document.createElementNS(SVG, 'title'));
+      for (const s of SERIES) {
+        const p = document.createElementNS(SVG, 'polyline');
+        p.setAttribute('class', s);
+        svg.appendChild(p);
+      }
+      protoRow.children[CELLS.indexOf('chart')].appendChild(svg);
+    }
+    const tr = protoRow.cloneNode(true);
     const cells = {};
-    for (const c of ['name', 'by', 'limit', 'match', 'policy', 'chart', 'now']) {
-      cells[c] = tr.appendChild(document.createElement('td'));
-    }
-    cells.name.className = 'name';
-    const svg = document.createElementNS(SVG, 'svg');
-    svg.setAttribute('class', 'spark');
-    svg.setAttribute('preserveAspectRatio', 'none');
-    svg.setAttribute('role', 'img');
-    const title = document.createElementNS(SVG, 'title');
-    svg.appendChild(title);
+    CELLS.forEach((c, i) => (cells[c] = tr.children[i]));
+    const svg = cells.chart.firstChild;
     const lines = {};
-    for (const s of SERIES) {
-      const p = document.createElementNS(SVG, 'polyline');
-      p.setAttribute('class', s);
-      lines[s] = svg.appendChild(p);
-    }
-    cells.chart.appendChild(svg);
+    SERIES.forEach((s, i) => (lines[s] = svg.childNodes[i + 1]));
     tr.dataset.rule = name;
-    return { tr, cells, svg, title, lines, sig: '' };
+    return { tr, cells, svg, title: svg.firstChild, lines, sig: '' };
+  }
+
+  // The points of a series of n zeros (most rules' most series), made once per n.
+  const flats = new Map();
+  function flatLine(n) {
+    let pts = flats.get(n);
+    if (pts === undefined) {
+      pts = '';
+      for (let i = 0; i < n; i++) pts += `${i},19.5 `;
+      flats.set(n, pts);
+    }
+    return pts;
   }
 
   function updateRow(row, r, step) {
@@ -248,6 +266,10 @@
       row.cells.by.textContent = r.by;
       row.cells.limit.textContent = `${r.limit} / ${fmtMs(r.window_ms)} ${r.algorithm}`;
       row.cells.match.textContent = r.match;
+      // A cell too narrow ends in an ellipsis: its whole text on hover.
+      row.cells.name.title = r.name;
+      row.cells.limit.title = row.cells.limit.textContent;
+      row.cells.match.title = r.match;
       const policy = [];
       if (r.shadow) policy.push('shadow');
       policy.push(`fail ${r.failure}`);
@@ -261,9 +283,12 @@
     row.svg.setAttribute('viewBox', `0 0 ${w} 20`);
     for (const s of SERIES) {
       const vals = rates[s] || [];
-      let pts = '';
-      for (let i = 0; i < vals.length; i++) pts += `${i},${(20 - (vals[i] / top) * 19 - 0.5).toFixed(2)} `;
-      row.lines[s].setAttribute('points', pts);
+      let pts = flatLine(vals.length);
+      if (vals.some((v) => v > 0)) {
+        pts = '';
+        for (let i = 0; i < vals.length; i++) pts += `${i},${Math.round((19.5 - (vals[i] / top) * 19) * 100) / 100} `;
+      }
+      if (row.lines[s].getAttribute('points') !== pts) row.lines[s].setAttribute('points', pts);
     }
     const last = (s) => (rates[s] && rates[s].length ? rates[s][rates[s].length - 1] : 0);
     row.title.textContent = `${r.name}: peak ${fmtRate(max)}/s over ${fmtMs(n * step * 1000)}`;
