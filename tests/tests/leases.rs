@@ -73,6 +73,23 @@ fn burst(chain: &Chain, clients: usize, each: usize) -> [u64; 2] {
     [admitted[0].load(Ordering::Relaxed), admitted[1].load(Ordering::Relaxed)]
 }
 
+/// What user `u1`'s quota holds now in the store, read by a check of cost 0 (a peek: it
+/// spends nothing) to a node.
+fn left_in_store(chain: &Chain) -> u64 {
+    let body = br#"{"identities": {"user": "u1"}, "method": "GET", "path": "/api/hello", "cost": 0}"#;
+    let r = send(
+        chain.node_ports[0],
+        "POST",
+        "/v1/check",
+        &[("content-type", "application/json")],
+        body,
+    );
+    let answer: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body));
+    answer["remaining"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no remaining in {answer}"))
+}
+
 /// Waits until both proxies have polled the rules (every 200 ms).
 fn warm_up() {
     std::thread::sleep(Duration::from_millis(600));
@@ -111,11 +128,12 @@ fn bound(algorithm: &str, start: f64, end: f64) -> u64 {
 
 /// 64 clients, 1,280 requests of [`leased`]`(algorithm)` against 300 an hour; then, once
 /// the leases have ended and given back what they did not spend, 320 more. No more than the
-/// design's bound for the whole interval; every unit of the 300 admitted or counted by the
-/// filters as expired in a lease (a lease whose holder did not spend or give it back before
-/// its end: how late a loaded machine runs the proxies' ticks, not a promise of the design —
-/// 0–15 on a quiet machine, 19 on a loaded one), but for the 5 % the second burst may leave;
-/// the quiet proxy served, and the upstream saw exactly what was admitted.
+/// design's bound for the whole interval, and no unit lost: each of the 300 admitted, counted
+/// by the filters as expired in a lease (its holder did not spend or give it back before its
+/// end), or back in the store once the leases ended — whatever the machine's load, which only
+/// moves units between those three (how many the bursts used is printed, not asserted: a
+/// loaded machine runs the proxies' ticks late). The quiet proxy served, and the upstream saw
+/// exactly what was admitted.
 fn saturated_key_is_exact_and_nearly_full(algorithm: &str, cluster_masters: usize) {
     let chain = chain(&leased(algorithm), cluster_masters);
     warm_up();
@@ -140,9 +158,13 @@ fn saturated_key_is_exact_and_nearly_full(algorithm: &str, cluster_masters: usiz
         end - start
     );
     assert!(total <= bound, "{algorithm}: {total} admitted, bound {bound}");
+    let left = left_in_store(&chain);
+    println!("{algorithm}: {left} units left in the store");
+    // Refill adds under one unit over the few seconds (300 an hour); a lease's units are
+    // counted on its holder's next tick.
     assert!(
-        total + expired >= 285,
-        "{algorithm}: {total} admitted and {expired} expired in leases of 300: units lost uncounted"
+        total + expired + left >= 299,
+        "{algorithm}: {total} admitted, {expired} expired in leases, {left} left in the store, of 300: units lost"
     );
     assert!(first[1] + second[1] > 0, "{algorithm}: the quiet proxy was starved");
     assert_eq!(
