@@ -104,6 +104,48 @@ fn example_rules_answer_checks() {
     assert_eq!(denied["policy"], "per-ip");
 }
 
+/// Containers are configured by environment: every flag is also `SLUICE_<FLAG>`, and a flag
+/// given on the command line wins over its variable.
+#[test]
+fn every_flag_is_also_read_from_a_sluice_environment_variable() {
+    let dir = ScratchDir::new("env");
+    let token = dir.join("admin-token");
+    std::fs::write(&token, "env-admin-token").unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
+    let _child = Child::spawn(
+        "sluice-service",
+        Command::new(BIN)
+            .env("SLUICE_LISTEN", "127.0.0.1:1") // overridden by --listen below
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("SLUICE_RULES", rules)
+            .env("SLUICE_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+            .env("SLUICE_ADMIN_TOKEN_FILE", &token)
+            .env("SLUICE_NODE_NAME", "from-the-environment")
+            .env("SLUICE_STORE_BATCHING", "false"),
+    );
+    wait_for_port(port, Duration::from_secs(20));
+    wait_for_port(admin, Duration::from_secs(20));
+    assert_eq!(check(port, "8.8.8.8")["policy"], "per-ip", "SLUICE_RULES read");
+    let node = curl(&[
+        "-H",
+        "authorization: Bearer env-admin-token",
+        &format!("http://127.0.0.1:{admin}/v1/admin/node"),
+    ]);
+    let node: Value = serde_json::from_slice(&node).unwrap();
+    assert_eq!(node["node"], "from-the-environment", "{node}");
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for var in [
+        "SLUICE_STORE",
+        "SLUICE_GLOBAL_STORE",
+        "SLUICE_RLQS",
+        "SLUICE_ADMIN_READ_TOKEN_FILE",
+    ] {
+        assert!(help.contains(&format!("[env: {var}=")), "--help does not name {var}");
+    }
+}
+
 #[test]
 fn rule_file_changes_are_reloaded_and_broken_files_ignored() {
     let dir = ScratchDir::new("reload");
