@@ -104,7 +104,8 @@ fn lua_agrees_with_core_on_random_traces(rt: &tokio::runtime::Runtime, store: &R
             for (i, &(gap, cost, refund)) in c.steps.iter().enumerate() {
                 now += gap;
                 let want = c.limit.decide(&mut state, now, cost);
-                let got = rt.block_on(store.decide_at(&key, &c.limit, cost, Some(now))).unwrap();
+                store.set_clock(Some(now));
+                let got = rt.block_on(store.decide(&key, &c.limit, cost)).unwrap();
                 prop_assert_eq!(got.at, now);
                 prop_assert_eq!(got.decision, want, "step {} of {:?} at {}", i, c.limit, now);
                 if refund && want.allowed {
@@ -173,7 +174,8 @@ fn several_rules_agree_with_core(
                     .map(|(key, part)| Item { key, part: *part })
                     .collect();
                 let want = decide_all(&parts, &mut states, now);
-                let got = rt.block_on(store.decide_all_at(&items, Some(now))).unwrap();
+                store.set_clock(Some(now));
+                let got = rt.block_on(store.decide_all(&items)).unwrap();
                 let got: Vec<_> = got.iter().map(|s| s.decision).collect();
                 prop_assert_eq!(got, want, "step {} at {}", i, now);
             }
@@ -620,10 +622,10 @@ fn leases_work_on_a_cluster() {
             .unwrap();
         for n in 0..12 {
             let key = keys::limit("leased", &format!("id{n}"));
-            let g = store.grant(&key, &limit, (8, 1_000_000), 1, None).await.unwrap();
+            let g = store.grant(&key, &limit, (8, 1_000_000), 1).await.unwrap();
             assert_eq!(g.units, 8, "{key}");
-            assert_eq!(store.give_back(&key, &limit, 1, 5, None).await.unwrap(), 5, "{key}");
-            let again = store.grant(&key, &limit, (10, 1_000_000), 2, None).await.unwrap();
+            assert_eq!(store.give_back(&key, &limit, 1, 5).await.unwrap(), 5, "{key}");
+            let again = store.grant(&key, &limit, (10, 1_000_000), 2).await.unwrap();
             assert_eq!(again.units, 7, "{key}: 10 - 8 + 5");
         }
     });
@@ -663,9 +665,8 @@ fn leases_in_lua_agree_with_core() {
                 now += gap;
                 let id = i as u64;
                 let want_core = grant(&limit, &mut state, now, want, ttl);
-                let got = rt
-                    .block_on(store.grant(&key, &limit, (want, ttl), id, Some(now)))
-                    .unwrap();
+                store.set_clock(Some(now));
+                let got = rt.block_on(store.grant(&key, &limit, (want, ttl), id)).unwrap();
                 prop_assert_eq!(
                     (got.units, got.expires_at, got.decision),
                     (want_core.units, want_core.expires_at, want_core.decision),
@@ -683,9 +684,8 @@ fn leases_in_lua_agree_with_core() {
                 if taken {
                     held[j].0 -= take;
                 }
-                let got = rt
-                    .block_on(store.give_back(&key, &limit, j as u64, back, Some(at)))
-                    .unwrap();
+                store.set_clock(Some(at));
+                let got = rt.block_on(store.give_back(&key, &limit, j as u64, back)).unwrap();
                 prop_assert_eq!(got, expect, "give back {} of lease {} at {}", back, j, at);
                 now = at;
             }

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use sluice_core::algorithm::{decide_all, passes, Part};
 use sluice_core::lease::{self, Grant};
@@ -25,7 +25,7 @@ pub const SHARDS: usize = 64;
 pub struct MemoryStore {
     shards: Box<[Mutex<StateMap>]>,
     hasher: RandomState,
-    clock: Clock,
+    clock: Arc<Clock>,
     published: Mutex<Option<Published>>,
     violations: Mutex<VecDeque<Violation>>,
     /// What each lease still holds.
@@ -83,7 +83,7 @@ impl MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(StateMap::new(per_shard))).collect(),
             hasher: RandomState::new(),
-            clock: Clock::default(),
+            clock: Arc::default(),
             published: Mutex::new(None),
             violations: Mutex::new(VecDeque::new()),
             leases: Mutex::new(LeaseTable::new(max_keys.max(1_024))),
@@ -194,9 +194,9 @@ impl MemoryStore {
         self.decide_locked(items, || self.clock.now_us(), keep).0
     }
 
-    /// Decides at an explicit time (tests).
-    pub fn decide_all_at(&self, items: &[Item<'_>], now: Micros, keep: bool) -> Vec<Decision> {
-        self.decide_locked(items, || now, keep).0
+    /// Its clock, which a test may hold ([`Clock::set`]).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Decides under one critical section for all the items' keys, at the time `now` reads
@@ -313,7 +313,12 @@ mod tests {
     }
 
     fn decide(store: &MemoryStore, key: &str, limit: &Limit, now: Micros) -> bool {
-        store.decide_all_at(&[item(key, limit)], now, true)[0].allowed
+        decide_at(store, &[item(key, limit)], now, true)[0].allowed
+    }
+
+    fn decide_at(store: &MemoryStore, items: &[Item<'_>], now: Micros, keep: bool) -> Vec<Decision> {
+        store.clock().set(Some(now));
+        store.decide_all_now(items, keep)
     }
 
     #[test]
@@ -368,11 +373,12 @@ mod tests {
     fn expired_state_is_fresh_again_and_swept() {
         let store = MemoryStore::new(1_000);
         let limit = Limit::builder(Algorithm::FixedWindow, 1, 1_000_000).build().unwrap();
-        assert!(decide(&store, "k", &limit, 0));
+        assert!(decide(&store, "k", &limit, 1));
         assert!(!decide(&store, "k", &limit, 10));
         assert!(decide(&store, "k", &limit, 1_000_000));
         assert_eq!(store.len(), 1);
-        // The clock of `sweep` is the real one, far past these test times.
+        // The real clock again, far past these test times: swept.
+        store.clock().set(None);
         assert_eq!(store.sweep(), 0);
     }
 
@@ -384,14 +390,15 @@ mod tests {
             .unwrap();
         let per_user = Limit::builder(Algorithm::FixedWindow, 20, 60_000_000).build().unwrap();
         let passed = std::sync::atomic::AtomicU64::new(0);
+        store.clock().set(Some(1_000));
         std::thread::scope(|scope| {
             for t in 0..64 {
                 let (store, shared, per_user, passed) = (&store, &shared, &per_user, &passed);
                 scope.spawn(move || {
                     let user = format!("user-{t}");
                     let items = [item("ip", shared), item(&user, per_user)];
-                    for i in 0..25 {
-                        let d = store.decide_all_at(&items, 1_000 + i, true);
+                    for _ in 0..25 {
+                        let d = store.decide_all_now(&items, true);
                         if d.iter().all(|d| d.allowed) {
                             passed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
@@ -413,10 +420,10 @@ mod tests {
             .unwrap();
         let one = Limit::builder(Algorithm::TokenBucket, 1, 1_000_000).build().unwrap();
         let items = [item("wide", &ten), item("narrow", &one)];
-        assert!(store.decide_all_at(&items, 0, false).iter().all(|d| d.allowed));
+        assert!(decide_at(&store, &items, 1, false).iter().all(|d| d.allowed));
         assert!(store.is_empty(), "a peek wrote state");
-        assert!(store.decide_all_at(&items, 0, true).iter().all(|d| d.allowed));
-        let denied = store.decide_all_at(&items, 1, true);
+        assert!(decide_at(&store, &items, 1, true).iter().all(|d| d.allowed));
+        let denied = decide_at(&store, &items, 2, true);
         assert!(denied[0].allowed && !denied[1].allowed);
         for t in 2..11 {
             assert!(

@@ -144,7 +144,7 @@ impl Store {
     pub async fn grant(&self, key: &str, limit: &Limit, want: u64, ttl: Micros, id: u64) -> Result<Grant, StoreError> {
         match self {
             Store::Memory(m) => Ok(m.grant(key, limit, want, ttl, id)),
-            Store::Redis(r) => r.grant(key, limit, (want, ttl), id, None).await,
+            Store::Redis(r) => r.grant(key, limit, (want, ttl), id).await,
         }
     }
 
@@ -153,7 +153,7 @@ impl Store {
     pub async fn give_back(&self, key: &str, limit: &Limit, id: u64, unspent: u64) -> Result<u64, StoreError> {
         match self {
             Store::Memory(m) => Ok(m.give_back(key, limit, id, unspent)),
-            Store::Redis(r) => r.give_back(key, limit, id, unspent, None).await,
+            Store::Redis(r) => r.give_back(key, limit, id, unspent).await,
         }
     }
 

@@ -27,6 +27,7 @@ mod connection;
 mod library;
 mod link;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,6 +116,9 @@ pub struct RedisStore {
     keys: Keys,
     /// Checks waiting for the call in flight to their shard; `None` without batching.
     batcher: Option<Arc<Batcher>>,
+    /// The clock its scripts decide by: 0 for Redis's `TIME`, else the µs a test set
+    /// ([`RedisStore::set_clock`]).
+    clock: AtomicU64,
 }
 
 impl RedisStore {
@@ -169,6 +173,7 @@ impl RedisStore {
             link: Arc::new(link),
             scripts: Scripts::new(),
             batcher,
+            clock: AtomicU64::new(0),
         })
     }
 
@@ -204,14 +209,21 @@ impl RedisStore {
         })
     }
 
-    /// Decides one request against every item, all-or-nothing, at Redis's clock.
-    pub async fn decide_all(&self, items: &[Item<'_>]) -> Result<Vec<Stamped>, StoreError> {
-        self.decide_all_at(items, None).await
+    /// Decides the scripts at `now` (µs), a test's clock, from now on; `None`: at Redis's
+    /// `TIME` again, as a store always does otherwise. The one place a test sets the time.
+    pub fn set_clock(&self, now: Option<Micros>) {
+        self.clock.store(now.unwrap_or(0), Ordering::Relaxed);
     }
 
-    /// Decides at an explicit clock (`Some`, tests only) or at Redis's `TIME` (`None`):
-    /// one script per cluster slot involved, run concurrently.
-    pub async fn decide_all_at(&self, items: &[Item<'_>], now: Option<Micros>) -> Result<Vec<Stamped>, StoreError> {
+    /// The clock the scripts decide by: `None` for Redis's own.
+    fn now(&self) -> Option<Micros> {
+        Some(self.clock.load(Ordering::Relaxed)).filter(|&now| now != 0)
+    }
+
+    /// Decides one request against every item, all-or-nothing: one script per cluster slot
+    /// involved, run concurrently.
+    pub async fn decide_all(&self, items: &[Item<'_>]) -> Result<Vec<Stamped>, StoreError> {
+        let now = self.now();
         let connection = self.connection()?;
         let groups: Vec<Vec<Item<'_>>> = match connection.kind {
             Kind::Single(_) => vec![items.to_vec()],
@@ -274,7 +286,7 @@ impl RedisStore {
         let peeks = groups.iter().map(|g| {
             let group: Vec<Item<'_>> = g.iter().map(|&i| items[i]).collect();
             let connection = &connection;
-            async move { self.decide_group(connection, &group, "peek", None).await }
+            async move { self.decide_group(connection, &group, "peek", self.now()).await }
         });
         let mut decisions = vec![Decision::default(); items.len()];
         for (answer, group) in join_all(peeks).await.into_iter().zip(&groups) {
@@ -285,22 +297,11 @@ impl RedisStore {
         Ok(decisions)
     }
 
-    /// Decides one item at an explicit clock or Redis's (tests).
-    pub async fn decide_at(
-        &self,
-        key: &str,
-        limit: &Limit,
-        cost: u64,
-        now: Option<Micros>,
-    ) -> Result<Stamped, StoreError> {
-        let item = single(key, limit, cost);
-        let mut stamps = self.decide_all_at(&[item], now).await?;
-        stamps.pop().ok_or_else(|| StoreError::Protocol("no decision".into()))
-    }
-
-    /// Decides one item at Redis's clock (tests).
+    /// Decides one item (tests).
     pub async fn decide(&self, key: &str, limit: &Limit, cost: u64) -> Result<Stamped, StoreError> {
-        self.decide_at(key, limit, cost, None).await
+        let item = single(key, limit, cost);
+        let mut stamps = self.decide_all(&[item]).await?;
+        stamps.pop().ok_or_else(|| StoreError::Protocol("no decision".into()))
     }
 
     /// Gives back `cost` admitted under `key` at `at` (tests; checks refund themselves).
@@ -313,24 +314,23 @@ impl RedisStore {
             .map(drop)
     }
 
-    /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`, at an
-    /// explicit clock (`Some`, tests only) or Redis's: the most the limit admits now, taken
-    /// at once and recorded under the lease, so unspent units can come back.
+    /// Grants up to `want` units of `limit` under `key` for `ttl` as the lease `id`: the
+    /// most the limit admits now, taken at once and recorded under the lease, so unspent
+    /// units can come back.
     pub async fn grant(
         &self,
         key: &str,
         limit: &Limit,
         (want, ttl): (u64, Micros),
         id: u64,
-        now: Option<Micros>,
     ) -> Result<Grant, StoreError> {
-        self.take_or_grant(key, limit, (want, ttl), Some(id), now).await
+        self.take_or_grant(key, limit, (want, ttl), Some(id)).await
     }
 
     /// Takes up to `want` units of `limit` under `key` now, whatever is left of them, with
     /// no lease: a cost learnt after the request passed (see `Store::take`).
     pub async fn take(&self, key: &str, limit: &Limit, want: u64) -> Result<Grant, StoreError> {
-        self.take_or_grant(key, limit, (want, 0), None, None).await
+        self.take_or_grant(key, limit, (want, 0), None).await
     }
 
     async fn take_or_grant(
@@ -339,11 +339,10 @@ impl RedisStore {
         limit: &Limit,
         (want, ttl): (u64, Micros),
         lease: Option<u64>,
-        now: Option<Micros>,
     ) -> Result<Grant, StoreError> {
         let item = single(key, limit, want.max(1));
         let op = if lease.is_some() { "grant" } else { "take" };
-        let mut call = check_call(&[item], op, now, ttl);
+        let mut call = check_call(&[item], op, self.now(), ttl);
         if let Some(id) = lease {
             call.keys.push(keys::lease(key, id));
         }
@@ -369,19 +368,12 @@ impl RedisStore {
 
     /// Gives back up to `unspent` units of the lease `id` of `key`, if it has not ended;
     /// never more than it still holds. The units taken back.
-    pub async fn give_back(
-        &self,
-        key: &str,
-        limit: &Limit,
-        id: u64,
-        unspent: u64,
-        now: Option<Micros>,
-    ) -> Result<u64, StoreError> {
+    pub async fn give_back(&self, key: &str, limit: &Limit, id: u64, unspent: u64) -> Result<u64, StoreError> {
         if unspent == 0 {
             return Ok(0);
         }
         let item = single(key, limit, unspent);
-        let mut call = check_call(&[item], "giveback", now, 0);
+        let mut call = check_call(&[item], "giveback", self.now(), 0);
         call.keys.push(keys::lease(key, id));
         let back: i64 = library::run(&*self.connection()?, &self.scripts.check, &call).await?;
         Ok(u64::try_from(back).unwrap_or(0))
