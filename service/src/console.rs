@@ -96,6 +96,19 @@ pub struct TopRule {
     pub identities: Vec<TopIdentity>,
 }
 
+/// One decided rule of a check, as the console counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// The rule's name.
+    pub rule: &'a str,
+    /// The identity it counted.
+    pub identity: &'a str,
+    /// How it answered.
+    pub verdict: Verdict,
+    /// Its failure policy answered (the store could not).
+    pub degraded: bool,
+}
+
 /// One rule's counters.
 struct RuleStats {
     /// `POINTS` buckets of `KINDS` counts, each `bucket number << 32 | count`.
@@ -104,6 +117,20 @@ struct RuleStats {
 }
 
 impl RuleStats {
+    /// Counts one answer in bucket number `bucket`; a refusal also in the top summary.
+    fn tally(&self, bucket: u64, a: &Answer<'_>) {
+        self.count(bucket, a.verdict as usize);
+        if a.degraded {
+            self.count(bucket, FAILURE);
+        }
+        if a.verdict == Verdict::Denied {
+            self.top
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .offer(a.identity, 1);
+        }
+    }
+
     fn new() -> RuleStats {
         RuleStats {
             ring: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
@@ -183,29 +210,45 @@ impl Console {
 
     /// [`Console::record`] at `now_ms` (unix ms).
     pub fn record_at(&self, rule: &str, identity: &str, verdict: Verdict, degraded: bool, now_ms: u64) {
+        self.record_all(
+            &[Answer {
+                rule,
+                identity,
+                verdict,
+                degraded,
+            }],
+            now_ms,
+        );
+    }
+
+    /// Records every decided rule of one check at `now_ms` (unix ms), under one read lock
+    /// (a rule's first answer takes the write lock to add it).
+    pub fn record_all(&self, answers: &[Answer<'_>], now_ms: u64) {
         let bucket = now_ms / 1000 / STEP_S;
-        let tally = |stats: &RuleStats| {
-            stats.count(bucket, verdict as usize);
-            if degraded {
-                stats.count(bucket, FAILURE);
+        let mut new = Vec::new();
+        {
+            let rules = self.rules.read().unwrap_or_else(PoisonError::into_inner);
+            for a in answers {
+                match rules.get(a.rule) {
+                    Some(stats) => stats.tally(bucket, a),
+                    None => new.push(a),
+                }
             }
-            if verdict == Verdict::Denied {
-                stats
-                    .top
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .offer(identity, 1);
-            }
-        };
-        if let Some(stats) = self.rules.read().unwrap_or_else(PoisonError::into_inner).get(rule) {
-            return tally(stats);
         }
-        let mut rules = self.rules.write().unwrap_or_else(PoisonError::into_inner);
-        if rules.len() >= MAX_TRACKED && !rules.contains_key(rule) {
-            self.untracked.fetch_add(1, Ordering::Relaxed);
+        if new.is_empty() {
             return;
         }
-        tally(rules.entry(rule.into()).or_insert_with(RuleStats::new));
+        let mut rules = self.rules.write().unwrap_or_else(PoisonError::into_inner);
+        for a in new {
+            if rules.len() >= MAX_TRACKED && !rules.contains_key(a.rule) {
+                self.untracked.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            rules
+                .entry(a.rule.into())
+                .or_insert_with(RuleStats::new)
+                .tally(bucket, a);
+        }
     }
 
     /// Answers of rule names not tracked (past [`MAX_TRACKED`]).

@@ -20,6 +20,7 @@ use sluice_core::rules::{FailureMode, Global, Rule, RuleSet};
 use sluice_core::wire::{CheckResponse, RuleOutcome};
 use sluice_core::{Decision, Limit};
 
+use crate::console::Answer;
 use crate::metrics::Verdict;
 use crate::node::Node;
 use crate::store::{closed_decision, within, Item, Stamped, Store, StoreError};
@@ -141,22 +142,32 @@ pub fn settle<'m, 'a: 'm>(
     path: &str,
     now_ms: u64,
 ) {
-    let mut refused = false;
-    for m in limits {
-        let Some(decision) = &m.decision else { continue };
-        let verdict = verdict(decision.allowed, m.target.shadow);
-        count(node, m.name, &m.identity, verdict, degraded);
-        node.metrics.near_limit(m.name, decision);
-        if verdict == Verdict::Denied && !refused {
-            refused = true;
-            node.violations.record(Violation {
-                rule: m.name.to_owned(),
-                identity: m.identity.clone().into_owned(),
-                at_ms: now_ms,
-                cost: m.target.cost,
-                path: path.to_owned(),
-            });
-        }
+    let decided: Vec<(&Matched<'_>, &Decision, Verdict)> = limits
+        .into_iter()
+        .filter_map(|m| {
+            let d = m.decision.as_ref()?;
+            Some((m, d, verdict(d.allowed, m.target.shadow)))
+        })
+        .collect();
+    node.metrics.checks(decided.iter().map(|(m, d, v)| (m.name, *d, *v)));
+    let answers: Vec<Answer<'_>> = decided
+        .iter()
+        .map(|&(m, _, verdict)| Answer {
+            rule: m.name,
+            identity: &m.identity,
+            verdict,
+            degraded,
+        })
+        .collect();
+    node.console.record_all(&answers, now_ms);
+    if let Some((m, _, _)) = decided.iter().find(|(_, _, v)| *v == Verdict::Denied) {
+        node.violations.record(Violation {
+            rule: m.name.to_owned(),
+            identity: m.identity.clone().into_owned(),
+            at_ms: now_ms,
+            cost: m.target.cost,
+            path: path.to_owned(),
+        });
     }
 }
 

@@ -50,6 +50,11 @@ const VERDICTS: [&str; 3] = ["allowed", "denied", "shadow_denied"];
 /// The index of a rule's near-limit count, after its verdicts'.
 const NEAR_LIMIT: usize = VERDICTS.len();
 
+/// A decision allowed with at most a fifth of its limit left.
+fn near_limit(d: &Decision) -> bool {
+    d.allowed && d.limit > 0 && d.remaining.saturating_mul(5) <= d.limit
+}
+
 /// The node's counters, and the registry that exposes them with the rest of the node's.
 ///
 /// Series are named without the `sluice_` prefix (the registry's) and a counter without
@@ -171,8 +176,30 @@ impl Metrics {
     /// Counts a check `rule` allowed with at most a fifth of its limit left (nothing when
     /// `decision` denied, or left more).
     pub fn near_limit(&self, rule: &str, decision: &Decision) {
-        if decision.allowed && decision.limit > 0 && decision.remaining.saturating_mul(5) <= decision.limit {
+        if near_limit(decision) {
             self.checks.count(rule, NEAR_LIMIT);
+        }
+    }
+
+    /// Counts every decided rule of one check (its verdict, and whether it allowed it near
+    /// its limit) under one read lock.
+    pub fn checks<'d>(&self, decided: impl IntoIterator<Item = (&'d str, &'d Decision, Verdict)>) {
+        let map = self.checks.0.read().unwrap_or_else(|p| p.into_inner());
+        let mut new = Vec::new();
+        for (rule, decision, verdict) in decided {
+            let Some(c) = map.get(rule) else {
+                new.push((rule, *decision, verdict));
+                continue;
+            };
+            c[verdict as usize].fetch_add(1, Ordering::Relaxed);
+            if near_limit(decision) {
+                c[NEAR_LIMIT].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(map);
+        for (rule, decision, verdict) in new {
+            self.check(rule, verdict);
+            self.near_limit(rule, &decision);
         }
     }
 
