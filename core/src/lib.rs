@@ -13,8 +13,6 @@
 //! - [`lease`]: leased quotas — units granted ahead of use, what each algorithm guarantees;
 //! - [`breaker`]: the circuit breaker around a call that may fail (the filter's check
 //!   calls, the service's store calls);
-//! - `descriptors` (the `serde` feature): Envoy's rate limit descriptors matched against an
-//!   envoyproxy/ratelimit configuration (the check service's gRPC API);
 //! - [`rules`]: the rule file, its validation and matching a request to its rules (and
 //!   explaining why a rule does not match);
 //! - [`space_saving`]: the heaviest hitters of a stream in bounded memory (the clients a
@@ -38,7 +36,7 @@
 //!
 //! - `serde`: serde derives on the wire, rules and client types; the service's side of the
 //!   wire (`CheckRequest::from_json`, `LeaseRequest::from_json`, `RuleSet::to_json`) through
-//!   serde_json; Envoy's descriptors. Off by default: the filter and the SDKs compile no
+//!   serde_json. Off by default: the filter and the SDKs compile no
 //!   serde at all (`scripts/test` fails if the filter's dependencies ever name it).
 //! - `toml` (with `serde`): reading and writing TOML rule files, the service's.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
@@ -47,8 +45,6 @@
 // Deciding.
 pub mod algorithm;
 pub mod breaker;
-#[cfg(feature = "serde")]
-pub mod descriptors;
 mod evict;
 pub mod headers;
 pub mod identity;

@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::grpc::descriptors::DescriptorSet;
 use arc_swap::ArcSwap;
-use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 
 use crate::breaker::Breaker;

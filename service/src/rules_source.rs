@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::descriptors::DescriptorSet;
+use crate::grpc::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use tokio::sync::Notify;
 

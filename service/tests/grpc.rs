@@ -7,9 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use sluice_service::edge::Edge;
+use sluice_service::grpc::descriptors::DescriptorSet;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice_service::grpc::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice_service::grpc::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;

@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use sluice_service::edge::Edge;
+use sluice_service::grpc::descriptors::DescriptorSet;
 use sluice_service::grpc::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use sluice_service::grpc::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
 use sluice_service::grpc::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use sluice_core::descriptors::{DescriptorSet, DomainConfig};
+use crate::grpc::descriptors::{DescriptorSet, DomainConfig};
 
 /// Reads one configuration file per domain; the error names the file and, for YAML, the
 /// line and column, or the descriptor, and what is wrong.

@@ -4,10 +4,11 @@
 //! envoyproxy/ratelimit or Limitador.
 //!
 //! Requests are matched against an envoyproxy/ratelimit configuration ([`config`],
-//! `sluice_core::descriptors`) and decided like the HTTP check ([`crate::decide::decide_limits`]):
+//! `crate::grpc::descriptors`) and decided like the HTTP check ([`crate::decide::decide_limits`]):
 //! all of a request's descriptors in one store call, all-or-nothing.
 
 pub mod config;
+pub mod descriptors;
 pub mod rlqs;
 mod rls;
 

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use sluice_core::descriptors::{DescriptorLimit, DescriptorSet, Unit};
+use crate::grpc::descriptors::{DescriptorLimit, DescriptorSet, Unit};
 use sluice_core::headers::{format_headers, HeaderMode, Quota};
 use sluice_core::rules::FailureMode;
 use sluice_core::time::{instant_ms, wait_ms};

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use sluice_core::descriptors::DescriptorSet;
 use sluice_core::rules::RuleSet;
 use sluice_service::breaker::BreakerState;
 use sluice_service::console::SourceKind;
 use sluice_service::edge::{self, Edge};
+use sluice_service::grpc::descriptors::DescriptorSet;
 use sluice_service::listen::{ListenAddr, Listener};
 use sluice_service::node::{Node, NodeConfig};
 use sluice_service::region::{Region, RegionConfig};

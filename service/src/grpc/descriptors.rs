@@ -13,9 +13,9 @@ use std::collections::BTreeSet;
 
 use serde::Deserialize;
 
-use crate::algorithm::{Algorithm, Limit};
-use crate::rules::FailureMode;
-use crate::time::Micros;
+use sluice_core::algorithm::{Algorithm, Limit};
+use sluice_core::rules::FailureMode;
+use sluice_core::time::Micros;
 
 /// One configuration file: a domain and its descriptor tree.
 #[derive(Debug, Clone, Deserialize)]
