@@ -5,12 +5,7 @@
 //! and what real APIs send; it never fails and never panics: a malformed value is ignored.
 
 mod format;
-mod http_date;
-mod parse;
-mod structured;
 
 pub use format::{
     denial_body, format_headers, retry_after_secs, write_denial_body, write_headers, HeaderBuf, HeaderMode, Quota,
 };
-pub(crate) use http_date::days_from_civil;
-pub use parse::{parse_headers, RateLimitInfo, UnitQuota};

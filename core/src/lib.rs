@@ -1,8 +1,8 @@
 //! Pure rate-limiting logic shared by every part of Sluice.
 //!
 //! No I/O, no clock, no globals: time is always an argument. The check service, the
-//! proxy-wasm filter and both client SDKs call this crate, so a decision, a header or a
-//! backoff delay is computed the same way everywhere.
+//! proxy-wasm filter and the client SDKs (through `sluice-pace`) call this crate, so a
+//! decision, a header or a backoff delay is computed the same way everywhere.
 //!
 //! # The modules, by who uses them
 //!
@@ -13,20 +13,18 @@
 //! - [`lease`]: leased quotas — units granted ahead of use, what each algorithm guarantees;
 //! - [`breaker`]: the circuit breaker around a call that may fail (the filter's check
 //!   calls, the service's store calls);
-//! - [`rules`]: the rule file, its validation and matching a request to its rules (and
-//!   explaining why a rule does not match);
-//! - [`space_saving`]: the heaviest hitters of a stream in bounded memory (the clients a
-//!   rule refuses most);
+//! - [`rules`]: the rule file, its validation and matching a request to its rules;
 //! - [`path`]: the canonical form of a request path, which rules are matched against;
 //! - [`identity`]: identity values bounded by digest, client addresses grouped by prefix;
 //! - [`wire`]: the `POST /v1/check` request and answer;
-//! - [`headers`] (formatting): the rate-limit headers and the 429 body the filter sends.
+//! - [`headers`]: the rate-limit headers and the 429 body the filter and the service send;
+//! - [`space_saving`]: the heaviest hitters in bounded memory (the console's top refused).
 //!
-//! **Pacing and retrying** — the client SDKs (Rust, and JavaScript through wasm-bindgen):
-//! - [`headers`] (parsing): reading any server's rate-limit headers into [`RateLimitInfo`];
-//! - [`pacing`]: when the next request may go to stay under the advertised quota;
-//! - [`backoff`]: jittered exponential backoff after a failure;
-//! - [`retry`]: what is retried, after how long, and the retry budget.
+//! **Backing off** — the service's reconnects and the clients' retries: [`backoff`], jittered
+//! exponential backoff after a failure.
+//!
+//! The clients' side — reading any server's rate-limit headers, pacing under the quota,
+//! retrying — is `sluice-pace` (`pace/`), over this crate.
 //!
 //! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges),
 //! [`text`] (UTF-8-safe truncation) and [`json`] (the small JSON reader and writer with which
@@ -55,10 +53,8 @@ pub mod space_saving;
 pub mod state_map;
 pub mod wire;
 
-// Pacing and retrying.
+// Backing off.
 pub mod backoff;
-pub mod pacing;
-pub mod retry;
 
 // Basics.
 pub mod json;
@@ -68,8 +64,6 @@ pub mod time;
 pub use algorithm::{Algorithm, Decision, Limit, LimitBuilder, LimitError, State};
 pub use backoff::{Backoff, BackoffPolicy, Jitter, RandomSource, SplitMix64};
 pub use breaker::{Breaker, BreakerState};
-pub use headers::{parse_headers, write_headers, HeaderBuf, HeaderMode, Quota, RateLimitInfo};
-pub use pacing::{Pacer, PacerConfig};
-pub use retry::{BudgetConfig, RetryBudget};
+pub use headers::{write_headers, HeaderBuf, HeaderMode, Quota};
 pub use state_map::StateMap;
 pub use time::Micros;

@@ -29,5 +29,5 @@ pub use file::{OverrideSpec, RuleFile, RuleSpec};
 pub use glob::Glob;
 pub use global::{Global, Unreachable};
 pub use set::{Override, RuleSet};
-pub use timestamp::{format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
+pub use timestamp::{days_from_civil, format_rfc3339, parse_rfc3339, MAX_TIMESTAMP_MS};
 pub use validate::{FailureMode, Identity, Mismatch, Rule, WhenMissing, MAX_RULE_NAME_BYTES, MISSING};

@@ -11,11 +11,12 @@
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use sluice_core::backoff::{Backoff as CoreBackoff, BackoffPolicy, Jitter, SplitMix64};
-use sluice_core::headers::{self, HeaderMode, RateLimitInfo};
-use sluice_core::pacing::{BucketPacer, Cost, PacerConfig};
-use sluice_core::retry::{self, BudgetConfig, RetryBudget as CoreBudget};
+use sluice_core::headers::{self, HeaderMode};
 use sluice_core::time::{instant_ms, micros_from_ms, wait_ms};
 use sluice_core::{Algorithm, Limit, State};
+use sluice_pace::headers::{self as read, RateLimitInfo};
+use sluice_pace::pacing::{BucketPacer, Cost, PacerConfig};
+use sluice_pace::retry::{self, BudgetConfig, RetryBudget as CoreBudget};
 use wasm_bindgen::prelude::*;
 
 /// A JavaScript number as a count or a duration in milliseconds.
@@ -31,7 +32,7 @@ fn num(x: u64) -> f64 {
     x as f64
 }
 
-/// The quota a response advertises (see `sluice_core::headers::RateLimitInfo`); every
+/// The quota a response advertises (see `sluice_pace::headers::RateLimitInfo`); every
 /// field is `undefined` when the response did not say.
 #[wasm_bindgen]
 #[derive(Debug, Clone, Default)]
@@ -117,7 +118,7 @@ fn cost(units: Vec<String>, amounts: Vec<f64>) -> Cost {
 #[wasm_bindgen(js_name = parseHeaders)]
 pub fn parse_headers(status: u16, names: Vec<String>, values: Vec<String>, now_ms: f64) -> Quota {
     let pairs = names.iter().zip(&values).map(|(n, v)| (n.as_str(), v.as_str()));
-    Quota(headers::parse_headers(status, pairs, whole(now_ms)))
+    Quota(read::parse_headers(status, pairs, whole(now_ms)))
 }
 
 /// The headers a server sends for a quota (`mode`: `all`, `legacy`, `ietf` or `none`), as

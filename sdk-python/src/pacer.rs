@@ -1,10 +1,10 @@
-//! When a bucket's next request may go: `sluice_core::pacing::BucketPacer` and the expected
+//! When a bucket's next request may go: `sluice_pace::pacing::BucketPacer` and the expected
 //! [`Cost`] of a request, as Python objects.
 
 use std::collections::BTreeMap;
 
 use pyo3::prelude::*;
-use sluice_core::pacing::{BucketPacer, Cost as CoreCost, PacerConfig};
+use sluice_pace::pacing::{BucketPacer, Cost as CoreCost, PacerConfig};
 
 use crate::quota::RateLimitInfo;
 

@@ -1,4 +1,4 @@
-//! What a response's rate-limit headers say: `sluice_core::headers::parse_headers` and the
+//! What a response's rate-limit headers say: `sluice_pace::headers::parse_headers` and the
 //! quota it reads, as Python objects.
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -6,8 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
-use sluice_core::headers::{self, RateLimitInfo as CoreInfo, UnitQuota as CoreUnit};
-use sluice_core::retry;
+use sluice_pace::headers::{self, RateLimitInfo as CoreInfo, UnitQuota as CoreUnit};
+use sluice_pace::retry;
 
 /// The quota a response advertised; a field is `None` when no header gave it. The fields
 /// are the requests quota; `quotas` holds those counted in other units (tokens, …).

@@ -6,8 +6,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_core::backoff::{Backoff as CoreBackoff, BackoffPolicy, Jitter, SplitMix64};
-use sluice_core::pacing::PacerConfig;
-use sluice_core::retry::{self, BudgetConfig, RetryBudget as CoreBudget};
+use sluice_pace::pacing::PacerConfig;
+use sluice_pace::retry::{self, BudgetConfig, RetryBudget as CoreBudget};
 
 /// A source of jitter shared by a client's retries (SplitMix64; not for secrets).
 #[pyclass(module = "sluice_client._core")]

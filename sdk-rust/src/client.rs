@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::{IntoUrl, Method, Request, RequestBuilder, StatusCode, Url};
 use sluice_core::backoff::{Backoff, BackoffPolicy, SplitMix64};
-use sluice_core::headers::{parse_headers, RateLimitInfo};
-use sluice_core::pacing::{Cost, PacerConfig};
-use sluice_core::retry::{retry_delay, server_floor_ms, BudgetConfig, RetryBudget};
+use sluice_pace::headers::{parse_headers, RateLimitInfo};
+use sluice_pace::pacing::{Cost, PacerConfig};
+use sluice_pace::retry::{retry_delay, server_floor_ms, BudgetConfig, RetryBudget};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use reqwest::Url;
-use sluice_core::headers::RateLimitInfo;
-use sluice_core::pacing::{BucketPacer, Cost, PacerConfig};
+use sluice_pace::headers::RateLimitInfo;
+use sluice_pace::pacing::{BucketPacer, Cost, PacerConfig};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

@@ -2,7 +2,7 @@
 
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
-use sluice_core::headers::RateLimitInfo;
+use sluice_pace::headers::RateLimitInfo;
 
 use crate::error::{Error, Result};
 

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::{Request, StatusCode};
 use sluice_core::backoff::{BackoffPolicy, RandomSource, SplitMix64};
-pub use sluice_core::retry::IDEMPOTENCY_KEY;
-use sluice_core::retry::{client_backoff, is_idempotent};
+pub use sluice_pace::retry::IDEMPOTENCY_KEY;
+use sluice_pace::retry::{client_backoff, is_idempotent};
 
 /// Which requests and outcomes are retried, and on what schedule.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,7 +37,7 @@ impl Default for RetryPolicy {
     }
 }
 
-/// The client's default schedule (`sluice_core::retry::client_backoff`): full jitter over
+/// The client's default schedule (`sluice_pace::retry::client_backoff`): full jitter over
 /// `1 s · 2^n`, at most 20 s each, at most 5 retries within 60 s.
 pub fn default_backoff() -> BackoffPolicy {
     client_backoff()

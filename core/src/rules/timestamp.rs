@@ -1,7 +1,5 @@
 //! RFC 3339 timestamps (`2026-12-31T00:00:00Z`, `...+02:00`, fractional seconds) ⇄ unix ms.
 
-use crate::headers::days_from_civil;
-
 /// The last instant [`parse_rfc3339`] accepts and [`format_rfc3339`] writes back:
 /// `9999-12-31T23:59:59.999Z`, in unix milliseconds.
 pub const MAX_TIMESTAMP_MS: u64 = 253_402_300_799_999;
@@ -116,6 +114,17 @@ pub fn format_rfc3339(ms: u64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+pub fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backoff::{Backoff, BackoffPolicy, RandomSource};
 use crate::headers::RateLimitInfo;
+use sluice_core::backoff::{Backoff, BackoffPolicy, RandomSource};
 
 /// The header that makes a non-idempotent request safe to retry.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -139,8 +139,8 @@ impl RetryBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backoff::SplitMix64;
     use crate::headers::UnitQuota;
+    use sluice_core::backoff::SplitMix64;
 
     #[test]
     fn only_idempotent_methods_are_safe_to_repeat() {

@@ -5,8 +5,9 @@
 use std::collections::VecDeque;
 
 use proptest::prelude::*;
-use sluice_core::headers::{format_headers, parse_headers, HeaderMode, Quota, RateLimitInfo};
-use sluice_core::pacing::{Pacer, PacerConfig};
+use sluice_core::headers::{format_headers, HeaderMode, Quota};
+use sluice_pace::headers::{parse_headers, RateLimitInfo};
+use sluice_pace::pacing::{Pacer, PacerConfig};
 
 /// The pacer's shortest refill step in ms, before its margin.
 const MIN_STEP: f64 = 20.0;

@@ -1,5 +1,7 @@
 //! HTTP-date (RFC 9110 §5.6.7) to unix seconds: IMF-fixdate, RFC 850 and asctime forms.
 
+use sluice_core::rules::days_from_civil;
+
 const MONTHS: [&str; 12] = [
     "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
 ];
@@ -33,17 +35,6 @@ pub(super) fn parse_http_date(s: &str) -> Option<u64> {
         return None;
     }
     Some(days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + sec)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-pub(crate) fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

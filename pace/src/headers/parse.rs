@@ -5,11 +5,10 @@ use std::cmp::Reverse;
 
 use super::http_date::parse_http_date;
 use super::structured::{self, parse_u64, Item};
-use crate::rules::parse_rfc3339;
+use sluice_core::rules::parse_rfc3339;
 
 /// The quota a response advertised; every field is absent unless a header gave it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RateLimitInfo {
     /// Requests per window.
     pub limit: Option<u64>,
@@ -31,19 +30,16 @@ pub struct RateLimitInfo {
     pub global: bool,
     /// The IETF partition key (`pk`) of the reported policy, as sent (`:…:`). A server
     /// allocates quotas per partition, so the SDKs key their buckets by it as well.
-    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub partition: Option<String>,
     /// The quotas counted in other units than requests (OpenAI's and Anthropic's tokens, an
     /// IETF policy's `qu`), one per unit: what a request spends of them depends on the
     /// request, so the SDKs pace each on the cost the caller expects. The fields above are
     /// the requests quota.
-    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub quotas: Vec<UnitQuota>,
 }
 
 /// A quota counted in another unit than requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct UnitQuota {
     /// The unit: `tokens`, `input-tokens`, `output-tokens`, or an IETF `qu` such as
     /// `content-bytes`.

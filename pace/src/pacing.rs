@@ -61,8 +61,6 @@ pub use bucket::{BucketPacer, Cost};
 
 /// Tuning of a [`Pacer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 pub struct PacerConfig {
     /// Requests that may always go back to back, within the budget, before spreading.
     pub reserve: u64,

@@ -5,8 +5,9 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use sluice_core::headers::{
-    denial_body, format_headers, parse_headers, write_denial_body, write_headers, HeaderBuf, HeaderMode, Quota,
+    denial_body, format_headers, write_denial_body, write_headers, HeaderBuf, HeaderMode, Quota,
 };
+use sluice_pace::headers::parse_headers;
 
 /// A benchmark's name, the response status and its header lines.
 type Case<'a> = (&'a str, u16, &'a [(&'a str, &'a str)]);
