@@ -279,9 +279,13 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
         admitted as f64 <= 50.0 + 50.0 * (took + 1.0),
         "{admitted} admitted in {took:.1} s"
     );
+    // Stated against what the clients offered, not the clock alone: a loaded machine sends
+    // fewer requests in the same seconds, and none of them may be refused for nothing.
+    let due = (50.0 * took).min(codes.len() as f64);
     assert!(
-        admitted as f64 >= 0.8 * 50.0 * took,
-        "{admitted} admitted in {took:.1} s: the rate was lost"
+        admitted as f64 >= 0.8 * due,
+        "{admitted} admitted of {} offered in {took:.1} s: the rate was lost",
+        codes.len()
     );
     let denied_spent: u64 = chain
         .envoys
