@@ -355,6 +355,8 @@ impl<'a> Json<'a> {
                 members,
                 taken: 0,
                 error: None,
+                asked: [""; ASKED],
+                asked_len: 0,
             }),
             other => Err(other.expected("an object")),
         }
@@ -426,11 +428,22 @@ pub struct Fields<'j, 'a> {
     /// Bit `i`: member `i` was taken.
     taken: u64,
     error: Option<JsonError>,
+    /// The names asked for, present or not (the first [`ASKED`]): the fields this object may
+    /// have, for the error on an unknown one. A reader declares each field once, by asking.
+    asked: [&'static str; ASKED],
+    asked_len: usize,
 }
+
+/// Field names a [`Fields`] remembers for its error on an unknown field.
+const ASKED: usize = 32;
 
 impl<'j, 'a> Fields<'j, 'a> {
     /// The field `name`, if present (`null` counts as absent).
-    pub fn take(&mut self, name: &str) -> Option<&'j Json<'a>> {
+    pub fn take(&mut self, name: &'static str) -> Option<&'j Json<'a>> {
+        if let Some(slot) = self.asked.get_mut(self.asked_len) {
+            *slot = name;
+            self.asked_len += 1;
+        }
         let i = self.members.iter().position(|(k, _)| k == name)?;
         self.taken |= 1 << i;
         Some(&self.members[i].1).filter(|v| **v != Json::Null)
@@ -444,7 +457,7 @@ impl<'j, 'a> Fields<'j, 'a> {
 
     /// The field `name` read by `read`, or `None` when absent or unreadable (the error is
     /// kept for [`Fields::finish`]).
-    pub fn opt<T>(&mut self, name: &str, read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>) -> Option<T> {
+    pub fn opt<T>(&mut self, name: &'static str, read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>) -> Option<T> {
         let value = self.take(name)?;
         self.read(name, value, read)
     }
@@ -460,7 +473,11 @@ impl<'j, 'a> Fields<'j, 'a> {
 
     /// The field `name` read by `read`; when absent, an error for [`Fields::finish`] and
     /// a placeholder.
-    pub fn req<T: Default>(&mut self, name: &str, read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>) -> T {
+    pub fn req<T: Default>(
+        &mut self,
+        name: &'static str,
+        read: impl FnOnce(&'j Json<'a>) -> Result<T, JsonError>,
+    ) -> T {
         match self.take(name) {
             Some(value) => self.read(name, value, read).unwrap_or_default(),
             None => {
@@ -470,14 +487,15 @@ impl<'j, 'a> Fields<'j, 'a> {
         }
     }
 
-    /// An error for a field nobody took (naming the ones `expected`: a misspelt field is
-    /// likelier the cause than the required one it leaves missing), else the first error met.
-    pub fn finish(self, expected: &[&str]) -> Result<(), JsonError> {
+    /// An error for a field nobody took (naming the ones the reader asked for: a misspelt
+    /// field is likelier the cause than the required one it leaves missing), else the first
+    /// error met.
+    pub fn finish(self) -> Result<(), JsonError> {
         match (0..self.members.len()).find(|i| self.taken & (1 << i) == 0) {
             Some(i) => Err(JsonError::new(format!(
                 "unknown field `{}`, expected one of {}",
                 self.members[i].0,
-                expected.join(", ")
+                self.asked[..self.asked_len].join(", ")
             ))),
             None => self.finish_lenient(),
         }

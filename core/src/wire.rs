@@ -399,7 +399,7 @@ impl CheckResponse {
 }
 
 /// A number field of an answer, 0 when absent.
-fn number(f: &mut Fields<'_, '_>, name: &str) -> u64 {
+fn number(f: &mut Fields<'_, '_>, name: &'static str) -> u64 {
     f.opt(name, Json::u64).unwrap_or(0)
 }
 

@@ -144,32 +144,6 @@ pub struct OverrideSpec {
     pub until: String,
 }
 
-/// The JSON names of a rule's fields, for the error on an unknown one.
-const RULE_FIELDS: [&str; 22] = [
-    "name",
-    "by",
-    "path",
-    "methods",
-    "hosts",
-    "case_insensitive_paths",
-    "when_missing",
-    "tier",
-    "algorithm",
-    "limit",
-    "window",
-    "burst",
-    "failure",
-    "shaping",
-    "max_delay",
-    "shadow",
-    "lease",
-    "lease_ttl",
-    "global",
-    "global_ttl",
-    "on_global_unreachable",
-    "global_share",
-];
-
 impl RuleFile {
     /// Reads the JSON form, `{"rule": [...], "override": [...]}`, field for field as the
     /// TOML form is read.
@@ -179,7 +153,7 @@ impl RuleFile {
             rules: f.opt("rule", |v| v.each(RuleSpec::read)).unwrap_or_default(),
             overrides: f.opt("override", |v| v.each(OverrideSpec::read)).unwrap_or_default(),
         };
-        f.finish(&["rule", "override"]).map(|()| file)
+        f.finish().map(|()| file)
     }
 }
 
@@ -211,7 +185,7 @@ impl RuleSpec {
             on_global_unreachable: f.opt("on_global_unreachable", Json::string),
             global_share: f.opt("global_share", Json::u64),
         };
-        f.finish(&RULE_FIELDS).map(|()| spec)
+        f.finish().map(|()| spec)
     }
 }
 
@@ -224,6 +198,6 @@ impl OverrideSpec {
             limit: f.req("limit", Json::u64),
             until: f.req("until", Json::string),
         };
-        f.finish(&["rule", "identity", "limit", "until"]).map(|()| spec)
+        f.finish().map(|()| spec)
     }
 }

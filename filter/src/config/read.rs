@@ -24,8 +24,7 @@ impl Config {
             lease: f.opt("lease", Lease::read),
             debit: f.opt("debit", Debit::read),
         };
-        f.finish(&["check", "identities", "local", "failure", "headers", "lease", "debit"])
-            .map(|()| c)
+        f.finish().map(|()| c)
     }
 }
 
@@ -44,8 +43,7 @@ impl Lease {
             poll_ms: f.opt("poll_ms", Json::u64).unwrap_or_else(default_poll_ms),
             tick_ms: f.opt("tick_ms", Json::u64).unwrap_or_else(default_tick_ms),
         };
-        f.finish(&["rules_path", "lease_path", "poll_ms", "tick_ms"])
-            .map(|()| l)
+        f.finish().map(|()| l)
     }
 }
 
@@ -57,7 +55,7 @@ impl Debit {
             path: f.opt("path", Json::string).unwrap_or_else(default_debit_path),
             tick_ms: f.opt("tick_ms", Json::u64).unwrap_or_else(default_tick_ms),
         };
-        f.finish(&["header", "path", "tick_ms"]).map(|()| d)
+        f.finish().map(|()| d)
     }
 }
 
@@ -73,16 +71,7 @@ impl Check {
             token: f.opt("token", Json::string),
             token_header: f.opt("token_header", Json::string).unwrap_or_else(default_token_header),
         };
-        let fields = [
-            "cluster",
-            "authority",
-            "path",
-            "wait_path",
-            "timeout_ms",
-            "token",
-            "token_header",
-        ];
-        f.finish(&fields).map(|()| c)
+        f.finish().map(|()| c)
     }
 }
 
@@ -95,7 +84,7 @@ impl Identities {
             api_key: f.opt("api_key", Source::read),
             tier: f.opt("tier", Source::read),
         };
-        f.finish(&["ip", "user", "api_key", "tier"]).map(|()| i)
+        f.finish().map(|()| i)
     }
 }
 
@@ -107,7 +96,7 @@ impl IpSource {
             trusted_hops: f.opt("trusted_hops", Json::uint).unwrap_or(0),
             ipv6_prefix: f.opt("ipv6_prefix", Json::uint).unwrap_or_else(default_ipv6_prefix),
         };
-        f.finish(&["header", "trusted_hops", "ipv6_prefix"]).map(|()| ip)
+        f.finish().map(|()| ip)
     }
 }
 
@@ -118,7 +107,7 @@ impl Source {
             header: f.opt("header", Json::string),
             property: f.opt("property", |v| v.each(Json::string)),
         };
-        f.finish(&["header", "property"]).map(|()| s)
+        f.finish().map(|()| s)
     }
 }
 
@@ -131,7 +120,7 @@ impl Local {
             burst: f.req("burst", Json::u64),
             max_keys: f.opt("max_keys", Json::uint).unwrap_or_else(default_max_keys),
         };
-        f.finish(&["by", "rate_per_s", "burst", "max_keys"]).map(|()| l)
+        f.finish().map(|()| l)
     }
 }
 
@@ -145,7 +134,7 @@ impl Failure {
             fallback: f.opt("fallback", Rate::read).unwrap_or_default(),
             breaker: f.opt("breaker", BreakerConfig::read).unwrap_or_default(),
         };
-        f.finish(&["mode", "fallback", "breaker"]).map(|()| failure)
+        f.finish().map(|()| failure)
     }
 }
 
@@ -156,7 +145,7 @@ impl Rate {
             rate_per_s: f.req("rate_per_s", Json::u64),
             burst: f.req("burst", Json::u64),
         };
-        f.finish(&["rate_per_s", "burst"]).map(|()| r)
+        f.finish().map(|()| r)
     }
 }
 
@@ -167,6 +156,6 @@ impl BreakerConfig {
             failures: f.req("failures", Json::uint),
             cooldown_ms: f.req("cooldown_ms", Json::u64),
         };
-        f.finish(&["failures", "cooldown_ms"]).map(|()| b)
+        f.finish().map(|()| b)
     }
 }
