@@ -21,7 +21,7 @@ use crate::leases::MAX_ANSWER_BYTES;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::shared::Shared;
-use crate::stream::Stream;
+use crate::stream::{with_shared, Stream};
 
 /// The root context.
 #[derive(Default)]
@@ -33,7 +33,7 @@ impl Context for Root {
     /// The answer to a rules, lease or debit call of the timer's.
     fn on_http_call_response(&mut self, token: u32, _headers: usize, body: usize, _trailers: usize) {
         let Some(shared) = &self.shared else { return };
-        answered(&mut shared.borrow_mut(), &mut Abi, token, body, now_us());
+        with_shared(shared, |s| answered(s, &mut Abi, token, body, now_us()));
     }
 }
 
@@ -155,9 +155,10 @@ impl RootContext for Root {
     /// back what leases will not spend.
     fn on_tick(&mut self) {
         let Some(shared) = &self.shared else { return };
-        let s = &mut shared.borrow_mut();
-        send_debits(s, &mut Abi);
-        send_lease_calls(s, &mut Abi, now_us());
+        with_shared(shared, |s| {
+            send_debits(s, &mut Abi);
+            send_lease_calls(s, &mut Abi, now_us());
+        });
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

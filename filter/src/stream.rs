@@ -5,12 +5,29 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, LogLevel};
 
 use crate::clock::now_us;
 use crate::flow::Flow;
-use crate::host::{resume_request, Abi};
+use crate::host::{log, resume_request, Abi};
 use crate::shared::Shared;
+
+/// Runs `f` on the VM's shared state, borrowed for one callback; `None` (logged) when it is
+/// borrowed already — a host calling a context back from inside a host call, which neither
+/// Envoy (it posts a local reply) nor ngx_wasm_module (it sends one after the callback) does.
+/// A second borrow is never a panic, so never a trap.
+pub fn with_shared<R>(shared: &RefCell<Shared>, f: impl FnOnce(&mut Shared) -> R) -> Option<R> {
+    match shared.try_borrow_mut() {
+        Ok(mut s) => Some(f(&mut s)),
+        Err(_) => {
+            log(
+                LogLevel::Warn,
+                "sluice-filter: called back from inside a host call; this callback is skipped",
+            );
+            None
+        }
+    }
+}
 
 /// The HTTP context of one stream.
 pub struct Stream {
@@ -27,14 +44,13 @@ impl Stream {
     }
 }
 
-// The one `borrow_mut` of each callback ends with it; a host never calls a context back from
-// inside a host call (an answer comes in a callback of its own), so no two borrows overlap.
+// Each callback borrows the shared state once ([`with_shared`]); a skipped one lets the
+// request go on rather than hold it.
 impl Context for Stream {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
-        let go_on = self
-            .flow
-            .on_call_response(&mut self.shared.borrow_mut(), &mut Abi, now_us());
-        if go_on {
+        let flow = &mut self.flow;
+        let go_on = with_shared(&self.shared, |s| flow.on_call_response(s, &mut Abi, now_us()));
+        if go_on.unwrap_or(true) {
             resume_request();
         }
     }
@@ -42,15 +58,17 @@ impl Context for Stream {
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        self.flow
-            .on_request_headers(&mut self.shared.borrow_mut(), &mut Abi, now_us())
+        let flow = &mut self.flow;
+        with_shared(&self.shared, |s| flow.on_request_headers(s, &mut Abi, now_us())).unwrap_or(Action::Continue)
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        self.flow.on_response_headers(&mut self.shared.borrow_mut(), &mut Abi)
+        let flow = &mut self.flow;
+        with_shared(&self.shared, |s| flow.on_response_headers(s, &mut Abi)).unwrap_or(Action::Continue)
     }
 
     fn on_log(&mut self) {
-        self.flow.on_log(&mut self.shared.borrow_mut(), now_us());
+        let flow = &mut self.flow;
+        with_shared(&self.shared, |s| flow.on_log(s, now_us()));
     }
 }
