@@ -22,25 +22,20 @@ use crate::proxy::{Action, LogLevel};
 use crate::root::Root;
 use crate::stream::Stream;
 
-/// The VM's contexts, by id.
-#[derive(Default)]
-struct Contexts {
-    roots: BTreeMap<u32, Root>,
-    streams: BTreeMap<u32, Stream>,
+/// A context the host created: a plugin's root, or an HTTP stream's.
+enum Context {
+    Root(Root),
+    Stream(Stream),
 }
 
 thread_local! {
-    static CONTEXTS: RefCell<Contexts> = const {
-        RefCell::new(Contexts {
-            roots: BTreeMap::new(),
-            streams: BTreeMap::new(),
-        })
-    };
+    /// The VM's contexts, by id.
+    static CONTEXTS: RefCell<BTreeMap<u32, Context>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 /// Runs `f` on the contexts, for callback `id` (the context whose calls are its own
 /// meanwhile); `skipped` when a callback is running already.
-fn with_contexts<R>(id: u32, skipped: R, f: impl FnOnce(&mut Contexts) -> R) -> R {
+fn with_contexts<R>(id: u32, skipped: R, f: impl FnOnce(&mut BTreeMap<u32, Context>) -> R) -> R {
     CONTEXTS.with(|contexts| match contexts.try_borrow_mut() {
         Ok(mut contexts) => {
             host::calling(id);
@@ -58,12 +53,20 @@ fn with_contexts<R>(id: u32, skipped: R, f: impl FnOnce(&mut Contexts) -> R) -> 
 
 /// Runs `f` on stream `id`'s context, if there is one.
 fn with_stream<R>(id: u32, skipped: R, f: impl FnOnce(&mut Stream) -> R) -> R {
-    with_contexts(id, None, |c| c.streams.get_mut(&id).map(f)).unwrap_or(skipped)
+    with_contexts(id, None, |c| match c.get_mut(&id) {
+        Some(Context::Stream(stream)) => Some(f(stream)),
+        _ => None,
+    })
+    .unwrap_or(skipped)
 }
 
 /// Runs `f` on root context `id`, if there is one.
 fn with_root<R>(id: u32, skipped: R, f: impl FnOnce(&mut Root) -> R) -> R {
-    with_contexts(id, None, |c| c.roots.get_mut(&id).map(f)).unwrap_or(skipped)
+    with_contexts(id, None, |c| match c.get_mut(&id) {
+        Some(Context::Root(root)) => Some(f(root)),
+        _ => None,
+    })
+    .unwrap_or(skipped)
 }
 
 /// The module's start (a WASI reactor's): its static constructors.
@@ -96,16 +99,22 @@ pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
 pub extern "C" fn proxy_on_context_create(id: u32, root_id: u32) {
     with_contexts(id, (), |c| {
         if root_id == 0 {
-            c.roots.insert(id, Root::default());
+            c.insert(id, Context::Root(Root::default()));
             return;
         }
-        match c.roots.get(&root_id).and_then(Root::create_http_context) {
+        let stream = match c.get(&root_id) {
+            Some(Context::Root(root)) => root.create_http_context(),
+            _ => None,
+        };
+        match stream {
             Some(stream) => {
-                c.streams.insert(id, stream);
+                c.insert(id, Context::Stream(stream));
             }
             None => log(
                 LogLevel::Warn,
-                &format!("sluice-filter: no configured root context {root_id} for stream {id}; it is not limited"),
+                &format!(
+                    "sluice-filter: stream {id} is not limited: root context {root_id} is unknown or took no configuration"
+                ),
             ),
         }
     });
@@ -139,16 +148,10 @@ pub extern "C" fn proxy_on_response_headers(id: u32, _headers: usize, _end_of_st
 #[no_mangle]
 pub extern "C" fn proxy_on_http_call_response(_id: u32, token: u32, _headers: usize, body: usize, _trailers: usize) {
     let Some(id) = host::answered(token) else { return };
-    with_contexts(id, (), |c| {
-        if let Some(stream) = c.streams.get_mut(&id) {
-            if host::set_effective_context(id) {
-                stream.on_http_call_response();
-            }
-        } else if let Some(root) = c.roots.get_mut(&id) {
-            if host::set_effective_context(id) {
-                root.on_http_call_response(token, body);
-            }
-        }
+    with_contexts(id, (), |c| match c.get_mut(&id) {
+        Some(Context::Stream(stream)) if host::set_effective_context(id) => stream.on_http_call_response(),
+        Some(Context::Root(root)) if host::set_effective_context(id) => root.on_http_call_response(token, body),
+        _ => {}
     });
 }
 
@@ -165,9 +168,7 @@ pub extern "C" fn proxy_on_done(_id: u32) -> bool {
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(id: u32) {
     with_contexts(id, (), |c| {
-        if c.streams.remove(&id).is_none() {
-            c.roots.remove(&id);
-        }
+        c.remove(&id);
     });
 }
 
