@@ -90,21 +90,22 @@ const OK: u32 = 0;
 const BAD_ARGUMENT: u32 = 2;
 const INTERNAL_FAILURE: u32 = 10;
 
-/// The ABI's header maps (`MapType`), buffers (`BufferType`), metric kinds (`MetricType`)
-/// and streams (`StreamType`) the filter uses.
+/// The ABI's header maps (`MapType`), buffers (`BufferType`) and streams (`StreamType`)
+/// the filter uses.
 const HTTP_REQUEST_HEADERS: u32 = 0;
 const HTTP_RESPONSE_HEADERS: u32 = 2;
 const HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
 const HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const PLUGIN_CONFIGURATION: u32 = 7;
-/// A metric kind: `proxy_define_metric`'s `MetricType`.
+const HTTP_REQUEST: u32 = 0;
+
+/// A metric's kind (the ABI's `MetricType`).
 #[derive(Clone, Copy)]
 #[repr(u32)]
 pub enum MetricType {
     Counter = 0,
     Histogram = 2,
 }
-const HTTP_REQUEST: u32 = 0;
 
 /// Runs a host call that hands back bytes: `Some` on `Ok`, `None` on any other status.
 fn take_bytes(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Option<Vec<u8>> {
@@ -116,8 +117,8 @@ fn take_bytes(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Option<Vec<
         return Some(Vec::new());
     }
     // SAFETY: on `Ok` the host allocated `size` bytes at `data` with the module's
-    // `proxy_on_memory_allocate` (the SDK's: a boxed slice of exactly `size`), and they are
-    // the module's to free, as the SDK's wrappers take them.
+    // `proxy_on_memory_allocate` (`crate::exports`: a boxed slice of exactly `size`), and
+    // they are the module's to free.
     Some(unsafe { Vec::from_raw_parts(data, size, size) })
 }
 
@@ -255,8 +256,8 @@ pub fn answered(token: u32) -> Option<u32> {
 }
 
 /// Dispatches `method path` (with a JSON `body`, its credential and `extra` headers) to
-/// the check `service` from the context being called, whose callback gets the answer; the call's token,
-/// or why it did not go out.
+/// the check `service` from the context being called, whose callback gets the answer; the
+/// call's token, or why it did not go out.
 pub fn call(
     service: &Check,
     (method, path): (&str, &str),
@@ -306,8 +307,8 @@ pub fn call(
     }
 }
 
-/// Makes context `id` the one the host calls after this act for (a call's answer comes to
-/// the module, not to a context); whether the host took it.
+/// Tells the host that what the module does next is context `id`'s (a call's answer comes
+/// to the module, not to a context); whether the host took it.
 pub fn set_effective_context(id: u32) -> bool {
     // SAFETY: no pointers.
     let status = unsafe { abi::proxy_set_effective_context(id) };
