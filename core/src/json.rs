@@ -39,7 +39,11 @@ pub enum Json<'a> {
 /// What is wrong with a document, and where: the path of the field (`a.b[2].c`) or the
 /// byte offset of a syntax error.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JsonError {
+pub struct JsonError(Box<Where>);
+
+/// A [`JsonError`]'s parts, boxed: a reader's `Result` stays the size of its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Where {
     path: String,
     message: String,
     offset: Option<usize>,
@@ -48,53 +52,59 @@ pub struct JsonError {
 impl JsonError {
     /// An error about the value being read; the caller's [`Fields`] adds its path.
     pub fn new(message: impl Into<String>) -> JsonError {
-        JsonError {
+        JsonError(Box::new(Where {
             path: String::new(),
             message: message.into(),
             offset: None,
-        }
+        }))
+    }
+
+    fn at_byte(mut self, offset: usize) -> JsonError {
+        self.0.offset = Some(offset);
+        self
     }
 
     /// This error, found inside the member `name` of an object.
     pub fn within(mut self, name: &str) -> JsonError {
-        let sep = if self.path.is_empty() || self.path.starts_with('[') {
+        let sep = if self.0.path.is_empty() || self.0.path.starts_with('[') {
             ""
         } else {
             "."
         };
-        self.path = format!("{name}{sep}{}", self.path);
+        self.0.path = format!("{name}{sep}{}", self.0.path);
         self
     }
 
     fn at_index(mut self, i: usize) -> JsonError {
-        let sep = if self.path.is_empty() || self.path.starts_with('[') {
+        let sep = if self.0.path.is_empty() || self.0.path.starts_with('[') {
             ""
         } else {
             "."
         };
-        self.path = format!("[{i}]{sep}{}", self.path);
+        self.0.path = format!("[{i}]{sep}{}", self.0.path);
         self
     }
 
     /// The field's path, empty for the document itself.
     pub fn path(&self) -> &str {
-        &self.path
+        &self.0.path
     }
 
     /// Where in the text a syntax error is, in bytes.
     pub fn offset(&self) -> Option<usize> {
-        self.offset
+        self.0.offset
     }
 }
 
 impl fmt::Display for JsonError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(at) = self.offset {
-            write!(f, "{} at byte {at}", self.message)
-        } else if self.path.is_empty() {
-            f.write_str(&self.message)
+        let Where { path, message, offset } = &*self.0;
+        if let Some(at) = offset {
+            write!(f, "{message} at byte {at}")
+        } else if path.is_empty() {
+            f.write_str(message)
         } else {
-            write!(f, "{}: {}", self.path, self.message)
+            write!(f, "{path}: {message}")
         }
     }
 }
@@ -103,10 +113,7 @@ impl std::error::Error for JsonError {}
 
 /// Parses one JSON document (whitespace around it allowed, nothing else).
 pub fn parse(text: &[u8]) -> Result<Json<'_>, JsonError> {
-    let text = std::str::from_utf8(text).map_err(|e| JsonError {
-        offset: Some(e.valid_up_to()),
-        ..JsonError::new("not UTF-8")
-    })?;
+    let text = std::str::from_utf8(text).map_err(|e| JsonError::new("not UTF-8").at_byte(e.valid_up_to()))?;
     let mut p = Parser { text, at: 0 };
     let value = p.value(0)?;
     p.space();
@@ -130,10 +137,7 @@ impl<'a> Parser<'a> {
         } else {
             what.to_owned()
         };
-        JsonError {
-            offset: Some(self.at),
-            ..JsonError::new(message)
-        }
+        JsonError::new(message).at_byte(self.at)
     }
 
     fn peek(&self) -> Option<u8> {
@@ -144,6 +148,13 @@ impl<'a> Parser<'a> {
         while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
             self.at += 1;
         }
+    }
+
+    /// Steps over `b` if it comes next.
+    fn eat_byte(&mut self, b: u8) -> bool {
+        let found = self.peek() == Some(b);
+        self.at += usize::from(found);
+        found
     }
 
     fn eat(&mut self, word: &str) -> bool {
@@ -172,11 +183,12 @@ impl<'a> Parser<'a> {
 
     fn object(&mut self, depth: usize) -> Result<Json<'a>, JsonError> {
         self.at += 1;
-        let mut members: Vec<(Cow<'a, str>, Json<'a>)> = Vec::new();
         self.space();
-        if self.eat("}") {
-            return Ok(Json::Object(members));
+        if self.eat_byte(b'}') {
+            return Ok(Json::Object(Vec::new()));
         }
+        // Room for the objects the filter and the service read, without growing.
+        let mut members: Vec<(Cow<'a, str>, Json<'a>)> = Vec::with_capacity(8);
         loop {
             self.space();
             if self.peek() != Some(b'"') {
@@ -187,16 +199,16 @@ impl<'a> Parser<'a> {
                 return Err(self.fail(&format!("member {key:?} repeated")));
             }
             self.space();
-            if !self.eat(":") {
+            if !self.eat_byte(b':') {
                 return Err(self.fail("expected `:`"));
             }
             let value = self.value(depth)?;
             members.push((key, value));
             self.space();
-            if self.eat("}") {
+            if self.eat_byte(b'}') {
                 return Ok(Json::Object(members));
             }
-            if !self.eat(",") {
+            if !self.eat_byte(b',') {
                 return Err(self.fail("expected `,` or `}`"));
             }
         }
@@ -206,16 +218,16 @@ impl<'a> Parser<'a> {
         self.at += 1;
         let mut items = Vec::new();
         self.space();
-        if self.eat("]") {
+        if self.eat_byte(b']') {
             return Ok(Json::Array(items));
         }
         loop {
             items.push(self.value(depth)?);
             self.space();
-            if self.eat("]") {
+            if self.eat_byte(b']') {
                 return Ok(Json::Array(items));
             }
-            if !self.eat(",") {
+            if !self.eat_byte(b',') {
                 return Err(self.fail("expected `,` or `]`"));
             }
         }
@@ -228,7 +240,7 @@ impl<'a> Parser<'a> {
 
     fn number(&mut self) -> Result<Json<'a>, JsonError> {
         let start = self.at;
-        self.eat("-");
+        self.eat_byte(b'-');
         let digits = |p: &mut Parser<'a>| {
             let from = p.at;
             while matches!(p.peek(), Some(b'0'..=b'9')) {
@@ -241,13 +253,13 @@ impl<'a> Parser<'a> {
         if whole == 0 || (first == Some(b'0') && whole > 1) {
             return Err(self.bad_number(start));
         }
-        if self.eat(".") && digits(self) == 0 {
+        if self.eat_byte(b'.') && digits(self) == 0 {
             return Err(self.bad_number(start));
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.at += 1;
-            if !self.eat("+") {
-                self.eat("-");
+            if !self.eat_byte(b'+') {
+                self.eat_byte(b'-');
             }
             if digits(self) == 0 {
                 return Err(self.bad_number(start));
@@ -583,30 +595,30 @@ pub fn write_each<T>(out: &mut String, items: &[T], mut write: impl FnMut(&mut S
 
 /// Appends `s` to `out` as a JSON string, quoted and escaped.
 pub fn write_str(out: &mut String, s: &str) {
+    out.reserve(s.len() + 2);
     out.push('"');
-    let mut plain = 0; // start of the run not yet copied
-    for (i, b) in s.bytes().enumerate() {
-        let escape = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(&s[plain..i]);
-        plain = i + 1;
-        if escape.is_empty() {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
-        } else {
-            out.push_str(escape);
+    let mut rest = s;
+    while let Some(i) = rest.bytes().position(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        // `i` is an ASCII byte's index: a character boundary on both sides.
+        let (plain, tail) = rest.split_at(i);
+        out.push_str(plain);
+        let b = tail.as_bytes().first().copied().unwrap_or(b' ');
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.push_str("\\u00");
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xf)]));
+            }
         }
+        rest = tail.get(1..).unwrap_or("");
     }
-    out.push_str(&s[plain..]);
+    out.push_str(rest);
     out.push('"');
 }
 

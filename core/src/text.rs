@@ -10,26 +10,44 @@ pub fn truncate(s: &str, max_bytes: usize) -> &str {
     s.get(..end).unwrap_or("")
 }
 
-/// Appends the decimal digits of `n` (no formatting machinery).
+/// Appends the decimal digits of `n` (no formatting machinery: two digits a step, from a
+/// table, as `itoa` does).
 pub fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        if let Some(d) = digits.get_mut(i) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || i == 0 {
-            break;
-        }
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut buf = [b'0'; 20]; // u64::MAX has 20 digits
+    let mut at = buf.len();
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
     }
-    out.push_str(std::str::from_utf8(digits.get(i..).unwrap_or(&[])).unwrap_or(""));
+    if n >= 10 {
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[n as usize * 2..n as usize * 2 + 2]);
+    } else {
+        at -= 1;
+        buf[at] = b'0' + n as u8;
+    }
+    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or("0"));
 }
 
 #[cfg(test)]
 mod tests {
     use super::truncate;
+
+    #[test]
+    fn writes_every_width_of_number() {
+        for n in [0, 7, 10, 42, 99, 100, 101, 999, 1_000, 65_536, 1_790_000_031, u64::MAX] {
+            let mut out = String::from("x");
+            super::push_u64(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
+    }
 
     #[test]
     fn cuts_on_character_boundaries() {
