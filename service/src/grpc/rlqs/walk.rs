@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use sluice_core::lease::lease_end;
 use sluice_core::lease::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
 use sluice_core::rules::{Rule, RuleSet};
-use sluice_core::time::instant_ms;
 use sluice_core::Micros;
 
 use super::assign::{self, Strategy, SECOND_MS};
@@ -105,7 +104,7 @@ pub(super) struct Walk<'a> {
 impl Walk<'_> {
     /// What bucket `b` (id `key`) needs; `room`: whether this tick can take one more grant.
     pub(super) fn step(&self, key: &BucketKey, b: &mut Bucket, room: bool) -> Step {
-        let now_ms = instant_ms(self.now_us);
+        let now_ms = self.now_us.instant_ms();
         if now_ms.saturating_sub(b.used_at_ms) >= self.idle_ms {
             return Step::Drop(action::abandon(key));
         }
@@ -152,7 +151,7 @@ impl Walk<'_> {
 /// quota want `total` a second.
 fn planned(rule: &Rule, demand_per_s: u64, total: Option<u64>) -> Strategy {
     let total = total.unwrap_or(demand_per_s);
-    assign::plan_shared(demand_per_s, total, room(rule), ttl_us(rule) / 1_000_000)
+    assign::plan_shared(demand_per_s, total, room(rule), assignment_ttl(rule) / Micros::SECOND)
 }
 
 /// The grant bucket `b` of `rule`/`identity` needs now (`None`: none can be made before its
@@ -171,10 +170,10 @@ fn ask(
     outgrown: bool,
     now_us: Micros,
 ) -> Option<Due> {
-    let now_ms = instant_ms(now_us);
+    let now_ms = now_us.instant_ms();
     let rule = r.name.as_str();
     let limit = rules.limit_for(r, identity, now_ms);
-    let ttl_s = (lease_end(&limit, now_us, ttl_us(r)) - now_us) / 1_000_000;
+    let ttl_s = (lease_end(&limit, now_us, assignment_ttl(r)) - now_us) / Micros::SECOND;
     if ttl_s == 0 {
         return None; // the last second of a window: the next window pays for what follows
     }
@@ -219,9 +218,9 @@ fn ask(
 
 /// How long an assignment of `rule` lasts: its `lease_ttl` in whole seconds (Envoy reads no
 /// finer), at least one.
-pub(super) fn ttl_us(rule: &Rule) -> Micros {
-    let ttl = rule.lease_ttl.unwrap_or(1_000_000);
-    (ttl / 1_000_000).max(1) * 1_000_000
+pub(super) fn assignment_ttl(rule: &Rule) -> Micros {
+    let ttl = rule.lease_ttl.unwrap_or(Micros::SECOND);
+    (ttl / Micros::SECOND).max(1) * Micros::SECOND
 }
 
 /// The demand a bucket's first assignment is sized for: an eighth of the rule's rate, so a
