@@ -117,8 +117,8 @@ impl RateLimitService for RateLimiter {
         let asked = validate(&req)?;
         let node = &*self.node;
         let _timer = node.metrics.time_check(Api::GrpcRls);
-        let now_us = node.clock.now();
-        let now_ms = now_us.instant_ms();
+        let now = node.clock.now();
+        let now_ms = now.instant_ms();
         let descriptors = node.descriptors();
         let limits = limits_of(&descriptors, &req.domain, &asked);
         let mut statuses: Vec<DescriptorStatus> = asked.iter().map(|_| ok_status()).collect();

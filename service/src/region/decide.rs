@@ -32,8 +32,8 @@ enum Plan {
 /// decisions; a limit's stays `None` when it was not counted because a global rule refused
 /// the request first. Returns `true` when the global store could not be reached and a rule's
 /// `on_global_unreachable` decided (the answer's `degraded`).
-pub async fn decide(node: &Node, region: &Region, matched: &mut [Matched<'_>], now_us: Micros) -> bool {
-    let now_ms = now_us.instant_ms();
+pub async fn decide(node: &Node, region: &Region, matched: &mut [Matched<'_>], now: Micros) -> bool {
+    let now_ms = now.instant_ms();
     let cost = matched.first().map_or(1, |m| m.target.cost);
     let planned = match plan(region, matched, cost, now_ms) {
         Plan::Cold(refused) if region.link_up() => wait_cold(node, region, matched, cost, refused).await,

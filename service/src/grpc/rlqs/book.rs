@@ -180,11 +180,11 @@ impl Book {
 
     /// One tick: the due buckets' grants in one store exchange, then every stream's actions.
     pub async fn tick(&self) {
-        let now_us = self.node.clock.now();
-        let now_ms = now_us.instant_ms();
+        let now = self.node.clock.now();
+        let now_ms = now.instant_ms();
         let (rules, _) = self.node.rules_in_force();
         self.tell_demands(now_ms).await;
-        let (due, mut answers) = self.due(&rules, now_us);
+        let (due, mut answers) = self.due(&rules, now);
         if !due.is_empty() {
             self.exchange(&rules, due, now_ms, &mut answers).await;
         }
@@ -295,7 +295,7 @@ impl Book {
     }
 
     /// The grants due now, and the actions that need none (abandons and blankets), by stream.
-    fn due(&self, rules: &Arc<RuleSet>, now_us: Micros) -> (Vec<Due>, HashMap<u64, Vec<action::Action>>) {
+    fn due(&self, rules: &Arc<RuleSet>, now: Micros) -> (Vec<Due>, HashMap<u64, Vec<action::Action>>) {
         let mut state = self.state();
         let rules_changed = !state.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, rules));
         state.rules = Some(rules.clone());
@@ -309,8 +309,8 @@ impl Book {
         let walk = Walk {
             rules,
             shares,
-            now_us,
-            asking: now_us.instant_ms() >= *retry_at_ms,
+            now,
+            asking: now.instant_ms() >= *retry_at_ms,
             unknown: self.unknown,
             idle_ms: self.limits.idle_ms,
         };

@@ -94,7 +94,7 @@ pub(super) struct Walk<'a> {
     pub(super) rules: &'a RuleSet,
     /// What every node's buckets want of a quota, a second, as last heard from the store.
     pub(super) shares: &'a HashMap<String, Share>,
-    pub(super) now_us: Micros,
+    pub(super) now: Micros,
     /// Whether grants may be asked for (not while backing off a failed exchange).
     pub(super) asking: bool,
     pub(super) unknown: UnknownBuckets,
@@ -104,7 +104,7 @@ pub(super) struct Walk<'a> {
 impl Walk<'_> {
     /// What bucket `b` (id `key`) needs; `room`: whether this tick can take one more grant.
     pub(super) fn step(&self, key: &BucketKey, b: &mut Bucket, room: bool) -> Step {
-        let now_ms = self.now_us.instant_ms();
+        let now_ms = self.now.instant_ms();
         if now_ms.saturating_sub(b.used_at_ms) >= self.idle_ms {
             return Step::Drop(action::abandon(key));
         }
@@ -143,7 +143,7 @@ impl Walk<'_> {
         if !(renew && self.asking && room) {
             return Step::Keep;
         }
-        ask(self.rules, r, &identity, b, planned, outgrown, self.now_us).map_or(Step::Keep, Step::Ask)
+        ask(self.rules, r, &identity, b, planned, outgrown, self.now).map_or(Step::Keep, Step::Ask)
     }
 }
 
@@ -168,12 +168,12 @@ fn ask(
     b: &Bucket,
     planned: Strategy,
     outgrown: bool,
-    now_us: Micros,
+    now: Micros,
 ) -> Option<Due> {
-    let now_ms = now_us.instant_ms();
+    let now_ms = now.instant_ms();
     let rule = r.name.as_str();
     let limit = rules.limit_for(r, identity, now_ms);
-    let ttl_s = (lease_end(&limit, now_us, assignment_ttl(r)) - now_us) / Micros::SECOND;
+    let ttl_s = (lease_end(&limit, now, assignment_ttl(r)) - now) / Micros::SECOND;
     if ttl_s == 0 {
         return None; // the last second of a window: the next window pays for what follows
     }
