@@ -111,19 +111,14 @@ mod tests {
 
     #[test]
     fn lifecycle() {
-        let mut b = Breaker::new(2, Micros::new(1_000_000));
+        let mut b = Breaker::new(2, Micros::SECOND);
         b.failure(Micros::ZERO);
         assert!(b.allow(Micros::ZERO));
         b.failure(Micros::ZERO);
-        assert_eq!(
-            b.state(),
-            BreakerState::Open {
-                until: Micros::new(1_000_000)
-            }
-        );
+        assert_eq!(b.state(), BreakerState::Open { until: Micros::SECOND });
         assert!(!b.allow(Micros::new(999_999)));
-        assert!(b.allow(Micros::new(1_000_000)));
-        assert!(!b.allow(Micros::new(1_000_000)), "one probe only");
+        assert!(b.allow(Micros::SECOND));
+        assert!(!b.allow(Micros::SECOND), "one probe only");
         b.failure(Micros::new(1_000_001));
         assert!(!b.allow(Micros::new(1_500_000)));
         assert!(b.allow(Micros::new(2_000_001)));
@@ -153,9 +148,9 @@ mod tests {
 
     #[test]
     fn a_released_probe_lets_the_next_call_probe() {
-        let mut b = Breaker::new(1, Micros::new(1_000_000));
+        let mut b = Breaker::new(1, Micros::SECOND);
         b.failure(Micros::ZERO);
-        assert!(b.allow(Micros::new(1_000_000)), "the probe");
+        assert!(b.allow(Micros::SECOND), "the probe");
         assert!(!b.allow(Micros::new(1_000_001)));
         b.release_probe(Micros::new(1_000_002));
         assert!(b.allow(Micros::new(1_000_002)), "a new probe");

@@ -278,7 +278,7 @@ fn a_cluster_check_is_one_call_per_slot_and_hashes_slots_as_redis_does() {
         let store = RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT))
             .await
             .unwrap();
-        let limit = Limit::builder(Algorithm::Gcra, 1_000, Micros::new(86_400_000_000))
+        let limit = Limit::builder(Algorithm::Gcra, 1_000, Micros::from_secs(86_400))
             .build()
             .unwrap();
         let (a, b, c) = (
@@ -410,7 +410,7 @@ async fn four_nodes(url: &str) -> Vec<Arc<RedisStore>> {
 
 /// 4 stores (separate connections, as 4 nodes) × 16 clients each hammer one key.
 async fn admitted_by_64_clients(url: &str, algorithm: Algorithm, key: &str) -> u64 {
-    let limit = Limit::builder(algorithm, 1_000, Micros::new(86_400_000_000))
+    let limit = Limit::builder(algorithm, 1_000, Micros::from_secs(86_400))
         .build()
         .unwrap();
     let stores = four_nodes(url).await;
@@ -551,7 +551,7 @@ fn every_key_gets_a_ttl_and_a_function_flush_is_survived() {
             .await
             .unwrap();
         for a in Algorithm::ALL {
-            let limit = Limit::builder(a, 5, Micros::new(60_000_000)).build().unwrap();
+            let limit = Limit::builder(a, 5, Micros::from_secs(60)).build().unwrap();
             assert!(
                 store
                     .decide(&format!("sluice:{{ttl:{a}}}"), &limit, 1)
@@ -569,7 +569,7 @@ fn every_key_gets_a_ttl_and_a_function_flush_is_survived() {
         }
         server.cli(&["script", "flush"]);
         server.cli(&["function", "flush"]);
-        let limit = Limit::builder(Algorithm::Gcra, 5, Micros::new(60_000_000))
+        let limit = Limit::builder(Algorithm::Gcra, 5, Micros::from_secs(60))
             .build()
             .unwrap();
         assert!(
@@ -591,7 +591,7 @@ fn a_dead_redis_fails_fast_and_a_restarted_one_is_used_again() {
         let store = RedisStore::connect(&server.url(), RedisOptions::new(Duration::from_millis(200)))
             .await
             .unwrap();
-        let limit = Limit::builder(Algorithm::FixedWindow, 100, Micros::new(60_000_000))
+        let limit = Limit::builder(Algorithm::FixedWindow, 100, Micros::from_secs(60))
             .build()
             .unwrap();
         assert!(store.decide("sluice:{k}", &limit, 1).await.is_ok());
@@ -626,18 +626,15 @@ fn leases_work_on_a_cluster() {
         let store = RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT))
             .await
             .unwrap();
-        let limit = Limit::builder(Algorithm::FixedWindow, 10, Micros::new(3_600_000_000))
+        let limit = Limit::builder(Algorithm::FixedWindow, 10, Micros::from_secs(3_600))
             .build()
             .unwrap();
         for n in 0..12 {
             let key = keys::limit("leased", &format!("id{n}"));
-            let g = store.grant(&key, &limit, (8, Micros::new(1_000_000)), 1).await.unwrap();
+            let g = store.grant(&key, &limit, (8, Micros::SECOND), 1).await.unwrap();
             assert_eq!(g.units, 8, "{key}");
             assert_eq!(store.give_back(&key, &limit, 1, 5).await.unwrap(), 5, "{key}");
-            let again = store
-                .grant(&key, &limit, (10, Micros::new(1_000_000)), 2)
-                .await
-                .unwrap();
+            let again = store.grant(&key, &limit, (10, Micros::SECOND), 2).await.unwrap();
             assert_eq!(again.units, 7, "{key}: 10 - 8 + 5");
         }
     });
@@ -733,7 +730,7 @@ fn a_user_without_the_right_to_load_functions_decides_as_the_script() {
         let url = format!("redis://checker:secret@127.0.0.1:{}", server.port());
         let store = RedisStore::connect(&url, RedisOptions::new(TIMEOUT)).await.unwrap();
         assert_eq!(store.engine(), Some(Engine::Script));
-        let limit = Limit::builder(Algorithm::FixedWindow, 2, Micros::new(60_000_000))
+        let limit = Limit::builder(Algorithm::FixedWindow, 2, Micros::from_secs(60))
             .build()
             .unwrap();
         let allowed: Vec<bool> = [0; 3]
@@ -779,7 +776,7 @@ fn checks_during_a_live_reshard_are_answered_and_counted_exactly() {
         ))
         .unwrap(),
     );
-    let limit = Limit::builder(Algorithm::FixedWindow, 1_000_000, Micros::new(86_400_000_000))
+    let limit = Limit::builder(Algorithm::FixedWindow, 1_000_000, Micros::from_secs(86_400))
         .build()
         .unwrap();
     let identities = 300;

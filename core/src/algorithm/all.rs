@@ -123,10 +123,10 @@ mod tests {
             }];
             let (mut states, mut single) = ([State::Fresh], State::Fresh);
             for t in 0..6 {
-                let all = decide_all(&parts, &mut states, Micros::new(t * 1_000));
+                let all = decide_all(&parts, &mut states, Micros::from_ms(t));
                 assert_eq!(
                     all[0],
-                    l.decide(&mut single, Micros::new(t * 1_000), 1),
+                    l.decide(&mut single, Micros::from_ms(t), 1),
                     "{algorithm} at {t} ms"
                 );
                 assert_eq!(states[0], single, "{algorithm} at {t} ms");

@@ -84,7 +84,7 @@ fn fixed_window_resets_at_the_aligned_boundary() {
         (d.allowed, d.retry_after, d.reset_after),
         (false, Micros::new(300_000), Micros::new(300_000))
     );
-    assert!(l.decide(&mut s, Micros::new(2_000_000), 1).allowed);
+    assert!(l.decide(&mut s, Micros::from_secs(2), 1).allowed);
 }
 
 #[test]
@@ -95,8 +95,8 @@ fn sliding_window_log_frees_the_oldest_entry_first() {
     assert!(l.decide(&mut s, Micros::new(400_000), 1).allowed);
     let d = l.decide(&mut s, Micros::new(500_000), 1);
     assert_eq!((d.allowed, d.retry_after), (false, Micros::new(500_000)));
-    assert!(l.decide(&mut s, Micros::new(1_000_000), 1).allowed);
-    assert!(!l.decide(&mut s, Micros::new(1_000_000), 1).allowed);
+    assert!(l.decide(&mut s, Micros::SECOND, 1).allowed);
+    assert!(!l.decide(&mut s, Micros::SECOND, 1).allowed);
 }
 
 #[test]

@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn a_full_lease_table_refuses_grants_it_cannot_record_and_makes_room_as_leases_end() {
         let store = MemoryStore::new(16);
-        let limit = Limit::builder(Algorithm::FixedWindow, 1_000, Micros::new(3_600_000_000))
+        let limit = Limit::builder(Algorithm::FixedWindow, 1_000, Micros::from_secs(3_600))
             .build()
             .unwrap();
         let ttl = 60_000_000;
@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn memory_stays_bounded_under_a_flood_of_distinct_keys() {
         let store = MemoryStore::new(SHARDS * 100);
-        let limit = Limit::builder(Algorithm::TokenBucket, 10, Micros::new(60_000_000))
+        let limit = Limit::builder(Algorithm::TokenBucket, 10, Micros::from_secs(60))
             .build()
             .unwrap();
         for i in 0..100_000 {
@@ -374,12 +374,12 @@ mod tests {
     #[test]
     fn expired_state_is_fresh_again_and_swept() {
         let store = MemoryStore::new(1_000);
-        let limit = Limit::builder(Algorithm::FixedWindow, 1, Micros::new(1_000_000))
+        let limit = Limit::builder(Algorithm::FixedWindow, 1, Micros::SECOND)
             .build()
             .unwrap();
         assert!(decide(&store, "k", &limit, Micros::new(1)));
         assert!(!decide(&store, "k", &limit, Micros::new(10)));
-        assert!(decide(&store, "k", &limit, Micros::new(1_000_000)));
+        assert!(decide(&store, "k", &limit, Micros::SECOND));
         assert_eq!(store.len(), 1);
         // The real clock again, far past these test times: swept.
         store.clock().set(None);
@@ -389,10 +389,10 @@ mod tests {
     #[test]
     fn several_keys_stay_all_or_nothing_under_concurrency() {
         let store = MemoryStore::new(10_000);
-        let shared = Limit::builder(Algorithm::SlidingWindowLog, 1_000, Micros::new(60_000_000))
+        let shared = Limit::builder(Algorithm::SlidingWindowLog, 1_000, Micros::from_secs(60))
             .build()
             .unwrap();
-        let per_user = Limit::builder(Algorithm::FixedWindow, 20, Micros::new(60_000_000))
+        let per_user = Limit::builder(Algorithm::FixedWindow, 20, Micros::from_secs(60))
             .build()
             .unwrap();
         let passed = std::sync::atomic::AtomicU64::new(0);
@@ -421,10 +421,10 @@ mod tests {
     #[test]
     fn several_keys_are_all_or_nothing_and_a_peek_keeps_nothing() {
         let store = MemoryStore::new(1_000);
-        let ten = Limit::builder(Algorithm::SlidingWindowLog, 10, Micros::new(1_000_000))
+        let ten = Limit::builder(Algorithm::SlidingWindowLog, 10, Micros::SECOND)
             .build()
             .unwrap();
-        let one = Limit::builder(Algorithm::TokenBucket, 1, Micros::new(1_000_000))
+        let one = Limit::builder(Algorithm::TokenBucket, 1, Micros::SECOND)
             .build()
             .unwrap();
         let items = [item("wide", &ten), item("narrow", &one)];
