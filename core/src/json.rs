@@ -7,9 +7,9 @@
 //! names the field's whole path (`failure.breaker.cooldown_ms: expected an unsigned
 //! integer, found a string`). Depth is bounded: no input can exhaust the stack.
 //!
-//! The service reads what proxies send with serde (its own types derive `Deserialize`);
-//! what it sends, the filter reads with this module, and the tests of each type read one
-//! side with the other.
+//! The wire types of the check and lease calls have this one codec on both sides: the
+//! filter writes requests and reads answers with it, the service reads requests and writes
+//! answers with it. [`Object`] writes an object member by member.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -122,10 +122,17 @@ struct Parser<'a> {
 }
 
 impl<'a> Parser<'a> {
+    /// An error at the current byte; at the end of the text, it says so (a document cut
+    /// short is the likeliest cause).
     fn fail(&self, what: &str) -> JsonError {
+        let message = if self.at >= self.text.len() {
+            format!("{what}, found the end")
+        } else {
+            what.to_owned()
+        };
         JsonError {
             offset: Some(self.at),
-            ..JsonError::new(what)
+            ..JsonError::new(message)
         }
     }
 
@@ -158,7 +165,7 @@ impl<'a> Parser<'a> {
             _ if self.eat("true") => Ok(Json::Bool(true)),
             _ if self.eat("false") => Ok(Json::Bool(false)),
             _ if self.eat("null") => Ok(Json::Null),
-            None => Err(self.fail("expected a value, found the end")),
+            None => Err(self.fail("expected a value")),
             _ => Err(self.fail("expected a value")),
         }
     }
@@ -506,6 +513,72 @@ impl<'j, 'a> Fields<'j, 'a> {
     pub fn finish_lenient(self) -> Result<(), JsonError> {
         self.error.map_or(Ok(()), Err)
     }
+}
+
+/// Writes a JSON object into a string, member by member: `{"a":1,"b":"x"}`. A member's
+/// value that is not a number, a boolean or a string is written by the caller after
+/// [`Object::key`], into [`Object::out`].
+pub struct Object<'o> {
+    out: &'o mut String,
+    empty: bool,
+}
+
+impl<'o> Object<'o> {
+    /// Opens an object at the end of `out`.
+    pub fn new(out: &'o mut String) -> Object<'o> {
+        out.push('{');
+        Object { out, empty: true }
+    }
+
+    /// Starts the member `name`: its value comes next.
+    pub fn key(&mut self, name: &str) {
+        if !self.empty {
+            self.out.push(',');
+        }
+        self.empty = false;
+        write_str(self.out, name);
+        self.out.push(':');
+    }
+
+    /// The string being written, for a value [`Object::key`] started.
+    pub fn out(&mut self) -> &mut String {
+        self.out
+    }
+
+    /// The member `name`: `n`.
+    pub fn u64(&mut self, name: &str, n: u64) {
+        self.key(name);
+        crate::text::push_u64(self.out, n);
+    }
+
+    /// The member `name`: `true` or `false`.
+    pub fn bool(&mut self, name: &str, b: bool) {
+        self.key(name);
+        self.out.push_str(if b { "true" } else { "false" });
+    }
+
+    /// The member `name`: the string `s`.
+    pub fn str(&mut self, name: &str, s: &str) {
+        self.key(name);
+        write_str(self.out, s);
+    }
+
+    /// Closes the object.
+    pub fn end(self) {
+        self.out.push('}');
+    }
+}
+
+/// Appends `items` to `out` as a JSON array, each written by `write`.
+pub fn write_each<T>(out: &mut String, items: &[T], mut write: impl FnMut(&mut String, &T)) {
+    out.push('[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write(out, item);
+    }
+    out.push(']');
 }
 
 /// Appends `s` to `out` as a JSON string, quoted and escaped.

@@ -27,15 +27,14 @@
 //! retrying — is `sluice-pace` (`pace/`), over this crate.
 //!
 //! **Basics** — everyone: [`time`] (microseconds and the conversions at the edges),
-//! [`text`] (UTF-8-safe truncation) and [`json`] (the small JSON reader and writer with which
-//! the filter reads its configuration and the service's answers, and writes its calls).
+//! [`text`] (UTF-8-safe truncation) and [`json`] (the small JSON reader and writer: the one
+//! codec of the check and lease calls, on both sides, and the filter's configuration).
 //!
 //! # Features
 //!
-//! - `serde`: serde derives on the wire, rules and client types; the service's side of the
-//!   wire (`CheckRequest::from_json`, `LeaseRequest::from_json`, `RuleSet::to_json`) through
-//!   serde_json. Off by default: the filter and the SDKs compile no
-//!   serde at all (`scripts/test` fails if the filter's dependencies ever name it).
+//! - `serde`: serde derives on the rules and client types, and `RuleSet::to_json` through
+//!   serde_json. Off by default: the filter and the SDKs compile no serde at all
+//!   (`scripts/test` fails if the filter's dependencies ever name it).
 //! - `toml` (with `serde`): reading and writing TOML rule files, the service's.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

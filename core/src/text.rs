@@ -10,6 +10,23 @@ pub fn truncate(s: &str, max_bytes: usize) -> &str {
     s.get(..end).unwrap_or("")
 }
 
+/// Appends the decimal digits of `n` (no formatting machinery).
+pub fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        if let Some(d) = digits.get_mut(i) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(digits.get(i..).unwrap_or(&[])).unwrap_or(""));
+}
+
 #[cfg(test)]
 mod tests {
     use super::truncate;

@@ -48,60 +48,24 @@ pub fn check_method(method: &str) -> &str {
 #[error("{0}")]
 pub struct WireError(pub String);
 
-#[cfg(feature = "serde")]
-fn one() -> u64 {
-    1
-}
-
-/// Deserializers that put the field's name in front of a type error.
-#[cfg(feature = "serde")]
-mod named {
-    use std::collections::BTreeMap;
-
-    use serde::de::{Deserialize, Deserializer, Error};
-
-    fn field<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D, name: &str) -> Result<T, D::Error> {
-        T::deserialize(d).map_err(|e| D::Error::custom(format_args!("field `{name}`: {e}")))
-    }
-    pub fn identities<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
-        field(d, "identities")
-    }
-    pub fn method<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-        field(d, "method")
-    }
-    pub fn path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-        field(d, "path")
-    }
-    pub fn cost<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        field(d, "cost")
-    }
-}
-
 /// `POST /v1/check` request body.
 ///
 /// `{"identities": {"ip": "203.0.113.9", "user": "42"}, "method": "GET", "path": "/api/search", "cost": 1}`
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct CheckRequest {
     /// Identity name (`ip`, `user`, `api_key`, `tier`, `header:<name>`) → value; at most
     /// [`MAX_IDENTITIES`], keys 1 to [`MAX_IDENTITY_BYTES`] bytes, values at most that.
-    #[cfg_attr(feature = "serde", serde(deserialize_with = "named::identities"))]
     pub identities: BTreeMap<String, String>,
     /// HTTP method of the request being limited: an HTTP token of 1 to [`MAX_METHOD_BYTES`] bytes.
-    #[cfg_attr(feature = "serde", serde(deserialize_with = "named::method"))]
     pub method: String,
     /// Path of the request being limited: 1 to [`MAX_PATH_BYTES`] bytes.
-    #[cfg_attr(feature = "serde", serde(deserialize_with = "named::path"))]
     pub path: String,
     /// The request's weight, 0..=[`MAX_COST`]; default 1. Cost 0 is a peek: what a request
     /// would get now, spending nothing.
-    #[cfg_attr(feature = "serde", serde(default = "one", deserialize_with = "named::cost"))]
     pub cost: u64,
     /// The request's host (its `Host`/`:authority`; a port is ignored), for rules naming
     /// `hosts`: 1 to [`MAX_HOST_BYTES`] printable bytes. Absent, only rules naming no host
     /// apply.
-    #[cfg_attr(feature = "serde", serde(default))]
     pub host: Option<String>,
 }
 
@@ -110,41 +74,46 @@ impl CheckRequest {
     ///
     /// Every error message starts `invalid check request: ` for JSON problems (naming the
     /// field where there is one, or listing the expected fields for an unknown one) and
-    /// names the field and the limit otherwise. (With the `serde` feature: the service's.)
-    #[cfg(feature = "serde")]
+    /// names the field and the limit otherwise.
     pub fn from_json(body: &[u8]) -> Result<CheckRequest, WireError> {
         if !matches!(body.trim_ascii_start().first(), Some(b'{') | None) {
             return Err(WireError("invalid check request: expected a JSON object".into()));
         }
-        let req: CheckRequest =
-            serde_json::from_slice(body).map_err(|e| WireError(format!("invalid check request: {e}")))?;
+        let read = |doc: &Json<'_>| {
+            let mut f = doc.object()?;
+            let req = CheckRequest {
+                identities: f.req("identities", read_identities),
+                method: f.req("method", Json::string),
+                path: f.req("path", Json::string),
+                cost: f.opt("cost", Json::u64).unwrap_or(1),
+                host: f.opt("host", Json::string),
+            };
+            f.finish().map(|()| req)
+        };
+        let req = json::parse(body)
+            .and_then(|doc| read(&doc))
+            .map_err(|e| WireError(format!("invalid check request: {e}")))?;
         req.validate()?;
         Ok(req)
     }
 
-    /// The request as JSON, for the service's [`CheckRequest::from_json`].
+    /// The request as JSON, as [`CheckRequest::from_json`] reads it.
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(96 + self.path.len());
-        out.push_str("{\"identities\":{");
-        for (i, (k, v)) in self.identities.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            json::write_str(&mut out, k);
-            out.push(':');
-            json::write_str(&mut out, v);
+        let mut o = json::Object::new(&mut out);
+        o.key("identities");
+        let mut identities = json::Object::new(o.out());
+        for (k, v) in &self.identities {
+            identities.str(k, v);
         }
-        out.push_str("},\"method\":");
-        json::write_str(&mut out, &self.method);
-        out.push_str(",\"path\":");
-        json::write_str(&mut out, &self.path);
-        out.push_str(",\"cost\":");
-        out.push_str(&self.cost.to_string());
+        identities.end();
+        o.str("method", &self.method);
+        o.str("path", &self.path);
+        o.u64("cost", self.cost);
         if let Some(host) = &self.host {
-            out.push_str(",\"host\":");
-            json::write_str(&mut out, host);
+            o.str("host", host);
         }
-        out.push('}');
+        o.end();
         out
     }
 
@@ -204,12 +173,23 @@ impl CheckRequest {
     }
 }
 
+/// A check's `identities`: an object of strings, any number of them ([`CheckRequest::validate`]
+/// counts them).
+fn read_identities(v: &Json<'_>) -> Result<BTreeMap<String, String>, JsonError> {
+    let Json::Object(members) = v else {
+        return v.object().map(|_| BTreeMap::new());
+    };
+    members
+        .iter()
+        .map(|(k, v)| Ok((k.to_string(), v.string().map_err(|e| e.within(k))?)))
+        .collect()
+}
+
 /// How much of a refused value an error message shows: enough to recognise it.
 const SHOWN_BYTES: usize = 40;
 
 /// One rule's part in a decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RuleResult {
     /// The rule's name.
     pub name: String,
@@ -225,7 +205,6 @@ pub struct RuleResult {
 
 /// `POST /v1/check` response body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CheckResponse {
     /// Whether the request may pass.
     pub allowed: bool,
@@ -240,7 +219,6 @@ pub struct CheckResponse {
     /// When it resets, unix seconds.
     pub reset_at: u64,
     /// Its name; absent when no rule matched.
-    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub policy: Option<String>,
     /// Its window in milliseconds.
     pub window_ms: u64,
@@ -370,6 +348,29 @@ impl CheckResponse {
         }
     }
 
+    /// The answer as JSON, as [`CheckResponse::from_json`] reads it (`policy` absent when
+    /// no rule matched).
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(160 + 64 * self.rules.len());
+        let mut o = json::Object::new(&mut out);
+        o.bool("allowed", self.allowed);
+        o.u64("limit", self.limit);
+        o.u64("remaining", self.remaining);
+        o.u64("reset_after_ms", self.reset_after_ms);
+        o.u64("retry_after_ms", self.retry_after_ms);
+        o.u64("reset_at", self.reset_at);
+        if let Some(policy) = &self.policy {
+            o.str("policy", policy);
+        }
+        o.u64("window_ms", self.window_ms);
+        o.key("rules");
+        json::write_each(o.out(), &self.rules, |out, r| r.write(out));
+        o.u64("delay_ms", self.delay_ms);
+        o.bool("degraded", self.degraded);
+        o.end();
+        out
+    }
+
     /// Parses a response body leniently: unknown fields are ignored and missing ones
     /// default, except the verdict. A body without `allowed` (`{}`, or whatever a proxy in
     /// between answers) is an error for the caller's failure policy, never an allow.
@@ -403,6 +404,16 @@ fn number(f: &mut Fields<'_, '_>, name: &'static str) -> u64 {
 }
 
 impl RuleResult {
+    fn write(&self, out: &mut String) {
+        let mut o = json::Object::new(out);
+        o.str("name", &self.name);
+        o.bool("allowed", self.allowed);
+        o.u64("limit", self.limit);
+        o.u64("remaining", self.remaining);
+        o.u64("reset_after_ms", self.reset_after_ms);
+        o.end();
+    }
+
     fn read(v: &Json<'_>) -> Result<RuleResult, JsonError> {
         let mut f = v.object()?;
         let result = RuleResult {
@@ -441,7 +452,7 @@ mod tests {
         let cases = [
             (
                 r#"{"identities":{},"method":"GET","path":"/","cost":1,"extra":1}"#.to_owned(),
-                "unknown field `extra`",
+                "unknown field `extra`, expected one of identities, method, path, cost, host",
             ),
             (
                 r#"{"identities":{},"method":"GET","path":"/","cost":1000001}"#.to_owned(),
@@ -449,7 +460,7 @@ mod tests {
             ),
             (
                 r#"{"identities":{},"method":"GET","path":"/","cost":-1}"#.to_owned(),
-                "invalid value",
+                "cost: expected an unsigned integer, found -1",
             ),
             (
                 format!(r#"{{"identities":{{{}}},"method":"GET","path":"/"}}"#, many.join(",")),
@@ -468,7 +479,10 @@ mod tests {
                 r#"{"identities":{},"method":"GET","path":""}"#.to_owned(),
                 "path is 0 bytes",
             ),
-            (r#"{"identities":{},"method":"GET"}"#.to_owned(), "missing field `path`"),
+            (
+                r#"{"identities":{},"method":"GET"}"#.to_owned(),
+                "path: required but missing",
+            ),
             ("{not json".to_owned(), "invalid check request"),
         ];
         for (body, want) in cases {
@@ -526,7 +540,7 @@ mod tests {
     fn no_rules_means_allowed_without_policy_and_round_trips() {
         let r = CheckResponse::from_outcomes(&[], 0);
         assert!(r.allowed && r.policy.is_none());
-        let json = serde_json::to_string(&r).unwrap();
+        let json = r.to_json();
         assert!(!json.contains("policy"));
         assert_eq!(CheckResponse::from_json(json.as_bytes()).unwrap(), r);
         let lenient = CheckResponse::from_json(br#"{"allowed":false,"future_field":1}"#).unwrap();

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use proxy_wasm::types::{Action, LogLevel};
 use sluice_core::breaker::BreakerState;
 use sluice_core::headers::{denial_body, format_headers, Quota};
 use sluice_core::identity::{bounded, ip_key};
@@ -19,7 +18,7 @@ use crate::buckets;
 use crate::debits;
 use crate::identity::{check_path, request_ip};
 use crate::leases::ByLease;
-use crate::proxy::Proxy;
+use crate::proxy::{Action, LogLevel, Proxy};
 use crate::shared::Shared;
 
 #[cfg(test)]

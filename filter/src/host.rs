@@ -1,27 +1,24 @@
 //! Host calls. Whatever status a host answers, none of them traps: the filter calls the ABI's
 //! imports itself (`abi`), reads each status as a number, and a call that fails is an
-//! absent value or a no-op (logged where that matters). The proxy-wasm SDK's wrappers
-//! (`hostcalls::*`) `panic!` on any status they do not expect (its `Status` enum has no
-//! `Unimplemented` at all), its context methods unwrap them, and its header reads unwrap the
-//! value's UTF-8.
+//! absent value or a no-op (logged where that matters). (The proxy-wasm SDK's wrappers
+//! `panic!` on any status they do not expect, and its context methods unwrap them: the
+//! filter does without the SDK, see [`crate::exports`].)
 //!
-//! One SDK wrapper stays, `dispatch_http_call` ([`call`]): only it registers the call's token
-//! with the SDK's dispatcher, whose `proxy_on_http_call_response` panics on a token it does
-//! not know. It expects `Ok`, `BadArgument` and `InternalFailure`, and those are all the real
-//! hosts answer: Envoy's `Context::httpCall` says `BadArgument` for an unknown cluster, a
-//! missing `:method`, `:path` or `:authority` or a negative timeout and `InternalFailure`
-//! when the request cannot start; ngx_wasm_module's `dispatch_http_call` says
-//! `InternalFailure` or traps; proxy-wasm-cpp-host adds `InvalidMemoryAccess` only for a
-//! pointer out of the module's memory, which the SDK never passes.
+//! The calls out go through [`call`], which remembers each token with the context that
+//! dispatched it ([`calling`], set by every callback), so that [`answered`] can tell
+//! `proxy_on_http_call_response` whose answer it is. For `proxy_http_call`, Envoy's
+//! `Context::httpCall` says `BadArgument` for an unknown cluster, a missing `:method`,
+//! `:path` or `:authority` or a negative timeout and `InternalFailure` when the request
+//! cannot start; ngx_wasm_module's `dispatch_http_call` says `InternalFailure` or traps.
 
+use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::ptr::{null, null_mut};
 use std::time::Duration;
 
-use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, StreamType};
-
 use crate::config::Check;
 use crate::identity::header_text;
-use crate::proxy::Proxy;
+use crate::proxy::{LogLevel, Proxy};
 
 /// The ABI 0.2.1 imports the filter calls itself, as the SDK declares them but with the
 /// status as a plain number, so that no status a host answers is out of range.
@@ -67,6 +64,19 @@ mod abi {
             grpc_status: i32,
         ) -> u32;
         pub fn proxy_continue_stream(stream: u32) -> u32;
+        pub fn proxy_http_call(
+            upstream: *const u8,
+            upstream_size: usize,
+            headers: *const u8,
+            headers_size: usize,
+            body: *const u8,
+            body_size: usize,
+            trailers: *const u8,
+            trailers_size: usize,
+            timeout_ms: u32,
+            ret_token: *mut u32,
+        ) -> u32;
+        pub fn proxy_set_effective_context(context: u32) -> u32;
         pub fn proxy_get_current_time_nanoseconds(ret_time: *mut u64) -> u32;
         pub fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
         pub fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, ret_id: *mut u32) -> u32;
@@ -75,8 +85,27 @@ mod abi {
     }
 }
 
-/// The ABI's `Ok`.
+/// The ABI's statuses the filter names: `Ok`, and the refusals of `proxy_http_call`.
 const OK: u32 = 0;
+const BAD_ARGUMENT: u32 = 2;
+const INTERNAL_FAILURE: u32 = 10;
+
+/// The ABI's header maps (`MapType`), buffers (`BufferType`) and streams (`StreamType`)
+/// the filter uses.
+const HTTP_REQUEST_HEADERS: u32 = 0;
+const HTTP_RESPONSE_HEADERS: u32 = 2;
+const HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+const HTTP_CALL_RESPONSE_BODY: u32 = 4;
+const PLUGIN_CONFIGURATION: u32 = 7;
+const HTTP_REQUEST: u32 = 0;
+
+/// A metric's kind (the ABI's `MetricType`).
+#[derive(Clone, Copy)]
+#[repr(u32)]
+pub enum MetricType {
+    Counter = 0,
+    Histogram = 2,
+}
 
 /// Runs a host call that hands back bytes: `Some` on `Ok`, `None` on any other status.
 fn take_bytes(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Option<Vec<u8>> {
@@ -88,8 +117,8 @@ fn take_bytes(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Option<Vec<
         return Some(Vec::new());
     }
     // SAFETY: on `Ok` the host allocated `size` bytes at `data` with the module's
-    // `proxy_on_memory_allocate` (the SDK's: a boxed slice of exactly `size`), and they are
-    // the module's to free, as the SDK's wrappers take them.
+    // `proxy_on_memory_allocate` (`crate::exports`: a boxed slice of exactly `size`), and
+    // they are the module's to free.
     Some(unsafe { Vec::from_raw_parts(data, size, size) })
 }
 
@@ -109,26 +138,24 @@ pub fn log(level: LogLevel, msg: &str) {
     unsafe { abi::proxy_log(level as u32, msg.as_ptr(), msg.len()) };
 }
 
-fn map_value(map: MapType, name: &str) -> Option<Vec<u8>> {
+fn map_value(map: u32, name: &str) -> Option<Vec<u8>> {
     // SAFETY: `name` is live; the return pointers are `take_bytes`'s locals.
-    take_bytes(|data, size| unsafe {
-        abi::proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), data, size)
-    })
+    take_bytes(|data, size| unsafe { abi::proxy_get_header_map_value(map, name.as_ptr(), name.len(), data, size) })
 }
 
 /// Request header `name` as text ([`header_text`]); `None` when absent.
 pub fn request_header(name: &str) -> Option<String> {
-    map_value(MapType::HttpRequestHeaders, name).map(|raw| header_text(&raw).into_owned())
+    map_value(HTTP_REQUEST_HEADERS, name).map(|raw| header_text(&raw).into_owned())
 }
 
 /// Response header `name` as text ([`header_text`]); `None` when absent.
 pub fn response_header(name: &str) -> Option<String> {
-    map_value(MapType::HttpResponseHeaders, name).map(|raw| header_text(&raw).into_owned())
+    map_value(HTTP_RESPONSE_HEADERS, name).map(|raw| header_text(&raw).into_owned())
 }
 
 /// Adds a header to the upstream's response.
 pub fn add_response_header(name: &str, value: &str) {
-    let map = MapType::HttpResponseHeaders as u32;
+    let map = HTTP_RESPONSE_HEADERS;
     // SAFETY: pointers and lengths of live strings.
     let status =
         unsafe { abi::proxy_add_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
@@ -137,22 +164,22 @@ pub fn add_response_header(name: &str, value: &str) {
 
 /// Header `name` of a call's response, as bytes.
 pub fn call_response_header(name: &str) -> Option<Vec<u8>> {
-    map_value(MapType::HttpCallResponseHeaders, name)
+    map_value(HTTP_CALL_RESPONSE_HEADERS, name)
 }
 
-fn buffer(kind: BufferType, max: usize) -> Option<Vec<u8>> {
+fn buffer(kind: u32, max: usize) -> Option<Vec<u8>> {
     // SAFETY: the return pointers are `take_bytes`'s locals.
-    take_bytes(|data, size| unsafe { abi::proxy_get_buffer_bytes(kind as u32, 0, max, data, size) })
+    take_bytes(|data, size| unsafe { abi::proxy_get_buffer_bytes(kind, 0, max, data, size) })
 }
 
 /// A call's response body, at most `max` bytes.
 pub fn call_response_body(max: usize) -> Vec<u8> {
-    buffer(BufferType::HttpCallResponseBody, max).unwrap_or_default()
+    buffer(HTTP_CALL_RESPONSE_BODY, max).unwrap_or_default()
 }
 
 /// The plugin's configuration, if the host gives one.
 pub fn plugin_configuration() -> Option<Vec<u8>> {
-    buffer(BufferType::PluginConfiguration, usize::MAX)
+    buffer(PLUGIN_CONFIGURATION, usize::MAX)
 }
 
 /// Property `path` (NUL-separated segments) as the host gives it; `None` when the host
@@ -207,9 +234,30 @@ pub fn respond(status: u32, headers: &[(&str, &str)], body: &[u8]) {
     check("a local response", result);
 }
 
+thread_local! {
+    /// The context being called back now: the one a call it dispatches answers.
+    static CALLING: Cell<u32> = const { Cell::new(0) };
+    /// The calls out in flight: each token with the context that dispatched it.
+    static CALLS: Cell<BTreeMap<u32, u32>> = const { Cell::new(BTreeMap::new()) };
+}
+
+/// Context `id` is being called back: the calls it dispatches are its own.
+pub fn calling(id: u32) {
+    CALLING.set(id);
+}
+
+/// The context whose call `token` was answered, no longer in flight; `None` for a token
+/// this module did not dispatch.
+pub fn answered(token: u32) -> Option<u32> {
+    let mut calls = CALLS.take();
+    let context = calls.remove(&token);
+    CALLS.set(calls);
+    context
+}
+
 /// Dispatches `method path` (with a JSON `body`, its credential and `extra` headers) to
-/// the check `service` from the context being called, whose callback gets the answer; the call's token,
-/// or why it did not go out. The SDK's call: see the module's documentation.
+/// the check `service` from the context being called, whose callback gets the answer; the
+/// call's token, or why it did not go out.
 pub fn call(
     service: &Check,
     (method, path): (&str, &str),
@@ -226,21 +274,53 @@ pub fn call(
         headers.push((name, value));
     }
     headers.extend_from_slice(extra);
-    proxy_wasm::hostcalls::dispatch_http_call(
-        &service.cluster,
-        headers,
-        body,
-        vec![],
-        Duration::from_millis(timeout_ms),
-    )
-    .map_err(|status| format!("dispatch refused: {status:?}"))
+    let (headers, trailers) = (serialize_map(&headers), serialize_map(&[]));
+    let upstream = &service.cluster;
+    let (body, body_size) = body.map_or((null(), 0), |b| (b.as_ptr(), b.len()));
+    let timeout_ms = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
+    let mut token = 0u32;
+    // SAFETY: pointers and lengths of live buffers; `token` is a live local.
+    let status = unsafe {
+        abi::proxy_http_call(
+            upstream.as_ptr(),
+            upstream.len(),
+            headers.as_ptr(),
+            headers.len(),
+            body,
+            body_size,
+            trailers.as_ptr(),
+            trailers.len(),
+            timeout_ms,
+            &mut token,
+        )
+    };
+    match status {
+        OK => {
+            let mut calls = CALLS.take();
+            calls.insert(token, CALLING.get());
+            CALLS.set(calls);
+            Ok(token)
+        }
+        BAD_ARGUMENT => Err("dispatch refused: BadArgument".into()),
+        INTERNAL_FAILURE => Err("dispatch refused: InternalFailure".into()),
+        other => Err(format!("dispatch refused: status {other}")),
+    }
+}
+
+/// Tells the host that what the module does next is context `id`'s (a call's answer comes
+/// to the module, not to a context); whether the host took it.
+pub fn set_effective_context(id: u32) -> bool {
+    // SAFETY: no pointers.
+    let status = unsafe { abi::proxy_set_effective_context(id) };
+    check("the effective context", status);
+    status == OK
 }
 
 /// Lets a paused request go on.
 pub fn resume_request() {
     // SAFETY: no pointers.
     check("resuming the request", unsafe {
-        abi::proxy_continue_stream(StreamType::HttpRequest as u32)
+        abi::proxy_continue_stream(HTTP_REQUEST)
     });
 }
 

@@ -6,13 +6,15 @@
 //! and add the headers to the response. When the check service fails, the failure policy
 //! answers, and a circuit breaker stops calling a dead service.
 //!
-//! One root context per VM (`root`) builds the state its streams share (`shared`: the
+//! The host calls the module's exports (`exports`), which reach its contexts: one root
+//! context per VM (`root`) builds the state its streams share (`shared`: the
 //! configuration, the buckets, the breaker, the metric ids); each HTTP stream gets a
 //! `stream` context over it, which borrows that state once per callback and hands it to the
 //! request's `flow`: the decisions, over a `proxy::Proxy` (the ABI's in `host`, a fake in
 //! the unit tests). The modules depend one way: `root` → `stream` → `flow` → `answer`,
 //! `proxy`, `metrics`, `shared`, `buckets`, `identity`, `config`, `leases`, `debits`;
-//! `root`, `stream` → `host`, `clock` (the ABI, only they call it).
+//! `root`, `stream` → `host`, `clock` (the ABI, only they call it); `exports` → `root`,
+//! `stream`, `host`.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -21,9 +23,12 @@ pub mod buckets;
 mod clock;
 pub mod config;
 mod debits;
+// The two modules that may use `unsafe` (the workspace denies it), the two sides of the
+// proxy-wasm ABI: `exports` names the functions the host calls (`#[no_mangle]`), and `host`
+// calls the ABI's imports itself, through raw pointers, so that no status a host answers traps.
+#[allow(unsafe_code)]
+mod exports;
 mod flow;
-// The one module that may use `unsafe` (the workspace denies it): it calls the proxy-wasm
-// ABI's imports itself, through raw pointers, so that no status a host answers traps.
 #[allow(unsafe_code)]
 mod host;
 pub mod identity;
@@ -33,13 +38,3 @@ mod proxy;
 mod root;
 mod shared;
 mod stream;
-
-/// The module's `_initialize`, which the host calls first: it sets the root context. (In a
-/// module of its own: the `pub fn` the SDK's macro writes is not the crate's API.)
-mod start {
-    proxy_wasm::main! {{
-        proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
-            Box::new(crate::root::Root::default())
-        });
-    }}
-}

@@ -2,9 +2,7 @@
 //! skipped: metrics never fail a request. They are counted through the proxy
 //! ([`crate::proxy::Proxy::count`]).
 
-use proxy_wasm::types::MetricType;
-
-use crate::host;
+use crate::host::{self, MetricType};
 
 /// Metric ids (0: undefined).
 #[derive(Debug, Clone, Copy, Default)]

@@ -4,9 +4,26 @@
 //! The wasm build answers over the proxy-wasm ABI ([`crate::host::Abi`]); the decisions'
 //! unit tests over a recording fake, natively, without a wasm build or a host.
 
-use proxy_wasm::types::LogLevel;
-
 use crate::config::Check;
+
+/// A log line's level (the ABI's `LogLevel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum LogLevel {
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+}
+
+/// What a stream's callback tells the host (the ABI's `Action`): go on, or hold the stream
+/// until the filter resumes it or answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Action {
+    Continue = 0,
+    Pause = 1,
+}
 
 /// The proxy, as a stream's or the root's decisions see it.
 pub trait Proxy {

@@ -7,9 +7,6 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{ContextType, LogLevel};
-
 use sluice_core::lease::book::QuotaKey;
 use sluice_core::wire::CheckResponse;
 use sluice_core::Micros;
@@ -19,7 +16,7 @@ use crate::config::Config;
 use crate::host::{self, log, Abi};
 use crate::leases::MAX_ANSWER_BYTES;
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{LogLevel, Proxy};
 use crate::shared::Shared;
 use crate::stream::{with_shared, Stream};
 
@@ -27,14 +24,6 @@ use crate::stream::{with_shared, Stream};
 #[derive(Default)]
 pub struct Root {
     shared: Option<Rc<RefCell<Shared>>>,
-}
-
-impl Context for Root {
-    /// The answer to a rules, lease or debit call of the timer's.
-    fn on_http_call_response(&mut self, token: u32, _headers: usize, body: usize, _trailers: usize) {
-        let Some(shared) = &self.shared else { return };
-        with_shared(shared, |s| answered(s, &mut Abi, token, body, now_us()));
-    }
 }
 
 /// The answer to the root's call `token` (a body of `body` bytes).
@@ -116,8 +105,9 @@ fn send_lease_calls(s: &mut Shared, p: &mut impl Proxy, now: Micros) {
     }
 }
 
-impl RootContext for Root {
-    fn on_configure(&mut self, size: usize) -> bool {
+impl Root {
+    /// The plugin's configuration (`size` bytes) came: whether the filter takes it.
+    pub fn on_configure(&mut self, size: usize) -> bool {
         let bytes = if size == 0 { None } else { host::plugin_configuration() };
         let Some(bytes) = bytes else {
             log(
@@ -153,7 +143,7 @@ impl RootContext for Root {
 
     /// Sends the debits the streams queued, asks for the rules and for leases, and gives
     /// back what leases will not spend.
-    fn on_tick(&mut self) {
+    pub fn on_tick(&mut self) {
         let Some(shared) = &self.shared else { return };
         with_shared(shared, |s| {
             send_debits(s, &mut Abi);
@@ -161,12 +151,16 @@ impl RootContext for Root {
         });
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let shared = self.shared.clone()?;
-        Some(Box::new(Stream::new(shared)))
+    /// The answer to a rules, lease or debit call of the timer's (`token`, a body of
+    /// `body` bytes).
+    pub fn on_http_call_response(&mut self, token: u32, body: usize) {
+        let Some(shared) = &self.shared else { return };
+        with_shared(shared, |s| answered(s, &mut Abi, token, body, now_us()));
     }
 
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
+    /// A new HTTP stream's context; `None` before a configuration was taken.
+    pub fn create_http_context(&self) -> Option<Stream> {
+        let shared = self.shared.clone()?;
+        Some(Stream::new(shared))
     }
 }

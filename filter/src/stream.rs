@@ -4,12 +4,10 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, LogLevel};
-
 use crate::clock::now_us;
 use crate::flow::Flow;
 use crate::host::{log, resume_request, Abi};
+use crate::proxy::{Action, LogLevel};
 use crate::shared::Shared;
 
 /// Runs `f` on the VM's shared state, borrowed for one callback; `None` (logged) when it is
@@ -42,32 +40,32 @@ impl Stream {
             flow: Flow::default(),
         }
     }
-}
 
-// Each callback borrows the shared state once ([`with_shared`]); a skipped one lets the
-// request go on rather than hold it.
-impl Context for Stream {
-    fn on_http_call_response(&mut self, _token: u32, _headers: usize, _body: usize, _trailers: usize) {
+    // Each callback borrows the shared state once ([`with_shared`]); a skipped one lets the
+    // request go on rather than hold it.
+    /// The answer to this stream's call.
+    pub fn on_http_call_response(&mut self) {
         let flow = &mut self.flow;
         let go_on = with_shared(&self.shared, |s| flow.on_call_response(s, &mut Abi, now_us()));
         if go_on.unwrap_or(true) {
             resume_request();
         }
     }
-}
 
-impl HttpContext for Stream {
-    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    /// The request's headers came.
+    pub fn on_http_request_headers(&mut self) -> Action {
         let flow = &mut self.flow;
         with_shared(&self.shared, |s| flow.on_request_headers(s, &mut Abi, now_us())).unwrap_or(Action::Continue)
     }
 
-    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    /// The upstream's response headers came.
+    pub fn on_http_response_headers(&mut self) -> Action {
         let flow = &mut self.flow;
         with_shared(&self.shared, |s| flow.on_response_headers(s, &mut Abi)).unwrap_or(Action::Continue)
     }
 
-    fn on_log(&mut self) {
+    /// The stream ended.
+    pub fn on_log(&mut self) {
         let flow = &mut self.flow;
         with_shared(&self.shared, |s| flow.on_log(s, now_us()));
     }

@@ -3,13 +3,16 @@
 //! [`STEP_S`] seconds, and the identities it refuses most; and where the rules in force
 //! came from.
 //!
-//! Every decided rule is recorded by one call, [`Console::record`]. The rates are a ring of
-//! packed atomics per rule (a bucket's start and its count in one word, so a bucket that
-//! comes round again restarts without a lock); the first answer of a rule name takes a write
-//! lock to add it, later ones only a read lock and atomics. Refusals also go to the rule's
-//! Space-Saving summary ([`sluice_core::space_saving`]) under a mutex of its own. At most
-//! [`MAX_TRACKED`] rule names are tracked; a rules change drops the names no longer in force
-//! that answered nothing within the ring.
+//! A check counts each rule once, in the node's metrics; the console samples those counters
+//! ([`Console::sample`]: every second, and before its rates are read) into a ring of packed
+//! atomics per rule (a bucket's start and its count in one word, so a bucket that comes
+//! round again restarts without a lock). What the metrics do not count is recorded by
+//! [`Console::record`], on refusals and failures only: the refused identity goes to the
+//! rule's Space-Saving summary ([`sluice_core::space_saving`]), under a mutex of its own, and
+//! an answer of the failure policy to the ring. The first count of a rule name takes a write
+//! lock to add it, later ones only a read lock and atomics. At most [`MAX_TRACKED`] rule
+//! names are tracked; a rules change drops the names no longer in force that answered
+//! nothing within the ring.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -21,7 +24,7 @@ use serde::Serialize;
 use sluice_core::rules::RuleSet;
 use sluice_core::space_saving::SpaceSaving;
 
-use crate::metrics::Verdict;
+use crate::metrics::{RuleCounts, Verdict};
 
 /// Seconds per rate bucket.
 pub const STEP_S: u64 = 10;
@@ -32,8 +35,10 @@ pub const TOP_CAPACITY: usize = 16;
 /// Most rule names tracked; names past it are not (counted in [`Console::untracked`]).
 pub const MAX_TRACKED: usize = 10_000;
 
-/// The counts of one bucket: allowed, denied, shadow-denied, by the failure policy.
+/// The counts of one bucket: allowed, denied, shadow-denied (each [`Verdict`]'s, sampled from
+/// the metrics), by the failure policy (recorded).
 const KINDS: usize = 4;
+const VERDICTS: usize = 3;
 const FAILURE: usize = 3;
 
 /// Where the rules in force came from.
@@ -96,7 +101,8 @@ pub struct TopRule {
     pub identities: Vec<TopIdentity>,
 }
 
-/// One decided rule of a check, as the console counts it.
+/// One decided rule of a check that refused or came from the failure policy, as the console
+/// records it (the metrics count every verdict).
 #[derive(Debug, Clone, Copy)]
 pub struct Answer<'a> {
     /// The rule's name.
@@ -117,11 +123,11 @@ struct RuleStats {
 }
 
 impl RuleStats {
-    /// Counts one answer in bucket number `bucket`; a refusal also in the top summary.
+    /// Records one answer in bucket number `bucket`: a refusal in the top summary, an answer
+    /// of the failure policy in the ring.
     fn tally(&self, bucket: u64, a: &Answer<'_>) {
-        self.count(bucket, a.verdict as usize);
         if a.degraded {
-            self.count(bucket, FAILURE);
+            self.add(bucket, FAILURE, 1);
         }
         if a.verdict == Verdict::Denied {
             self.top
@@ -140,17 +146,15 @@ impl RuleStats {
         }
     }
 
-    /// Adds one to count `kind` of bucket number `bucket`, restarting the slot if it held
-    /// an older bucket.
-    fn count(&self, bucket: u64, kind: usize) {
+    /// Adds `n` to count `kind` of bucket number `bucket` (saturating at 2^32 - 1),
+    /// restarting the slot if it held an older bucket.
+    fn add(&self, bucket: u64, kind: usize, n: u64) {
+        const MAX: u64 = 0xffff_ffff;
         let cell = &self.ring[slot(bucket)][kind];
-        let tag = bucket & 0xffff_ffff;
+        let tag = bucket & MAX;
         let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            Some(if v >> 32 == tag {
-                v.saturating_add(u64::from(v & 0xffff_ffff < 0xffff_ffff))
-            } else {
-                tag << 32 | 1
-            })
+            let count = if v >> 32 == tag { v & MAX } else { 0 };
+            Some(tag << 32 | count.saturating_add(n).min(MAX))
         });
     }
 
@@ -176,6 +180,8 @@ fn slot(bucket: u64) -> usize {
 /// The console's view of this node.
 pub struct Console {
     rules: RwLock<HashMap<Arc<str>, RuleStats>>,
+    /// Each rule's verdict counts in the metrics at the last [`Console::sample`].
+    sampled: Mutex<HashMap<Arc<str>, [u64; VERDICTS]>>,
     source: Mutex<Source>,
     untracked: AtomicU64,
 }
@@ -184,6 +190,7 @@ impl Default for Console {
     fn default() -> Console {
         Console {
             rules: RwLock::default(),
+            sampled: Mutex::default(),
             source: Mutex::new(Source {
                 kind: SourceKind::None,
                 detail: String::new(),
@@ -202,8 +209,9 @@ pub fn now_ms() -> u64 {
 }
 
 impl Console {
-    /// Records one decided rule: its verdict for `identity`, and whether its failure policy
-    /// gave it (`degraded`: the store could not answer).
+    /// Records one decided rule that refused `identity` or came from its failure policy
+    /// (`degraded`: the store could not answer); other answers record nothing (the rates
+    /// come from the metrics, [`Console::sample`]).
     pub fn record(&self, rule: &str, identity: &str, verdict: Verdict, degraded: bool) {
         self.record_at(rule, identity, verdict, degraded, now_ms());
     }
@@ -221,17 +229,47 @@ impl Console {
         );
     }
 
-    /// Records every decided rule of one check at `now_ms` (unix ms), under one read lock
-    /// (a rule's first answer takes the write lock to add it).
+    /// Records the refusals and failure-policy answers of one check at `now_ms` (unix ms);
+    /// other answers are skipped (see [`Console::record`]).
     pub fn record_all(&self, answers: &[Answer<'_>], now_ms: u64) {
         let bucket = now_ms / 1000 / STEP_S;
+        let noted = answers.iter().filter(|a| a.degraded || a.verdict == Verdict::Denied);
+        self.each_rule(noted.map(|a| (a.rule, a)), |stats, a| stats.tally(bucket, a));
+    }
+
+    /// Adds what the metrics counted of each rule since the last sample (`counts`: each
+    /// rule's totals, [`crate::metrics::Metrics::rule_counts`]) to the bucket of `now_ms`
+    /// (unix ms). The node samples every second and before its rates are read: a count
+    /// lands at most a second late, in the bucket of when it was sampled.
+    pub fn sample(&self, counts: &[RuleCounts], now_ms: u64) {
+        let bucket = now_ms / 1000 / STEP_S;
+        let mut sampled = self.sampled.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut moved = Vec::new();
+        for (rule, totals) in counts {
+            let totals: [u64; VERDICTS] = std::array::from_fn(|k| totals[k]);
+            let before = sampled.insert(rule.clone(), totals).unwrap_or_default();
+            let delta: [u64; VERDICTS] = std::array::from_fn(|k| totals[k].saturating_sub(before[k]));
+            if delta != [0; VERDICTS] {
+                moved.push((&**rule, delta));
+            }
+        }
+        self.each_rule(moved, |stats, delta| {
+            for (kind, n) in delta.into_iter().enumerate().filter(|(_, n)| *n > 0) {
+                stats.add(bucket, kind, n);
+            }
+        });
+    }
+
+    /// Calls `f` with each rule's counters and its item, under one read lock; a rule not
+    /// tracked yet is added under the write lock (or counted in [`Console::untracked`]).
+    fn each_rule<'r, T>(&self, items: impl IntoIterator<Item = (&'r str, T)>, f: impl Fn(&RuleStats, T)) {
         let mut new = Vec::new();
         {
             let rules = self.rules.read().unwrap_or_else(PoisonError::into_inner);
-            for a in answers {
-                match rules.get(a.rule) {
-                    Some(stats) => stats.tally(bucket, a),
-                    None => new.push(a),
+            for (rule, item) in items {
+                match rules.get(rule) {
+                    Some(stats) => f(stats, item),
+                    None => new.push((rule, item)),
                 }
             }
         }
@@ -239,15 +277,12 @@ impl Console {
             return;
         }
         let mut rules = self.rules.write().unwrap_or_else(PoisonError::into_inner);
-        for a in new {
-            if rules.len() >= MAX_TRACKED && !rules.contains_key(a.rule) {
+        for (rule, item) in new {
+            if rules.len() >= MAX_TRACKED && !rules.contains_key(rule) {
                 self.untracked.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            rules
-                .entry(a.rule.into())
-                .or_insert_with(RuleStats::new)
-                .tally(bucket, a);
+            f(rules.entry(rule.into()).or_insert_with(RuleStats::new), item);
         }
     }
 
@@ -355,10 +390,11 @@ mod tests {
     #[test]
     fn rates_are_per_second_per_bucket_and_the_ring_wraps() {
         let c = Console::default();
-        for _ in 0..20 {
-            c.record_at("r", "a", Verdict::Allowed, false, T0);
-        }
+        let counts = |allowed: u64, denied: u64| vec![(Arc::<str>::from("r"), [allowed, denied, 0, 0])];
+        c.sample(&counts(20, 0), T0);
+        c.sample(&counts(20, 0), T0 + 1_000); // nothing new: nothing added
         c.record_at("r", "a", Verdict::Denied, true, T0 + 12_000);
+        c.sample(&counts(20, 1), T0 + 12_000);
         let r = c.rates("r", T0 + 14_000).unwrap();
         assert_eq!(r.allowed.len(), POINTS);
         assert_eq!(r.allowed[POINTS - 2], 2.0, "20 in 10 s");
@@ -366,7 +402,7 @@ mod tests {
         assert_eq!(r.failure[POINTS - 1], 0.25);
         // Five minutes on, the same slots hold new buckets: the old counts are gone.
         let later = T0 + POINTS as u64 * STEP_S * 1000;
-        c.record_at("r", "a", Verdict::Allowed, false, later);
+        c.sample(&counts(21, 1), later);
         let r = c.rates("r", later + 500).unwrap();
         assert_eq!(r.allowed[POINTS - 1], 1.0, "one in the first second");
         assert_eq!(r.allowed.iter().sum::<f64>(), 1.0, "{:?}", r.allowed);
@@ -389,5 +425,10 @@ mod tests {
         assert_eq!(top[0].identities[0].identity, "10.0.0.7");
         assert_eq!(top[0].identities[0].refused, 5);
         assert!(c.top(Some("quiet")).is_empty());
+        assert!(
+            c.rates("per-ip", T0)
+                .is_some_and(|r| r.denied.iter().all(|d| *d == 0.0)),
+            "refusals are counted by the metrics, sampled; recording one only names who"
+        );
     }
 }

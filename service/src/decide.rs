@@ -150,8 +150,11 @@ pub fn settle<'m, 'a: 'm>(
         })
         .collect();
     node.metrics.checks(decided.iter().map(|(m, d, v)| (m.name, *d, *v)));
+    // The metrics count every verdict (the console samples them); the console records who
+    // was refused, and the failure policy's answers.
     let answers: Vec<Answer<'_>> = decided
         .iter()
+        .filter(|(_, _, verdict)| degraded || *verdict == Verdict::Denied)
         .map(|&(m, _, verdict)| Answer {
             rule: m.name,
             identity: &m.identity,
@@ -159,7 +162,9 @@ pub fn settle<'m, 'a: 'm>(
             degraded,
         })
         .collect();
-    node.console.record_all(&answers, now_ms);
+    if !answers.is_empty() {
+        node.console.record_all(&answers, now_ms);
+    }
     if let Some((m, _, _)) = decided.iter().find(|(_, _, v)| *v == Verdict::Denied) {
         node.violations.record(Violation {
             rule: m.name.to_owned(),

@@ -111,6 +111,11 @@ impl FromRequestParts<Arc<Node>> for Authorized {
     }
 }
 
+/// A 200 answer of JSON written by a wire type's own codec (`sluice_core::json`).
+pub(crate) fn json_body(json: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+}
+
 pub(crate) fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     result.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError(
@@ -129,7 +134,7 @@ async fn check_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result
     match CheckRequest::from_json(&raw) {
         Ok(req) => {
             let req = crate::check::canonical(req, node.config.ipv6_prefix);
-            Json(check(&node, &req).await).into_response()
+            json_body(check(&node, &req).await.to_json())
         }
         Err(e) => bad(e.0).into_response(),
     }
@@ -151,7 +156,7 @@ async fn debit_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result
         Err(e) => return bad(e.0).into_response(),
     };
     match crate::quota::debit(&node, &req).await {
-        Ok(answer) => Json(answer).into_response(),
+        Ok(answer) => json_body(answer.to_json()),
         Err(e) => ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("nothing spent: {e}")).into_response(),
     }
 }
@@ -190,7 +195,7 @@ async fn lease_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result
         Err(e) => return bad(e.0).into_response(),
     };
     match lease::lease(&node, &req).await {
-        Ok(answer) => Json(answer).into_response(),
+        Ok(answer) => json_body(answer.to_json()),
         Err(e @ LeaseError::NotLeased(_)) => bad(e.to_string()).into_response(),
         Err(e @ LeaseError::Store(_)) => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }

@@ -45,11 +45,9 @@ async fn through_region(
     req: &LeaseRequest,
 ) -> Result<(Vec<LeaseGranted>, Vec<u64>), LeaseError> {
     let global = |rule: &str| rules.rule(rule).is_some_and(|r| r.global.is_some());
-    let grants_global: Vec<bool> = req.grants.iter().map(|g| global(&g.rule)).collect();
-    let returns_global: Vec<bool> = req.returns.iter().map(|r| global(&r.rule)).collect();
     let part = |of_global: bool| LeaseRequest {
-        grants: pick(&req.grants, &grants_global, of_global),
-        returns: pick(&req.returns, &returns_global, of_global),
+        grants: pick(&req.grants, |g| global(&g.rule) == of_global),
+        returns: pick(&req.returns, |r| global(&r.rule) == of_global),
     };
     let (sub_grants, sub_returned) = sublease::exchange(region, rules, now_ms, &part(true))?;
     let (grants, returned) = exchange(
@@ -62,27 +60,23 @@ async fn through_region(
     )
     .await?;
     Ok((
-        interleave(&grants_global, sub_grants, grants),
-        interleave(&returns_global, sub_returned, returned),
+        interleave(&req.grants, |g| global(&g.rule), sub_grants, grants),
+        interleave(&req.returns, |r| global(&r.rule), sub_returned, returned),
     ))
 }
 
-/// The items of `items` whose flag in `flags` is `flag`.
-fn pick<T: Clone>(items: &[T], flags: &[bool], flag: bool) -> Vec<T> {
-    items
-        .iter()
-        .zip(flags)
-        .filter(|(_, f)| **f == flag)
-        .map(|(i, _)| i.clone())
-        .collect()
+/// The items of `items` that `keep` keeps, in order.
+fn pick<T: Clone>(items: &[T], keep: impl Fn(&T) -> bool) -> Vec<T> {
+    items.iter().filter(|i| keep(i)).cloned().collect()
 }
 
-/// [`pick`] undone: the items of `yes` where `flags` is true and of `no` elsewhere, in order.
-fn interleave<T>(flags: &[bool], yes: Vec<T>, no: Vec<T>) -> Vec<T> {
+/// [`pick`] undone: one answer per item of `items`, in order, taken from `yes` (the answers to
+/// the items `which` picks, in their order) or from `no` (to the others).
+fn interleave<T, A>(items: &[T], which: impl Fn(&T) -> bool, yes: Vec<A>, no: Vec<A>) -> Vec<A> {
     let (mut yes, mut no) = (yes.into_iter(), no.into_iter());
-    flags
+    items
         .iter()
-        .filter_map(|f| if *f { yes.next() } else { no.next() })
+        .filter_map(|i| if which(i) { yes.next() } else { no.next() })
         .collect()
 }
 

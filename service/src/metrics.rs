@@ -50,6 +50,9 @@ const VERDICTS: [&str; 3] = ["allowed", "denied", "shadow_denied"];
 /// The index of a rule's near-limit count, after its verdicts'.
 const NEAR_LIMIT: usize = VERDICTS.len();
 
+/// A rule's name and its check counts: one per [`Verdict`], then near-limit.
+pub type RuleCounts = (Arc<str>, [u64; 4]);
+
 /// A decision allowed with at most a fifth of its limit left.
 fn near_limit(d: &Decision) -> bool {
     d.allowed && d.limit > 0 && d.remaining.saturating_mul(5) <= d.limit
@@ -203,6 +206,12 @@ impl Metrics {
         }
     }
 
+    /// Every rule's check counts so far (each [`Verdict`]'s, then near-limit), by name: what
+    /// the console samples for its rates.
+    pub fn rule_counts(&self) -> Vec<RuleCounts> {
+        self.checks.snapshot()
+    }
+
     /// Times a check of `api` until the timer is dropped.
     pub fn time_check(&self, api: Api) -> CheckTimer<'_> {
         CheckTimer::start(self.check_latency.of(api))
@@ -307,8 +316,8 @@ impl RuleChecks {
 
 impl RuleChecks {
     /// A copy of the counts sorted by rule, so checks do not wait on the encoding.
-    fn snapshot(&self) -> Vec<(Arc<str>, [u64; 4])> {
-        let mut rules: Vec<(Arc<str>, [u64; 4])> = {
+    fn snapshot(&self) -> Vec<RuleCounts> {
+        let mut rules: Vec<RuleCounts> = {
             let map = self.0.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
                 .map(|(rule, c)| (rule.clone(), c.each_ref().map(|c| c.load(Ordering::Relaxed))))

@@ -2,6 +2,7 @@
 
 use crate::algorithm::Decision;
 use crate::lease::book::Left;
+use crate::text::push_u64;
 
 /// Which header families to send; the filter's `"headers"` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -198,23 +199,6 @@ fn push_item(out: &mut String, policy: &str, params: [(&str, u64); 2]) {
         out.push('=');
         push_u64(out, value);
     }
-}
-
-/// Appends the decimal digits of `n` (no formatting machinery).
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        if let Some(d) = digits.get_mut(i) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || i == 0 {
-            break;
-        }
-    }
-    out.push_str(std::str::from_utf8(digits.get(i..).unwrap_or(&[])).unwrap_or(""));
 }
 
 /// Writes `s` as a structured-field string: quoted, `"` and `\` escaped, characters that

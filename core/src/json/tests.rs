@@ -85,13 +85,13 @@ fn errors_name_the_whole_path_and_an_unknown_field_comes_first() {
 fn refuses_what_is_not_json() {
     for (bad, why) in [
         (&b""[..], "expected a value, found the end at byte 0"),
-        (b"{", "expected a member name at byte 1"),
+        (b"{", "expected a member name, found the end at byte 1"),
         (b"[1,]", "expected a value at byte 3"),
         (b"01", "invalid number at byte 0"),
         (b"-", "invalid number at byte 0"),
         (b"[1.]", "invalid number at byte 1"),
         (b"1 2", "trailing characters after the document at byte 2"),
-        (b"\"a", "unterminated string at byte 2"),
+        (b"\"a", "unterminated string, found the end at byte 2"),
         (b"\"\\x\"", "invalid escape at byte 3"),
         (b"\"\\ud800\"", "unpaired surrogate at byte 7"),
         (b"\"\x01\"", "control character in a string at byte 1"),

@@ -3,13 +3,12 @@
 
 use std::collections::HashMap;
 
-use proxy_wasm::types::{Action, LogLevel};
 use sluice_core::Micros;
 
 use super::Flow;
 use crate::config::{Check, Config};
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{Action, LogLevel, Proxy};
 use crate::shared::Shared;
 
 /// A local response: status, headers, body.

@@ -99,6 +99,7 @@ pub async fn node_info(State(node): State<Arc<Node>>, Extension(access): Extensi
 pub async fn rules_status(State(node): State<Arc<Node>>) -> Response {
     let (rules, version) = node.rules_in_force();
     let now = console::now_ms();
+    node.console.sample(&node.metrics.rule_counts(), now);
     let mut overrides: HashMap<&str, usize> = HashMap::new();
     for o in rules.overrides() {
         *overrides.entry(o.rule.as_str()).or_default() += 1;
