@@ -16,8 +16,6 @@ use std::time::Duration;
 
 /// A point in time (since any fixed epoch) or a duration, in whole microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct Micros(u64);
 
 impl Micros {
@@ -187,18 +185,6 @@ impl Rem for Micros {
     type Output = Micros;
     fn rem(self, interval: Micros) -> Micros {
         Micros(self.0 % interval.0)
-    }
-}
-
-impl From<Duration> for Micros {
-    fn from(d: Duration) -> Micros {
-        Micros::from_duration(d)
-    }
-}
-
-impl From<Micros> for Duration {
-    fn from(us: Micros) -> Duration {
-        us.to_duration()
     }
 }
 
