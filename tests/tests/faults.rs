@@ -273,14 +273,15 @@ fn a_stalled_check_service_costs_the_timeout_until_the_breaker_opens() {
     assert_eq!(connections.lock().expect("lock").len(), 3, "request times: {held:?}");
     // The ten after the breaker opened made no call: they measure the proxy's own cost on
     // this machine now, the baseline the stalled ones are compared with. A stalled request
-    // costs the timeout once: well under one and a half timeouts beyond that baseline
-    // (timers fire late on a loaded machine, but not by half of 300 ms).
+    // costs the timeout once, never twice (a retry would wait a second timeout): under two
+    // timeouts beyond that baseline. Not tighter: on a loaded machine timers fire late, and
+    // once by more than half of 300 ms, with the suite and two builds beside it.
     let baseline = held[3..].iter().max().copied().unwrap_or_default();
     for (i, d) in held[..3].iter().enumerate() {
         assert!(*d >= timeout, "request {i} did not wait for the check: {held:?}");
         assert!(
-            *d <= timeout + timeout / 2 + baseline,
-            "request {i} took {d:?}, more than 1.5 × the timeout + the proxy's own {baseline:?}"
+            *d < 2 * timeout + baseline,
+            "request {i} took {d:?}: two timeouts or more beyond the proxy's own {baseline:?}"
         );
     }
     println!("stalled check service: requests took {held:?}");
