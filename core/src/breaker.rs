@@ -111,53 +111,53 @@ mod tests {
 
     #[test]
     fn lifecycle() {
-        let mut b = Breaker::new(2, 1_000_000);
-        b.failure(0);
-        assert!(b.allow(0));
-        b.failure(0);
-        assert_eq!(b.state(), BreakerState::Open { until: 1_000_000 });
-        assert!(!b.allow(999_999));
-        assert!(b.allow(1_000_000));
-        assert!(!b.allow(1_000_000), "one probe only");
-        b.failure(1_000_001);
-        assert!(!b.allow(1_500_000));
-        assert!(b.allow(2_000_001));
+        let mut b = Breaker::new(2, Micros::SECOND);
+        b.failure(Micros::ZERO);
+        assert!(b.allow(Micros::ZERO));
+        b.failure(Micros::ZERO);
+        assert_eq!(b.state(), BreakerState::Open { until: Micros::SECOND });
+        assert!(!b.allow(Micros::new(999_999)));
+        assert!(b.allow(Micros::SECOND));
+        assert!(!b.allow(Micros::SECOND), "one probe only");
+        b.failure(Micros::new(1_000_001));
+        assert!(!b.allow(Micros::new(1_500_000)));
+        assert!(b.allow(Micros::new(2_000_001)));
         b.success();
-        assert!(b.allow(2_000_001) && b.allow(2_000_001));
+        assert!(b.allow(Micros::new(2_000_001)) && b.allow(Micros::new(2_000_001)));
     }
 
     #[test]
     fn opens_at_threshold_probes_after_cooldown_and_closes_on_success() {
-        let mut b = Breaker::new(3, 0);
-        b.failure(0);
-        b.failure(0);
+        let mut b = Breaker::new(3, Micros::ZERO);
+        b.failure(Micros::ZERO);
+        b.failure(Micros::ZERO);
         assert!(b.state().is_closed());
-        b.failure(0);
+        b.failure(Micros::ZERO);
         assert_eq!(b.state().name(), "open");
-        assert!(b.allow(0), "cooldown of zero: the probe goes");
-        assert!(!b.allow(0), "only one probe at a time");
+        assert!(b.allow(Micros::ZERO), "cooldown of zero: the probe goes");
+        assert!(!b.allow(Micros::ZERO), "only one probe at a time");
         assert_eq!(b.state().name(), "half_open");
-        b.failure(0);
+        b.failure(Micros::ZERO);
         assert_eq!(b.state().name(), "open");
-        assert!(b.allow(0));
+        assert!(b.allow(Micros::ZERO));
         b.success();
         assert_eq!(b.state().name(), "closed");
         assert_eq!(b.failures(), 0);
-        assert!(b.allow(0) && b.allow(0));
+        assert!(b.allow(Micros::ZERO) && b.allow(Micros::ZERO));
     }
 
     #[test]
     fn a_released_probe_lets_the_next_call_probe() {
-        let mut b = Breaker::new(1, 1_000_000);
-        b.failure(0);
-        assert!(b.allow(1_000_000), "the probe");
-        assert!(!b.allow(1_000_001));
-        b.release_probe(1_000_002);
-        assert!(b.allow(1_000_002), "a new probe");
+        let mut b = Breaker::new(1, Micros::SECOND);
+        b.failure(Micros::ZERO);
+        assert!(b.allow(Micros::SECOND), "the probe");
+        assert!(!b.allow(Micros::new(1_000_001)));
+        b.release_probe(Micros::new(1_000_002));
+        assert!(b.allow(Micros::new(1_000_002)), "a new probe");
         assert_eq!(b.state(), BreakerState::HalfOpen);
-        b.release_probe(1_000_003);
+        b.release_probe(Micros::new(1_000_003));
         b.success();
-        b.release_probe(1_000_004);
+        b.release_probe(Micros::new(1_000_004));
         assert_eq!(
             b.state(),
             BreakerState::Closed,
@@ -168,8 +168,8 @@ mod tests {
     #[test]
     fn a_cooldown_past_the_end_of_time_saturates() {
         let mut b = Breaker::new(1, Micros::MAX);
-        b.failure(5);
+        b.failure(Micros::new(5));
         assert_eq!(b.state(), BreakerState::Open { until: Micros::MAX });
-        assert!(!b.allow(Micros::MAX - 1));
+        assert!(!b.allow(Micros::MAX - Micros::new(1)));
     }
 }

@@ -60,7 +60,7 @@ pub fn lease_end(limit: &Limit, now: Micros, ttl: Micros) -> Micros {
     let end = now.saturating_add(ttl);
     match limit.algorithm() {
         Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
-            let window_end = (now / limit.window() + 1).saturating_mul(limit.window());
+            let window_end = limit.window().saturating_mul(now / limit.window() + 1);
             end.min(window_end)
         }
         _ => end,
@@ -125,7 +125,7 @@ pub fn grant(limit: &Limit, state: &mut State, now: Micros, want: u64, ttl: Micr
 /// beyond the quota is not carried as a debt. The grant's decision is the next request's
 /// ([`Limit::peek`] after the take), so its caller knows whether the quota is spent.
 pub fn take(limit: &Limit, state: &mut State, now: Micros, want: u64) -> Grant {
-    let taken = grant(limit, state, now, want, 0);
+    let taken = grant(limit, state, now, want, Micros::ZERO);
     Grant {
         decision: limit.peek(state, now),
         ..taken
@@ -158,7 +158,9 @@ pub fn give_back(
 /// quota has left (`remaining`), so that a quota running low is shared out in smaller
 /// leases, down to one unit — an exact call per request — at its end.
 pub fn lease_size(spent_per_s: u64, horizon: Micros, remaining: u64) -> u64 {
-    let for_rate = u64::try_from(u128::from(spent_per_s) * u128::from(horizon) / 1_000_000).unwrap_or(u64::MAX);
+    let for_rate =
+        u64::try_from(u128::from(spent_per_s) * u128::from(horizon.as_u64()) / u128::from(Micros::SECOND.as_u64()))
+            .unwrap_or(u64::MAX);
     for_rate.min(remaining / 4).max(1)
 }
 
@@ -166,9 +168,9 @@ pub fn lease_size(spent_per_s: u64, horizon: Micros, remaining: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
-    use crate::time::MICROS_PER_MS;
+    use crate::time::Micros;
 
-    const SECOND: Micros = 1_000 * MICROS_PER_MS;
+    const SECOND: Micros = Micros::SECOND;
 
     fn limit(algorithm: Algorithm, n: u64) -> Limit {
         Limit::builder(algorithm, n, 60 * SECOND).build().unwrap()
@@ -192,15 +194,15 @@ mod tests {
             assert_eq!(g.units, 0, "{algorithm}: nothing left");
             assert!(!g.decision.allowed, "{algorithm}");
             let held = (SECOND, 2 * SECOND);
-            assert!(give_back(&l, &mut s, held, 20, SECOND + 1));
+            assert!(give_back(&l, &mut s, held, 20, SECOND + Micros::new(1)));
             assert_eq!(
-                grant(&l, &mut s, SECOND + 1, 70, SECOND).units,
+                grant(&l, &mut s, SECOND + Micros::new(1), 70, SECOND).units,
                 20,
                 "{algorithm}: given back"
             );
             let before = s.clone();
             assert!(
-                !give_back(&l, &mut s, held, 10, 2 * SECOND + 1),
+                !give_back(&l, &mut s, held, 10, 2 * SECOND + Micros::new(1)),
                 "{algorithm}: too late"
             );
             assert_eq!(s, before, "{algorithm}: nothing back");

@@ -112,7 +112,14 @@ impl StateMap {
     fn make_room(&mut self, now: Micros) {
         self.passes += 1;
         let count = (self.max_keys / EVICT_SHARE).max(1);
-        evict_lowest(&mut self.entries, count, Some(now), |e| e.expires_at, |_, _| {});
+        // Ranked by raw microseconds: the lease book ranks by milliseconds through the same code.
+        evict_lowest(
+            &mut self.entries,
+            count,
+            Some(now.as_u64()),
+            |e| e.expires_at.as_u64(),
+            |_, _| {},
+        );
     }
 }
 
@@ -120,49 +127,57 @@ impl StateMap {
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
-    use crate::time::MICROS_PER_S;
+    use crate::time::Micros;
 
     #[test]
     fn bounded_under_a_flood_and_still_limits() {
-        let limit = Limit::builder(Algorithm::TokenBucket, 1, MICROS_PER_S)
+        let limit = Limit::builder(Algorithm::TokenBucket, 1, Micros::SECOND)
             .burst(2)
             .build()
             .unwrap();
         let mut map = StateMap::new(1_000);
         for i in 0..50_000u64 {
-            map.decide(&format!("10.0.{}.{}", i / 256, i % 256), &limit, 1, 1_000 + i);
+            map.decide(
+                &format!("10.0.{}.{}", i / 256, i % 256),
+                &limit,
+                1,
+                Micros::new(1_000 + i),
+            );
         }
         assert!(map.len() <= 1_000);
-        assert!(map.decide("x", &limit, 1, 0).allowed && map.decide("x", &limit, 1, 0).allowed);
-        assert!(!map.decide("x", &limit, 1, 0).allowed);
+        assert!(map.decide("x", &limit, 1, Micros::ZERO).allowed && map.decide("x", &limit, 1, Micros::ZERO).allowed);
+        assert!(!map.decide("x", &limit, 1, Micros::ZERO).allowed);
     }
 
     #[test]
     fn makes_room_with_expired_entries_first_then_the_one_expiring_soonest() {
-        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, 10 * MICROS_PER_S)
+        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, 10 * Micros::SECOND)
             .build()
             .unwrap();
         let mut map = StateMap::new(2);
-        assert!(map.decide("a", &limit, 1, 0).allowed); // expires at 10 s
-        assert!(map.decide("b", &limit, 1, MICROS_PER_S).allowed); // at 11 s
-        assert!(map.decide("c", &limit, 1, 2 * MICROS_PER_S).allowed); // evicts a
+        assert!(map.decide("a", &limit, 1, Micros::ZERO).allowed); // expires at 10 s
+        assert!(map.decide("b", &limit, 1, Micros::SECOND).allowed); // at 11 s
+        assert!(map.decide("c", &limit, 1, 2 * Micros::SECOND).allowed); // evicts a
         assert_eq!(map.len(), 2);
-        assert!(!map.decide("b", &limit, 1, 3 * MICROS_PER_S).allowed, "b is kept");
-        assert!(map.decide("a", &limit, 1, 3 * MICROS_PER_S).allowed, "a was forgotten");
-        assert!(map.decide("d", &limit, 1, 20 * MICROS_PER_S).allowed);
+        assert!(!map.decide("b", &limit, 1, 3 * Micros::SECOND).allowed, "b is kept");
+        assert!(
+            map.decide("a", &limit, 1, 3 * Micros::SECOND).allowed,
+            "a was forgotten"
+        );
+        assert!(map.decide("d", &limit, 1, 20 * Micros::SECOND).allowed);
         assert_eq!(map.len(), 1, "every expired entry went at once");
     }
 
     #[test]
     fn a_flood_at_the_bound_makes_room_an_eighth_at_a_time_without_forgetting_more() {
-        let limit = Limit::builder(Algorithm::TokenBucket, 1, 60 * MICROS_PER_S)
+        let limit = Limit::builder(Algorithm::TokenBucket, 1, 60 * Micros::SECOND)
             .build()
             .unwrap();
         let mut map = StateMap::new(800);
         // Every key decided at the same instant: all expire together (a millisecond clock
         // gives a flood such ties), and only as many as needed may go.
         for i in 0..1_800u64 {
-            assert!(map.decide(&format!("k{i}"), &limit, 1, 1_000).allowed);
+            assert!(map.decide(&format!("k{i}"), &limit, 1, Micros::new(1_000)).allowed);
             assert!(map.len() <= 800);
         }
         assert!(
@@ -175,33 +190,45 @@ mod tests {
             "an eighth freed at a time, not everything tied: {}",
             map.len()
         );
-        assert!(!map.decide("k1799", &limit, 1, 1_000).allowed, "the newest key is kept");
+        assert!(
+            !map.decide("k1799", &limit, 1, Micros::new(1_000)).allowed,
+            "the newest key is kept"
+        );
     }
 
     #[test]
     fn expired_state_is_fresh_again_and_swept() {
-        let limit = Limit::builder(Algorithm::FixedWindow, 1, MICROS_PER_S).build().unwrap();
+        let limit = Limit::builder(Algorithm::FixedWindow, 1, Micros::SECOND)
+            .build()
+            .unwrap();
         let mut map = StateMap::new(1_000);
-        assert!(map.decide("k", &limit, 1, 0).allowed);
-        assert!(!map.decide("k", &limit, 1, 10).allowed);
-        assert!(map.decide("k", &limit, 1, MICROS_PER_S).allowed);
-        assert_eq!(map.sweep(MICROS_PER_S), 1);
-        assert_eq!(map.sweep(2 * MICROS_PER_S), 0);
+        assert!(map.decide("k", &limit, 1, Micros::ZERO).allowed);
+        assert!(!map.decide("k", &limit, 1, Micros::new(10)).allowed);
+        assert!(map.decide("k", &limit, 1, Micros::SECOND).allowed);
+        assert_eq!(map.sweep(Micros::SECOND), 1);
+        assert_eq!(map.sweep(2 * Micros::SECOND), 0);
         assert!(map.is_empty());
     }
 
     #[test]
     fn a_first_denial_keeps_nothing_and_kept_state_decides_next() {
-        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, MICROS_PER_S)
+        let limit = Limit::builder(Algorithm::SlidingWindowLog, 1, Micros::SECOND)
             .build()
             .unwrap();
         let mut map = StateMap::new(1_000);
-        assert!(!map.decide("big", &limit, 2, 0).allowed);
+        assert!(!map.decide("big", &limit, 2, Micros::ZERO).allowed);
         assert!(map.is_empty());
-        let mut state = map.state("k", 5);
-        assert!(limit.decide(&mut state, 5, 1).allowed);
-        map.keep("k", &limit, state, 5);
-        assert!(!map.decide("k", &limit, 1, 6).allowed, "the kept admission counts");
-        assert_eq!(map.state("k", 5 + MICROS_PER_S), State::Fresh, "and expires");
+        let mut state = map.state("k", Micros::new(5));
+        assert!(limit.decide(&mut state, Micros::new(5), 1).allowed);
+        map.keep("k", &limit, state, Micros::new(5));
+        assert!(
+            !map.decide("k", &limit, 1, Micros::new(6)).allowed,
+            "the kept admission counts"
+        );
+        assert_eq!(
+            map.state("k", Micros::new(5) + Micros::SECOND),
+            State::Fresh,
+            "and expires"
+        );
     }
 }

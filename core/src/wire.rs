@@ -9,7 +9,6 @@ use crate::headers::Quota;
 use crate::json::{self, Fields, Json, JsonError};
 use crate::rules::host::{is_host, MAX_HOST_BYTES};
 use crate::text::truncate;
-use crate::time::wait_ms;
 
 /// The longest a shaped request is held (a rule's `max_delay`, the service's `/v1/wait`):
 /// the request holds a proxy stream and a connection meanwhile.
@@ -290,11 +289,11 @@ impl CheckResponse {
             allowed,
             retry_after_ms: enforced()
                 .filter(|o| !o.decision.allowed)
-                .map(|o| wait_ms(o.decision.retry_after))
+                .map(|o| o.decision.retry_after.wait_ms())
                 .max()
                 .unwrap_or(0),
             delay_ms: if allowed {
-                enforced().map(|o| wait_ms(o.decision.delay)).max().unwrap_or(0)
+                enforced().map(|o| o.decision.delay.wait_ms()).max().unwrap_or(0)
             } else {
                 0
             },
@@ -306,7 +305,7 @@ impl CheckResponse {
                     allowed: o.decision.allowed,
                     limit: o.decision.limit,
                     remaining: o.decision.remaining,
-                    reset_after_ms: wait_ms(o.decision.reset_after),
+                    reset_after_ms: o.decision.reset_after.wait_ms(),
                 })
                 .collect(),
             ..CheckResponse::default()
@@ -314,7 +313,7 @@ impl CheckResponse {
         if let Some(h) = headline {
             response.limit = h.decision.limit;
             response.remaining = h.decision.remaining;
-            response.reset_after_ms = wait_ms(h.decision.reset_after);
+            response.reset_after_ms = h.decision.reset_after.wait_ms();
             response.reset_at = now_ms.saturating_add(response.reset_after_ms).div_ceil(1000);
             response.policy = Some(h.rule.to_owned());
             response.window_ms = h.window_ms;
@@ -431,6 +430,7 @@ impl RuleResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::Micros;
 
     fn req(json: &str) -> Result<CheckRequest, String> {
         CheckRequest::from_json(json.as_bytes()).map_err(|e| e.0)
@@ -501,9 +501,13 @@ mod tests {
                 allowed,
                 limit: 100,
                 remaining,
-                reset_after: reset_ms * 1000,
-                retry_after: if allowed { 0 } else { reset_ms * 1000 },
-                delay: 0,
+                reset_after: Micros::from_ms(reset_ms),
+                retry_after: if allowed {
+                    Micros::ZERO
+                } else {
+                    Micros::from_ms(reset_ms)
+                },
+                delay: Micros::ZERO,
             },
         }
     }

@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use sluice_core::{Algorithm, Decision, Limit, Micros, State};
 
-const MS: Micros = 1_000;
+const MS: Micros = Micros::MILLISECOND;
 
 /// A random limit and a trace of (arrival time, cost), times non-decreasing.
 #[derive(Debug, Clone)]
@@ -17,14 +17,14 @@ struct Trace {
 fn trace() -> impl Strategy<Value = Trace> {
     (1u64..40, 1u64..5_000, 0u64..60, any::<u64>()).prop_flat_map(|(limit, window_ms, burst, start)| {
         let window = window_ms * MS;
-        let gap = 0..(window / 4).max(2);
+        let gap = 0..(window.as_u64() / 4).max(2);
         let start = start % (1 << 45);
         proptest::collection::vec((gap, 1u64..4), 1..200).prop_map(move |steps| {
-            let mut now = start;
+            let mut now = Micros::new(start);
             let arrivals = steps
                 .into_iter()
                 .map(|(gap, cost)| {
-                    now += gap;
+                    now += Micros::new(gap);
                     (now, cost)
                 })
                 .collect();
@@ -63,14 +63,15 @@ fn assert_rate_bound(
     limit: u64,
     window: Micros,
 ) -> Result<(), TestCaseError> {
+    let window_us = window.as_u64();
     for i in 0..admitted.len() {
         let mut sum = 0u128;
         for j in i..admitted.len() {
             sum += u128::from(admitted[j].1);
-            let t = u128::from(admitted[j].0 - admitted[i].0);
+            let t = u128::from((admitted[j].0 - admitted[i].0).as_u64());
             prop_assert!(
-                sum * u128::from(window) <= u128::from(capacity) * u128::from(window) + t * u128::from(limit),
-                "{sum} admitted within {t}µs: more than {capacity} + {limit}/{window}µs · t"
+                sum * u128::from(window_us) <= u128::from(capacity) * u128::from(window_us) + t * u128::from(limit),
+                "{sum} admitted within {t}µs: more than {capacity} + {limit}/{window_us}µs · t"
             );
         }
     }
@@ -84,24 +85,30 @@ fn assert_retry_after_exact(limit: &Limit, arrivals: &[(Micros, u64)], ceiling: 
         let before = state.clone();
         let d = limit.decide(&mut state, now, cost);
         if d.allowed {
-            prop_assert_eq!(d.retry_after, 0);
+            prop_assert_eq!(d.retry_after, Micros::ZERO);
             continue;
         }
         if cost > ceiling {
             continue;
         }
-        prop_assert!(d.retry_after > 0, "denied with retry_after 0 at {}", now);
+        prop_assert!(
+            d.retry_after > Micros::ZERO,
+            "denied with retry_after 0 at {}",
+            now.as_u64()
+        );
         let mut later = before.clone();
         prop_assert!(
             limit.decide(&mut later, now + d.retry_after, cost).allowed,
             "not allowed at now + retry_after ({})",
-            d.retry_after
+            d.retry_after.as_u64()
         );
         let mut earlier = before;
         prop_assert!(
-            !limit.decide(&mut earlier, now + d.retry_after - 1, cost).allowed,
+            !limit
+                .decide(&mut earlier, now + d.retry_after - Micros::new(1), cost)
+                .allowed,
             "allowed 1µs before retry_after ({})",
-            d.retry_after
+            d.retry_after.as_u64()
         );
     }
     Ok(())
@@ -145,8 +152,8 @@ proptest! {
         let l = Limit::builder(Algorithm::SlidingWindowLog, t.limit, t.window).build().unwrap();
         let ok = admitted(&t.arrivals, &run(&l, &t.arrivals));
         for (i, &(end, _)) in ok.iter().enumerate() {
-            let in_window: u64 = ok[..=i].iter().filter(|(ts, _)| ts + t.window > end).map(|(_, c)| c).sum();
-            prop_assert!(in_window <= t.limit, "{} in the window ending {}", in_window, end);
+            let in_window: u64 = ok[..=i].iter().filter(|(ts, _)| *ts + t.window > end).map(|(_, c)| c).sum();
+            prop_assert!(in_window <= t.limit, "{} in the window ending {}", in_window, end.as_u64());
         }
         assert_retry_after_exact(&l, &t.arrivals, t.limit)?;
         assert_remaining_exact(&l, &t.arrivals)?;
@@ -192,7 +199,7 @@ proptest! {
         let decisions = run(&l, &t.arrivals);
         let mut released = Vec::new();
         for (&(ts, cost), d) in t.arrivals.iter().zip(&decisions) {
-            prop_assert!(d.delay <= max_delay, "delay {} above max {}", d.delay, max_delay);
+            prop_assert!(d.delay <= max_delay, "delay {} above max {}", d.delay.as_u64(), max_delay.as_u64());
             if d.allowed {
                 released.push((ts + d.delay, cost));
             }
@@ -210,10 +217,10 @@ proptest! {
         for (i, &(now, _)) in ok.iter().enumerate() {
             // Recount from the admitted trace alone, independent of the algorithm's state.
             let id = now / t.window;
-            let count = |k: u64| -> u64 { ok[..=i].iter().filter(|(ts, _)| ts / t.window == k).map(|(_, c)| c).sum() };
+            let count = |k: u64| -> u64 { ok[..=i].iter().filter(|(ts, _)| *ts / t.window == k).map(|(_, c)| c).sum() };
             let previous = if id == 0 { 0 } else { count(id - 1) };
             let elapsed = (now - id * t.window) / MS;
-            prop_assert!(previous * (w - elapsed) + count(id) * w <= t.limit * w, "estimate above {} at {}", t.limit, now);
+            prop_assert!(previous * (w - elapsed) + count(id) * w <= t.limit * w, "estimate above {} at {}", t.limit, now.as_u64());
         }
         assert_retry_after_exact(&l, &t.arrivals, t.limit)?;
         assert_remaining_exact(&l, &t.arrivals)?;

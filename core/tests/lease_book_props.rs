@@ -11,16 +11,16 @@ use proptest::prelude::*;
 use sluice_core::lease::book::{BookConfig, LeaseBook, QuotaKey, Spend};
 use sluice_core::lease::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
 use sluice_core::lease::{give_back, grant};
-use sluice_core::{Algorithm, Limit, State};
+use sluice_core::{Algorithm, Limit, Micros, State};
 
-const MS: u64 = 1_000;
+const MS: Micros = Micros::MILLISECOND;
 
 /// The service side: one limit's state, and what each lease still holds.
 struct Service {
     limit: Limit,
     state: State,
     ttl_ms: u64,
-    held: HashMap<u64, (u64, u64, u64)>, // id → (units, granted at µs, ends µs)
+    held: HashMap<u64, (u64, Micros, Micros)>, // id → (units, granted at, ends)
     next_id: u64,
     calls: u64,
 }
@@ -34,7 +34,7 @@ impl Service {
         if d.allowed {
             Ok(())
         } else {
-            Err((d.retry_after.div_ceil(MS), d.reset_after.div_ceil(MS)))
+            Err((d.retry_after.wait_ms(), d.reset_after.wait_ms()))
         }
     }
 
@@ -63,7 +63,7 @@ impl Service {
                     reset_after_ms: g.decision.reset_after / MS,
                     window_ms: self.limit.window() / MS,
                     retry_after_ms: if g.units == 0 {
-                        g.decision.retry_after.div_ceil(MS)
+                        g.decision.retry_after.wait_ms()
                     } else {
                         0
                     },

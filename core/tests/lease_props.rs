@@ -7,7 +7,7 @@ use sluice_core::lease::{give_back, grant, Grant};
 use sluice_core::time::Micros;
 use sluice_core::{Algorithm, Limit, State};
 
-const MS: Micros = 1_000;
+const MS: Micros = Micros::MILLISECOND;
 
 /// Requests arriving at `(time, proxy)`; a proxy without a lease asks for the next of `asks`,
 /// spends it, and gives back what is left when it ends (`return_late`: at its next request,
@@ -42,11 +42,11 @@ fn spend(limit: &Limit, arrivals: &[(Micros, usize)], asks: &[u64], ttl: Micros,
 }
 
 fn arrivals() -> impl Strategy<Value = Vec<(Micros, usize)>> {
-    proptest::collection::vec((0..50 * MS, 0..4usize), 1..400).prop_map(|gaps| {
-        let mut t = 0;
+    proptest::collection::vec((0..(50 * MS).as_u64(), 0..4usize), 1..400).prop_map(|gaps| {
+        let mut t = Micros::ZERO;
         gaps.into_iter()
             .map(|(gap, p)| {
-                t += gap;
+                t += Micros::new(gap);
                 (t, p)
             })
             .collect()
@@ -72,7 +72,7 @@ proptest! {
         let admitted = spend(&l, &arrivals, &asks, ttl_ms * MS, late);
         let mut per_window = std::collections::BTreeMap::new();
         for t in &admitted {
-            *per_window.entry(t / l.window()).or_insert(0u64) += 1;
+            *per_window.entry(*t / l.window()).or_insert(0u64) += 1;
         }
         for (w, n) in per_window {
             prop_assert!(n <= limit, "window {w}: {n} spent of {limit}");
@@ -98,9 +98,9 @@ proptest! {
         for i in 0..admitted.len() {
             for j in i..admitted.len() {
                 let span = admitted[j] - admitted[i] + ttl;
-                let bound = l.capacity() as f64 + (limit * span) as f64 / l.window() as f64;
+                let bound = l.capacity() as f64 + (limit * span.as_u64()) as f64 / l.window().as_u64() as f64;
                 let n = (j - i + 1) as f64;
-                prop_assert!(n <= bound + 1e-9, "{n} spent over {} µs (+ ttl {ttl}): bound {bound:.2}", admitted[j] - admitted[i]);
+                prop_assert!(n <= bound + 1e-9, "{n} spent over {} µs (+ ttl {}): bound {bound:.2}", (admitted[j] - admitted[i]).as_u64(), ttl.as_u64());
             }
         }
     }
@@ -116,7 +116,7 @@ fn a_lease_returned_after_its_end_gives_nothing_back() {
         .burst(7)
         .build()
         .unwrap();
-    let times: [(Micros, usize); 55] = [
+    let times: [(u64, usize); 55] = [
         (0, 2),
         (27869, 1),
         (32867, 0),
@@ -173,16 +173,18 @@ fn a_lease_returned_after_its_end_gives_nothing_back() {
         (592339, 3),
         (592339, 0),
     ];
+    let times = times.map(|(t, p)| (Micros::new(t), p));
     let ttl = 42 * MS;
     let admitted = spend(&l, &times, &[6], ttl, true);
     for i in 0..admitted.len() {
         for j in i..admitted.len() {
             let span = admitted[j] - admitted[i] + ttl;
-            let bound = l.capacity() as f64 + (15 * span) as f64 / l.window() as f64;
+            let bound = l.capacity() as f64 + (15 * span.as_u64()) as f64 / l.window().as_u64() as f64;
             assert!(
                 (j - i + 1) as f64 <= bound,
-                "{} spent over {span} µs: bound {bound:.2}",
-                j - i + 1
+                "{} spent over {} µs: bound {bound:.2}",
+                j - i + 1,
+                span.as_u64()
             );
         }
     }

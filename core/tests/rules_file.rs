@@ -1,7 +1,7 @@
 //! The rule file: parsing, defaults, every validation message, syntax errors, round trips.
 
 use sluice_core::rules::{FailureMode, Identity, RuleSet, RulesError, Unreachable};
-use sluice_core::{Algorithm, Limit};
+use sluice_core::{Algorithm, Limit, Micros};
 
 fn example_text() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
@@ -52,11 +52,11 @@ fn defaults_are_as_documented() {
     assert_eq!(r.limit.capacity(), 10, "burst 0 means capacity = limit");
     assert_eq!(r.failure, FailureMode::Open);
     assert!(!r.limit.shaping());
-    assert_eq!(r.limit.max_delay(), 0);
+    assert_eq!(r.limit.max_delay(), Micros::ZERO);
     assert!(!r.shadow);
     assert_eq!(r.by, Identity::Ip);
     assert_eq!(r.window_ms, 1_000);
-    assert_eq!(r.limit.window(), 1_000_000, "windows are held in microseconds");
+    assert_eq!(r.limit.window(), Micros::SECOND, "windows are held in microseconds");
     // Defaults are left out when written back.
     assert_eq!(set.to_toml().trim(), BASE.trim());
 }
@@ -91,7 +91,7 @@ shadow    = true
     assert_eq!((r.limit.limit(), r.limit.capacity(), r.window_ms), (10, 4, 60_000));
     assert_eq!(r.failure, FailureMode::Closed);
     assert!(r.limit.shaping() && r.shadow);
-    assert_eq!(r.limit.max_delay(), 2_000_000);
+    assert_eq!(r.limit.max_delay(), Micros::from_secs(2));
     // What was written comes back, field for field.
     let again = RuleSet::from_toml(&set.to_toml()).unwrap();
     assert_eq!(again.to_toml(), set.to_toml());
@@ -252,12 +252,12 @@ fn json_rules_are_accepted_too() {
 #[test]
 fn leased_rules_say_when_an_algorithm_cannot_be_leased() {
     let leased = RuleSet::from_toml(&with("lease = true\nlease_ttl = \"2s\"")).unwrap();
-    assert_eq!(leased.rules()[0].lease_ttl, Some(2_000_000));
+    assert_eq!(leased.rules()[0].lease_ttl, Some(Micros::from_secs(2)));
     let again = RuleSet::from_toml(&leased.to_toml()).unwrap();
-    assert_eq!(again.rules()[0].lease_ttl, Some(2_000_000), "round trip");
+    assert_eq!(again.rules()[0].lease_ttl, Some(Micros::from_secs(2)), "round trip");
     assert_eq!(
         RuleSet::from_toml(&with("lease = true")).unwrap().rules()[0].lease_ttl,
-        Some(1_000_000)
+        Some(Micros::SECOND)
     );
     assert_eq!(
         RuleSet::from_toml(BASE).unwrap().rules()[0].lease_ttl,
@@ -278,7 +278,7 @@ fn leased_rules_say_when_an_algorithm_cannot_be_leased() {
 fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
     let plain = RuleSet::from_toml(&with("global = true")).unwrap();
     let g = plain.rules()[0].global.clone().expect("global");
-    assert_eq!((g.ttl, g.unreachable), (1_000_000, Unreachable::Spend), "defaults");
+    assert_eq!((g.ttl, g.unreachable), (Micros::SECOND, Unreachable::Spend), "defaults");
     assert_eq!(
         RuleSet::from_toml(BASE).unwrap().rules()[0].global,
         None,
@@ -291,18 +291,18 @@ fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
     let again = RuleSet::from_toml(&shared.to_toml()).unwrap();
     for set in [&shared, &again] {
         let g = set.rules()[0].global.clone().expect("global");
-        assert_eq!(g.ttl, 5_000_000);
+        assert_eq!(g.ttl, Micros::from_secs(5));
         let Unreachable::Share { limit: share, .. } = g.unreachable else {
             panic!("share, not {:?}", g.unreachable)
         };
         assert_eq!(
             (share.limit(), share.capacity(), share.window()),
-            (3, 6, 1_000_000),
+            (3, 6, Micros::SECOND),
             "30 % of 10 and of 20"
         );
         // A client with an override of 1,000 (burst 2,000) gets 30 % of its own limit when
         // cut off, not the rule's share.
-        let override_limit = Limit::builder(share.algorithm(), 1_000, 1_000_000)
+        let override_limit = Limit::builder(share.algorithm(), 1_000, Micros::SECOND)
             .burst(2_000)
             .build()
             .unwrap();
@@ -319,7 +319,7 @@ fn global_rules_name_their_policy_and_refuse_what_regions_cannot_lease() {
         "global = true\nglobal_ttl = \"2s\"\nlease = true\nlease_ttl = \"2s\"",
     ))
     .unwrap();
-    assert_eq!(through.rules()[0].lease_ttl, Some(2_000_000));
+    assert_eq!(through.rules()[0].lease_ttl, Some(Micros::from_secs(2)));
     let closed = RuleSet::from_toml(&with("global = true\non_global_unreachable = \"closed\"")).unwrap();
     assert_eq!(
         closed.rules()[0].global.as_ref().map(|g| &g.unreachable),

@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome, RuleResult};
-use sluice_core::Decision;
+use sluice_core::{Decision, Micros};
 
 fn req(json: &str) -> Result<CheckRequest, String> {
     CheckRequest::from_json(json.as_bytes()).map_err(|e| e.to_string())
@@ -144,9 +144,9 @@ fn decision(allowed: bool, remaining: u64, reset_us: u64, retry_us: u64, delay_u
         allowed,
         limit: 100,
         remaining,
-        reset_after: reset_us,
-        retry_after: retry_us,
-        delay: delay_us,
+        reset_after: Micros::new(reset_us),
+        retry_after: Micros::new(retry_us),
+        delay: Micros::new(delay_us),
     }
 }
 

@@ -3,11 +3,10 @@
 //! costs at most `max_keys` entries, and an evicted key only gets a fresh, full bucket back,
 //! so the prefilter errs towards letting the check service decide).
 
-use sluice_core::time::MICROS_PER_S;
 use sluice_core::{Algorithm, Decision, Limit, Micros, StateMap};
 
 /// The buckets' window: their rate is per second.
-pub const WINDOW: Micros = MICROS_PER_S;
+pub const WINDOW: Micros = Micros::SECOND;
 
 /// Keyed buckets.
 pub struct Buckets {

@@ -10,7 +10,6 @@ use sluice_core::identity::{bounded, ip_key};
 use sluice_core::lease::book::QuotaKey;
 use sluice_core::rules::host::is_host;
 use sluice_core::rules::FailureMode;
-use sluice_core::time::instant_ms;
 use sluice_core::wire::{check_method, CheckRequest, MAX_HOLD_MS};
 use sluice_core::{Decision, Micros};
 
@@ -235,12 +234,15 @@ impl Flow {
             }
         };
         let metrics = s.metrics;
-        p.record(metrics.check_latency_ms, instant_ms(now.saturating_sub(self.called_at)));
-        let quota = answer.quota(instant_ms(now));
+        p.record(
+            metrics.check_latency_ms,
+            now.saturating_sub(self.called_at).instant_ms(),
+        );
+        let quota = answer.quota(now.instant_ms());
         if !answer.allowed {
             p.count(metrics.denied_global, 1);
             if let (Some(rule), Some(leasing)) = (&answer.policy, s.leasing.as_mut()) {
-                leasing.refused(&self.leased, rule, &answer, instant_ms(now));
+                leasing.refused(&self.leased, rule, &answer, now.instant_ms());
             }
             deny(s, p, &quota);
             return false;
@@ -264,7 +266,7 @@ impl Flow {
     fn retry(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> bool {
         let check = &s.config.check;
         let timeout_ms = u64::from(check.timeout_ms);
-        let elapsed_ms = instant_ms(now.saturating_sub(self.called_at));
+        let elapsed_ms = now.saturating_sub(self.called_at).instant_ms();
         if self.retried || self.probe || elapsed_ms * 2 >= timeout_ms || !s.breaker.allow(now) {
             return false;
         }
@@ -284,13 +286,20 @@ impl Flow {
     /// `None`: check it exactly.
     fn by_lease(&mut self, s: &mut Shared, p: &mut impl Proxy, r: &CheckRequest, now: Micros) -> Option<Action> {
         let leasing = s.leasing.as_mut()?;
-        let decided = leasing.decide(p, &r.identities, &r.method, r.host.as_deref(), &r.path, instant_ms(now));
+        let decided = leasing.decide(
+            p,
+            &r.identities,
+            &r.method,
+            r.host.as_deref(),
+            &r.path,
+            now.instant_ms(),
+        );
         let metrics = s.metrics;
         match decided {
             ByLease::Allowed(quotas) => {
                 self.leased = quotas.iter().map(|(quota, _)| quota.clone()).collect();
                 if let Some(((rule, _), left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
-                    let quota = Quota::from_lease(rule, left, instant_ms(now));
+                    let quota = Quota::from_lease(rule, left, now.instant_ms());
                     format_headers(&quota, s.config.headers, &mut self.response_headers);
                 }
                 p.count(metrics.allowed, 1);
@@ -305,7 +314,7 @@ impl Flow {
                 p.count(metrics.denied_spent, 1);
                 let quota = Quota {
                     retry_after_ms: Some(retry_after_ms),
-                    ..Quota::from_lease(&rule, &left, instant_ms(now))
+                    ..Quota::from_lease(&rule, &left, now.instant_ms())
                 };
                 deny(s, p, &quota);
                 Some(Action::Pause)
@@ -375,6 +384,6 @@ fn deny(s: &Shared, p: &mut impl Proxy, quota: &Quota<'_>) {
 
 /// Answers 429 for a local or fallback bucket's denial `d`.
 fn deny_by_bucket(s: &Shared, p: &mut impl Proxy, d: &Decision, policy: &'static str, now: Micros) {
-    let quota = Quota::from_decision(policy, d, instant_ms(buckets::WINDOW), instant_ms(now));
+    let quota = Quota::from_decision(policy, d, buckets::WINDOW.instant_ms(), now.instant_ms());
     deny(s, p, &quota);
 }

@@ -8,8 +8,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use sluice_core::lease::book::QuotaKey;
-use sluice_core::time::instant_ms;
 use sluice_core::wire::CheckResponse;
+use sluice_core::Micros;
 
 use crate::clock::now_us;
 use crate::config::Config;
@@ -27,7 +27,7 @@ pub struct Root {
 }
 
 /// The answer to the root's call `token` (a body of `body` bytes).
-fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: u64) {
+fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: Micros) {
     if let Some(quotas) = s.debits.as_mut().and_then(|d| d.answered(token)) {
         debit_answered(s, p, &quotas, now);
         return;
@@ -40,7 +40,7 @@ fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: u6
         Vec::new()
     };
     if let Some(leasing) = s.leasing.as_mut() {
-        leasing.answered(p, token, (status, etag, &body), instant_ms(now));
+        leasing.answered(p, token, (status, etag, &body), now.instant_ms());
     }
 }
 
@@ -53,7 +53,7 @@ fn status(p: &impl Proxy) -> u16 {
 
 /// The service answered a debit: a leased quota it says is spent is refused here until it
 /// refills; a debit it did not take is counted as lost.
-fn debit_answered(s: &mut Shared, p: &mut impl Proxy, quotas: &[QuotaKey], now: u64) {
+fn debit_answered(s: &mut Shared, p: &mut impl Proxy, quotas: &[QuotaKey], now: Micros) {
     let status = status(p);
     let answer = (status == 200)
         .then(|| p.call_body(MAX_ANSWER_BYTES))
@@ -67,7 +67,7 @@ fn debit_answered(s: &mut Shared, p: &mut impl Proxy, quotas: &[QuotaKey], now: 
         return;
     };
     if let (false, Some(rule), Some(leasing)) = (answer.allowed, &answer.policy, s.leasing.as_mut()) {
-        leasing.refused(quotas, rule, &answer, instant_ms(now));
+        leasing.refused(quotas, rule, &answer, now.instant_ms());
     }
 }
 
@@ -88,10 +88,10 @@ fn send_debits(s: &mut Shared, p: &mut impl Proxy) {
 }
 
 /// Asks for the rules and for leases, and gives back what leases will not spend.
-fn send_lease_calls(s: &mut Shared, p: &mut impl Proxy, now: u64) {
+fn send_lease_calls(s: &mut Shared, p: &mut impl Proxy, now: Micros) {
     let Some(leasing) = s.leasing.as_mut() else { return };
     let check = &s.config.check;
-    for out in leasing.due(p, instant_ms(now)) {
+    for out in leasing.due(p, now.instant_ms()) {
         let etag = out.etag.as_deref().map(|e| ("if-none-match", e));
         let extra: Vec<(&str, &str)> = etag.into_iter().collect();
         let request = (out.method, out.path.as_str());

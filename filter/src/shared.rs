@@ -2,7 +2,7 @@
 //! local and fallback buckets, the breaker over the check service, the metric ids.
 
 use sluice_core::breaker::Breaker;
-use sluice_core::time::micros_from_ms;
+use sluice_core::Micros;
 
 use crate::buckets::Buckets;
 use crate::config::Config;
@@ -40,7 +40,7 @@ impl Shared {
         let max_keys = config.local.as_ref().map_or(FALLBACK_MAX_KEYS, |l| l.max_keys);
         let fallback = Buckets::new(fb.rate_per_s, fb.burst, max_keys).ok_or("failure.fallback: invalid rate")?;
         let settings = &config.failure.breaker;
-        let breaker = Breaker::new(settings.failures, micros_from_ms(settings.cooldown_ms));
+        let breaker = Breaker::new(settings.failures, Micros::from_ms(settings.cooldown_ms));
         let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics));
         let debits = config.debit.clone().map(Debits::new);
         Ok(Shared {

@@ -12,8 +12,7 @@
 
 use sluice_core::backoff::{Backoff as CoreBackoff, BackoffPolicy, Jitter, SplitMix64};
 use sluice_core::headers::{self, HeaderMode};
-use sluice_core::time::{instant_ms, micros_from_ms, wait_ms};
-use sluice_core::{Algorithm, Limit, State};
+use sluice_core::{Algorithm, Limit, Micros, State};
 use sluice_pace::headers::{self as read, RateLimitInfo};
 use sluice_pace::pacing::{BucketPacer, Cost, PacerConfig};
 use sluice_pace::retry::{self, BudgetConfig, RetryBudget as CoreBudget};
@@ -357,7 +356,7 @@ impl Limiter {
     #[wasm_bindgen(constructor)]
     pub fn new(algorithm: &str, limit: f64, window_ms: f64, burst: f64) -> Result<Limiter, JsError> {
         let algorithm: Algorithm = algorithm.parse().map_err(|e| JsError::new(&format!("{e}")))?;
-        let window = micros_from_ms(whole(window_ms));
+        let window = Micros::from_ms(whole(window_ms));
         let limit = Limit::builder(algorithm, whole(limit), window)
             .burst(whole(burst))
             .build()
@@ -372,19 +371,19 @@ impl Limiter {
     pub fn decide(&mut self, now_ms: f64, cost: f64) -> Decision {
         let d = self
             .limit
-            .decide(&mut self.state, micros_from_ms(whole(now_ms)), whole(cost).max(1));
+            .decide(&mut self.state, Micros::from_ms(whole(now_ms)), whole(cost).max(1));
         Decision {
             allowed: d.allowed,
             limit: num(d.limit),
             remaining: num(d.remaining),
-            reset_after_ms: num(wait_ms(d.reset_after)),
-            retry_after_ms: num(wait_ms(d.retry_after)),
+            reset_after_ms: num(d.reset_after.wait_ms()),
+            retry_after_ms: num(d.retry_after.wait_ms()),
         }
     }
 
     /// The window in milliseconds.
     #[wasm_bindgen(getter, js_name = windowMs)]
     pub fn window_ms(&self) -> f64 {
-        num(instant_ms(self.limit.window()))
+        num(self.limit.window().instant_ms())
     }
 }

@@ -3,8 +3,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use sluice_core::time::{micros_from_ms, wait_ms};
-use sluice_core::{Algorithm, Limit, State};
+use sluice_core::{Algorithm, Limit, Micros, State};
 
 /// `limit` requests per `window_ms` with `algorithm` (`token_bucket`, `gcra`,
 /// `leaky_bucket`, `fixed_window`, `sliding_window_log`, `sliding_window_counter`);
@@ -43,7 +42,7 @@ impl Limiter {
     #[pyo3(signature = (algorithm, limit, window_ms, burst = 0))]
     fn new(algorithm: &str, limit: u64, window_ms: u64, burst: u64) -> PyResult<Limiter> {
         let algorithm: Algorithm = algorithm.parse().map_err(|e| PyValueError::new_err(format!("{e}")))?;
-        let limit = Limit::builder(algorithm, limit, micros_from_ms(window_ms))
+        let limit = Limit::builder(algorithm, limit, Micros::from_ms(window_ms))
             .burst(burst)
             .build()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -56,13 +55,13 @@ impl Limiter {
     /// Decides a request of weight `cost` (at least 1) at `now_ms` (any monotonic clock).
     #[pyo3(signature = (now_ms, cost = 1))]
     fn decide(&mut self, now_ms: u64, cost: u64) -> Decision {
-        let d = self.limit.decide(&mut self.state, micros_from_ms(now_ms), cost.max(1));
+        let d = self.limit.decide(&mut self.state, Micros::from_ms(now_ms), cost.max(1));
         Decision {
             allowed: d.allowed,
             limit: d.limit,
             remaining: d.remaining,
-            reset_after_ms: wait_ms(d.reset_after),
-            retry_after_ms: wait_ms(d.retry_after),
+            reset_after_ms: d.reset_after.wait_ms(),
+            retry_after_ms: d.retry_after.wait_ms(),
         }
     }
 }

@@ -8,7 +8,6 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub use sluice_core::breaker::BreakerState;
-use sluice_core::time::micros_from_duration;
 use sluice_core::Micros;
 
 /// A breaker shared by all requests of a node.
@@ -26,7 +25,7 @@ impl Breaker {
     /// Opens after `threshold` consecutive failures, for `cooldown`.
     pub fn new(threshold: u32, cooldown: Duration) -> Breaker {
         Breaker {
-            inner: Mutex::new(sluice_core::Breaker::new(threshold, micros_from_duration(cooldown))),
+            inner: Mutex::new(sluice_core::Breaker::new(threshold, Micros::from_duration(cooldown))),
             clean: AtomicBool::new(true),
             epoch: Instant::now(),
             cooldown,
@@ -34,7 +33,7 @@ impl Breaker {
     }
 
     fn now(&self) -> Micros {
-        micros_from_duration(self.epoch.elapsed())
+        Micros::from_duration(self.epoch.elapsed())
     }
 
     fn lock(&self) -> MutexGuard<'_, sluice_core::Breaker> {

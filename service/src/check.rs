@@ -8,7 +8,6 @@ use std::borrow::Cow;
 
 use sluice_core::identity::ip_identity;
 use sluice_core::rules::{Rule, MISSING};
-use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 
 use crate::decide::{count, decide_limits, matched, refused_for_missing, settle};
@@ -38,8 +37,8 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     }
     let _timer = node.metrics.time_check(Api::Http);
     let rules = node.rules();
-    let now_us = node.clock.now_us();
-    let now_ms = instant_ms(now_us);
+    let now = node.clock.now();
+    let now_ms = now.instant_ms();
     let found: Vec<(&Rule, &str)> = rules
         .matching_host(&req.identities, &req.method, req.host.as_deref(), &req.path)
         .collect();
@@ -53,7 +52,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let mut matched = matched(node, &rules, found, req.cost, now_ms);
     let degraded = match &node.region {
         Some(region) if matched.iter().any(|m| m.global.is_some()) => {
-            crate::region::decide::decide(node, region, &mut matched, now_us).await
+            crate::region::decide::decide(node, region, &mut matched, now).await
         }
         _ => decide_limits(node, &mut matched).await,
     };

@@ -4,7 +4,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sluice_core::time::micros_from_duration;
 use sluice_core::Micros;
 
 /// A wall clock guarded against steps backwards (NTP corrections), shared by a node.
@@ -16,22 +15,22 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// Current unix time in microseconds, never less than a previous reading.
-    pub fn now_us(&self) -> Micros {
+    /// Current unix time, never less than a previous reading.
+    pub fn now(&self) -> Micros {
         let held = self.held.load(Ordering::Relaxed);
         if held != 0 {
-            return held;
+            return Micros::new(held);
         }
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, micros_from_duration);
-        let prev = self.last.fetch_max(wall, Ordering::Relaxed);
-        wall.max(prev)
+            .map_or(Micros::ZERO, Micros::from_duration);
+        let prev = self.last.fetch_max(wall.as_u64(), Ordering::Relaxed);
+        wall.max(Micros::new(prev))
     }
 
-    /// Holds the clock at `now` (µs, a test's time) until set again; `None`: the wall's
-    /// time again.
+    /// Holds the clock at `now` (a test's time) until set again; `None`: the wall's time
+    /// again.
     pub fn set(&self, now: Option<Micros>) {
-        self.held.store(now.unwrap_or(0), Ordering::Relaxed);
+        self.held.store(now.unwrap_or(Micros::ZERO).as_u64(), Ordering::Relaxed);
     }
 }

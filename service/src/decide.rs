@@ -271,14 +271,14 @@ fn fail_over(node: &Node, matched: &[&Target], items: &[Item<'_>]) -> Vec<Decisi
 /// The answer to a request that a `deny` rule refuses for want of its identity: that rule
 /// denies, nothing is counted anywhere (a refused request takes nothing).
 pub fn refused_for_missing(rule: &Rule, now_ms: u64) -> CheckResponse {
-    let window = sluice_core::time::micros_from_ms(rule.window_ms);
+    let window = sluice_core::Micros::from_ms(rule.window_ms);
     let decision = Decision {
         allowed: false,
         limit: rule.limit.limit(),
         remaining: 0,
         reset_after: window,
         retry_after: window,
-        delay: 0,
+        delay: sluice_core::Micros::ZERO,
     };
     let outcome = RuleOutcome {
         rule: &rule.name,

@@ -10,7 +10,6 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use sluice_core::lease::wire::{LeaseGranted, LeaseRequest};
 use sluice_core::rules::{Rule, RuleSet};
-use sluice_core::time::{instant_ms, wait_ms};
 use sluice_core::Micros;
 use thiserror::Error;
 
@@ -58,14 +57,14 @@ pub async fn exchange(
             lease: id,
             units: g.units,
             // Rounded down: the lease holder ends it no later than the store does.
-            expires_in_ms: instant_ms(g.expires_at.saturating_sub(g.granted_at)),
+            expires_in_ms: g.expires_at.saturating_sub(g.granted_at).instant_ms(),
             limit: g.decision.limit,
             remaining: g.decision.remaining,
-            reset_after_ms: wait_ms(g.decision.reset_after),
+            reset_after_ms: g.decision.reset_after.wait_ms(),
             window_ms: rule.window_ms,
             // With nothing granted, when one unit could be: the proxy refuses until then.
             retry_after_ms: if g.units == 0 {
-                wait_ms(g.decision.retry_after)
+                g.decision.retry_after.wait_ms()
             } else {
                 0
             },

@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::time::instant_ms;
-
 use crate::console;
 use crate::node::Node;
 use crate::rules_source;
@@ -21,7 +19,7 @@ pub async fn sweep(node: Arc<Node>) {
             m.sweep();
         }
         node.fallback.sweep();
-        if let Err(e) = rules_source::expire_overrides(&node, instant_ms(node.clock.now_us())).await {
+        if let Err(e) = rules_source::expire_overrides(&node, node.clock.now().instant_ms()).await {
             tracing::debug!(error = %e, "expired overrides not removed yet");
         }
     }

@@ -5,7 +5,6 @@
 use sluice_core::identity::ip_identity;
 use sluice_core::lease::wire::{LeaseGranted, LeaseRequest, LeaseResponse};
 use sluice_core::rules::{Identity, RuleSet};
-use sluice_core::time::instant_ms;
 
 use crate::exchange::{exchange, LeaseError};
 use crate::node::Node;
@@ -14,7 +13,7 @@ use crate::region::{sublease, Region};
 /// Takes back what `req`'s returns did not spend, then grants its asks.
 pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, LeaseError> {
     let (rules, rules_version) = node.rules_in_force();
-    let now_ms = instant_ms(node.clock.now_us());
+    let now_ms = node.clock.now().instant_ms();
     let timeout = node.config.store_timeout;
     let req = ip_grouped(req, &rules, node.config.ipv6_prefix);
     let (grants, returned) = match &node.region {

@@ -488,6 +488,7 @@ mod tests {
     use crate::region::{Region, RegionConfig, Source};
     use crate::store::memory::MemoryStore;
     use crate::store::Store;
+    use sluice_core::Micros;
 
     /// A node's metrics with a region named `region`, every counter bumped once or more.
     fn text(rule: &str, region: &str) -> String {
@@ -506,9 +507,9 @@ mod tests {
                 allowed: true,
                 limit: 100,
                 remaining,
-                reset_after: 0,
-                retry_after: 0,
-                delay: 0,
+                reset_after: Micros::ZERO,
+                retry_after: Micros::ZERO,
+                delay: Micros::ZERO,
             };
             m.near_limit(rule, &decision);
             m.near_limit(

@@ -8,7 +8,6 @@
 
 use sluice_core::algorithm::peeked;
 use sluice_core::rules::{Rule, RuleSet};
-use sluice_core::time::instant_ms;
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 
 use crate::decide::{matched, refused_for_missing, Matched};
@@ -28,7 +27,7 @@ fn found<'r>(node: &Node, rules: &'r RuleSet, req: &'r CheckRequest) -> Vec<(&'r
 /// buckets say (`degraded`), whatever the rules' failure policies.
 pub async fn peek(node: &Node, req: &CheckRequest) -> CheckResponse {
     let rules = node.rules();
-    let now_ms = instant_ms(node.clock.now_us());
+    let now_ms = node.clock.now().instant_ms();
     let found = found(node, &rules, req);
     if let Some((rule, _)) = found.iter().find(|(rule, id)| rule.refuses(id) && !rule.shadow) {
         return refused_for_missing(rule, now_ms);
@@ -63,7 +62,7 @@ pub async fn peek_limits(node: &Node, limits: &mut [Matched<'_>]) -> bool {
 /// taken from the fallback buckets when the store cannot answer: the error says so.
 pub async fn debit(node: &Node, req: &CheckRequest) -> Result<CheckResponse, StoreError> {
     let rules = node.rules();
-    let now_ms = instant_ms(node.clock.now_us());
+    let now_ms = node.clock.now().instant_ms();
     let mut matched = matched(node, &rules, found(node, &rules, req), req.cost, now_ms);
     for m in &mut matched {
         let t = &m.target;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use sluice_core::algorithm::{decide_all, Part};
-use sluice_core::{Algorithm, Limit, State};
+use sluice_core::{Algorithm, Limit, Micros, State};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{Engine, RedisOptions, RedisStore};
 use sluice_service::store::{keys, Item, StoreError};
@@ -44,9 +44,9 @@ fn limit() -> impl Strategy<Value = Limit> {
         } else {
             (Algorithm::ALL[a], false)
         };
-        Limit::builder(algorithm, limit, window_ms * 1000)
+        Limit::builder(algorithm, limit, Micros::from_ms(window_ms))
             .burst(burst)
-            .shaping(shaping.then_some(max_delay_ms * 1000))
+            .shaping(shaping.then_some(Micros::from_ms(max_delay_ms)))
             .build()
             .unwrap()
     })
@@ -54,7 +54,7 @@ fn limit() -> impl Strategy<Value = Limit> {
 
 fn case() -> impl Strategy<Value = Case> {
     (limit(), 1u64 << 40..1u64 << 51).prop_flat_map(|(limit, start)| {
-        let gap = 0..(limit.window() / 3).max(2);
+        let gap = 0..(limit.window().as_u64() / 3).max(2);
         proptest::collection::vec((gap, 1u64..4, proptest::bool::weighted(0.1)), 1..40).prop_map(move |steps| Case {
             limit,
             steps,
@@ -103,14 +103,15 @@ fn lua_agrees_with_core_on_random_traces(rt: &tokio::runtime::Runtime, store: &R
             let mut now = c.start;
             for (i, &(gap, cost, refund)) in c.steps.iter().enumerate() {
                 now += gap;
-                let want = c.limit.decide(&mut state, now, cost);
-                store.set_clock(Some(now));
+                let want = c.limit.decide(&mut state, Micros::new(now), cost);
+                store.set_clock(Some(Micros::new(now)));
                 let got = rt.block_on(store.decide(&key, &c.limit, cost)).unwrap();
-                prop_assert_eq!(got.at, now);
+                prop_assert_eq!(got.at, Micros::new(now));
                 prop_assert_eq!(got.decision, want, "step {} of {:?} at {}", i, c.limit, now);
                 if refund && want.allowed {
-                    c.limit.refund(&mut state, now, cost);
-                    rt.block_on(store.refund(&key, &c.limit, now, cost)).unwrap();
+                    c.limit.refund(&mut state, Micros::new(now), cost);
+                    rt.block_on(store.refund(&key, &c.limit, Micros::new(now), cost))
+                        .unwrap();
                 }
             }
             Ok(())
@@ -173,8 +174,8 @@ fn several_rules_agree_with_core(
                     .zip(&parts)
                     .map(|(key, part)| Item { key, part: *part })
                     .collect();
-                let want = decide_all(&parts, &mut states, now);
-                store.set_clock(Some(now));
+                let want = decide_all(&parts, &mut states, Micros::new(now));
+                store.set_clock(Some(Micros::new(now)));
                 let got = rt.block_on(store.decide_all(&items)).unwrap();
                 let got: Vec<_> = got.iter().map(|s| s.decision).collect();
                 prop_assert_eq!(got, want, "step {} at {}", i, now);
@@ -216,7 +217,7 @@ fn a_check_is_one_round_trip_however_many_rules_and_a_denial_consumes_nothing() 
         let store = RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT))
             .await
             .unwrap();
-        let day = 86_400_000_000;
+        let day = Micros::from_secs(86_400);
         let wide = Limit::builder(Algorithm::SlidingWindowLog, 100, day).build().unwrap();
         let narrow = Limit::builder(Algorithm::FixedWindow, 10, day).build().unwrap();
         let bucket = Limit::builder(Algorithm::TokenBucket, 50, day).build().unwrap();
@@ -277,7 +278,9 @@ fn a_cluster_check_is_one_call_per_slot_and_hashes_slots_as_redis_does() {
         let store = RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT))
             .await
             .unwrap();
-        let limit = Limit::builder(Algorithm::Gcra, 1_000, 86_400_000_000).build().unwrap();
+        let limit = Limit::builder(Algorithm::Gcra, 1_000, Micros::from_secs(86_400))
+            .build()
+            .unwrap();
         let (a, b, c) = (
             keys::limit("a", "alice"),
             keys::limit("b", "alice"),
@@ -318,12 +321,12 @@ const CLOCK_WINDOW_US: u64 = 4_000_000;
 fn redis_clock_limits() -> Vec<Limit> {
     let mut limits: Vec<Limit> = Algorithm::ALL
         .iter()
-        .map(|&a| Limit::builder(a, 2, CLOCK_WINDOW_US).build().unwrap())
+        .map(|&a| Limit::builder(a, 2, Micros::new(CLOCK_WINDOW_US)).build().unwrap())
         .collect();
     limits.push(
-        Limit::builder(Algorithm::LeakyBucket, 2, CLOCK_WINDOW_US)
+        Limit::builder(Algorithm::LeakyBucket, 2, Micros::new(CLOCK_WINDOW_US))
             .burst(1)
-            .shaping(Some(2_500_000))
+            .shaping(Some(Micros::new(2_500_000)))
             .build()
             .unwrap(),
     );
@@ -407,7 +410,9 @@ async fn four_nodes(url: &str) -> Vec<Arc<RedisStore>> {
 
 /// 4 stores (separate connections, as 4 nodes) × 16 clients each hammer one key.
 async fn admitted_by_64_clients(url: &str, algorithm: Algorithm, key: &str) -> u64 {
-    let limit = Limit::builder(algorithm, 1_000, 86_400_000_000).build().unwrap();
+    let limit = Limit::builder(algorithm, 1_000, Micros::from_secs(86_400))
+        .build()
+        .unwrap();
     let stores = four_nodes(url).await;
     let admitted = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -434,7 +439,7 @@ async fn admitted_by_64_clients(url: &str, algorithm: Algorithm, key: &str) -> u
 /// rule (1,000 a day), 25 tries each: 1,280 requests the user rules would admit. Returns
 /// how many passed both and what the IP rule has left afterwards.
 async fn two_rules_under_64_clients(url: &str) -> (u64, u64) {
-    let day = 86_400_000_000;
+    let day = Micros::from_secs(86_400);
     let shared = Limit::builder(Algorithm::SlidingWindowLog, 1_000, day).build().unwrap();
     let per_user = Limit::builder(Algorithm::FixedWindow, 20, day).build().unwrap();
     let stores = four_nodes(url).await;
@@ -546,7 +551,7 @@ fn every_key_gets_a_ttl_and_a_function_flush_is_survived() {
             .await
             .unwrap();
         for a in Algorithm::ALL {
-            let limit = Limit::builder(a, 5, 60_000_000).build().unwrap();
+            let limit = Limit::builder(a, 5, Micros::from_secs(60)).build().unwrap();
             assert!(
                 store
                     .decide(&format!("sluice:{{ttl:{a}}}"), &limit, 1)
@@ -564,7 +569,9 @@ fn every_key_gets_a_ttl_and_a_function_flush_is_survived() {
         }
         server.cli(&["script", "flush"]);
         server.cli(&["function", "flush"]);
-        let limit = Limit::builder(Algorithm::Gcra, 5, 60_000_000).build().unwrap();
+        let limit = Limit::builder(Algorithm::Gcra, 5, Micros::from_secs(60))
+            .build()
+            .unwrap();
         assert!(
             store.decide("sluice:{after-flush}", &limit, 1).await.is_ok(),
             "FUNCTION FLUSH not recovered"
@@ -584,7 +591,9 @@ fn a_dead_redis_fails_fast_and_a_restarted_one_is_used_again() {
         let store = RedisStore::connect(&server.url(), RedisOptions::new(Duration::from_millis(200)))
             .await
             .unwrap();
-        let limit = Limit::builder(Algorithm::FixedWindow, 100, 60_000_000).build().unwrap();
+        let limit = Limit::builder(Algorithm::FixedWindow, 100, Micros::from_secs(60))
+            .build()
+            .unwrap();
         assert!(store.decide("sluice:{k}", &limit, 1).await.is_ok());
         server.stop();
         let started = std::time::Instant::now();
@@ -617,15 +626,15 @@ fn leases_work_on_a_cluster() {
         let store = RedisStore::connect(&cluster.url(), RedisOptions::new(TIMEOUT))
             .await
             .unwrap();
-        let limit = Limit::builder(Algorithm::FixedWindow, 10, 3_600_000_000)
+        let limit = Limit::builder(Algorithm::FixedWindow, 10, Micros::from_secs(3_600))
             .build()
             .unwrap();
         for n in 0..12 {
             let key = keys::limit("leased", &format!("id{n}"));
-            let g = store.grant(&key, &limit, (8, 1_000_000), 1).await.unwrap();
+            let g = store.grant(&key, &limit, (8, Micros::SECOND), 1).await.unwrap();
             assert_eq!(g.units, 8, "{key}");
             assert_eq!(store.give_back(&key, &limit, 1, 5).await.unwrap(), 5, "{key}");
-            let again = store.grant(&key, &limit, (10, 1_000_000), 2).await.unwrap();
+            let again = store.grant(&key, &limit, (10, Micros::SECOND), 2).await.unwrap();
             assert_eq!(again.units, 7, "{key}: 10 - 8 + 5");
         }
     });
@@ -664,9 +673,11 @@ fn leases_in_lua_agree_with_core() {
             for (i, &(gap, want, ttl, back)) in steps.iter().enumerate() {
                 now += gap;
                 let id = i as u64;
-                let want_core = grant(&limit, &mut state, now, want, ttl);
-                store.set_clock(Some(now));
-                let got = rt.block_on(store.grant(&key, &limit, (want, ttl), id)).unwrap();
+                let want_core = grant(&limit, &mut state, Micros::new(now), want, Micros::new(ttl));
+                store.set_clock(Some(Micros::new(now)));
+                let got = rt
+                    .block_on(store.grant(&key, &limit, (want, Micros::new(ttl)), id))
+                    .unwrap();
                 prop_assert_eq!(
                     (got.units, got.expires_at, got.decision),
                     (want_core.units, want_core.expires_at, want_core.decision),
@@ -674,17 +685,23 @@ fn leases_in_lua_agree_with_core() {
                     i,
                     now
                 );
-                held.push((want_core.units, now, want_core.expires_at));
+                held.push((want_core.units, now, want_core.expires_at.as_u64()));
                 // Give back `back` units of an earlier lease, a little later.
                 let (j, at) = (i / 2, now + gap / 2);
                 let (units, granted_at, ends) = held[j];
                 let take = back.min(units);
-                let taken = give_back(&limit, &mut state, (granted_at, ends), take, at);
+                let taken = give_back(
+                    &limit,
+                    &mut state,
+                    (Micros::new(granted_at), Micros::new(ends)),
+                    take,
+                    Micros::new(at),
+                );
                 let expect = if taken { take } else { 0 };
                 if taken {
                     held[j].0 -= take;
                 }
-                store.set_clock(Some(at));
+                store.set_clock(Some(Micros::new(at)));
                 let got = rt.block_on(store.give_back(&key, &limit, j as u64, back)).unwrap();
                 prop_assert_eq!(got, expect, "give back {} of lease {} at {}", back, j, at);
                 now = at;
@@ -713,7 +730,9 @@ fn a_user_without_the_right_to_load_functions_decides_as_the_script() {
         let url = format!("redis://checker:secret@127.0.0.1:{}", server.port());
         let store = RedisStore::connect(&url, RedisOptions::new(TIMEOUT)).await.unwrap();
         assert_eq!(store.engine(), Some(Engine::Script));
-        let limit = Limit::builder(Algorithm::FixedWindow, 2, 60_000_000).build().unwrap();
+        let limit = Limit::builder(Algorithm::FixedWindow, 2, Micros::from_secs(60))
+            .build()
+            .unwrap();
         let allowed: Vec<bool> = [0; 3]
             .iter()
             .map(|_| async { store.decide("sluice:{acl}", &limit, 1).await.unwrap().decision.allowed })
@@ -757,7 +776,7 @@ fn checks_during_a_live_reshard_are_answered_and_counted_exactly() {
         ))
         .unwrap(),
     );
-    let limit = Limit::builder(Algorithm::FixedWindow, 1_000_000, 86_400_000_000)
+    let limit = Limit::builder(Algorithm::FixedWindow, 1_000_000, Micros::from_secs(86_400))
         .build()
         .unwrap();
     let identities = 300;

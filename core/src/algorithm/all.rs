@@ -56,10 +56,10 @@ pub fn decide_all(parts: &[Part<'_>], states: &mut [State], now: Micros) -> Vec<
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
-    use crate::time::MICROS_PER_S;
+    use crate::time::Micros;
 
     fn limit(algorithm: Algorithm, n: u64) -> Limit {
-        Limit::builder(algorithm, n, MICROS_PER_S).build().unwrap()
+        Limit::builder(algorithm, n, Micros::SECOND).build().unwrap()
     }
 
     #[test]
@@ -78,9 +78,9 @@ mod tests {
             },
         ];
         let mut states = [State::Fresh, State::Fresh];
-        assert!(passes(&parts, &decide_all(&parts, &mut states, 0)));
+        assert!(passes(&parts, &decide_all(&parts, &mut states, Micros::ZERO)));
         let after_first = states.clone();
-        let d = decide_all(&parts, &mut states, 1);
+        let d = decide_all(&parts, &mut states, Micros::new(1));
         assert!(d[0].allowed && !d[1].allowed && !passes(&parts, &d));
         assert_eq!(states, after_first, "the denied request consumed nothing");
         assert_eq!(d[0].remaining, 8, "the admitting part reports what it would have left");
@@ -102,9 +102,9 @@ mod tests {
             },
         ];
         let mut states = [State::Fresh, State::Fresh];
-        let first = decide_all(&parts, &mut states, 0);
+        let first = decide_all(&parts, &mut states, Micros::ZERO);
         assert!(first[1].allowed && states[1] != State::Fresh, "the shadow part counted");
-        let second = decide_all(&parts, &mut states, 1);
+        let second = decide_all(&parts, &mut states, Micros::new(1));
         assert!(
             !second[1].allowed && passes(&parts, &second),
             "a shadow denial does not deny"
@@ -123,8 +123,12 @@ mod tests {
             }];
             let (mut states, mut single) = ([State::Fresh], State::Fresh);
             for t in 0..6 {
-                let all = decide_all(&parts, &mut states, t * 1_000);
-                assert_eq!(all[0], l.decide(&mut single, t * 1_000, 1), "{algorithm} at {t} ms");
+                let all = decide_all(&parts, &mut states, Micros::from_ms(t));
+                assert_eq!(
+                    all[0],
+                    l.decide(&mut single, Micros::from_ms(t), 1),
+                    "{algorithm} at {t} ms"
+                );
                 assert_eq!(states[0], single, "{algorithm} at {t} ms");
             }
         }

@@ -22,7 +22,7 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::time::{Micros, MICROS_PER_MS};
+use crate::time::Micros;
 
 pub use all::{decide_all, passes, Part};
 
@@ -195,26 +195,26 @@ impl LimitBuilder {
         if limit == 0 {
             return Err(LimitError::ZeroLimit);
         }
-        if window < MICROS_PER_MS || window % MICROS_PER_MS != 0 {
+        if window < Micros::MILLISECOND || !(window % Micros::MILLISECOND).is_zero() {
             return Err(LimitError::BadWindow);
         }
-        let window_ms = window / MICROS_PER_MS;
-        if limit > window {
+        let window_ms = window.instant_ms();
+        if limit > window.as_u64() {
             return Err(LimitError::TooFast { limit, window_ms });
         }
         let capacity = if burst == 0 { limit } else { burst };
         let (shaping, max_delay) = match max_delay {
             Some(max_delay) if algorithm == Algorithm::LeakyBucket => (true, max_delay),
-            _ => (false, 0),
+            _ => (false, Micros::ZERO),
         };
         let interval = window.div_ceil(limit);
-        let g = gcd(window, limit);
-        let (unit, rate) = (window / g, limit / g);
+        let g = gcd(window.as_u64(), limit);
+        let (unit, rate) = (window.as_u64() / g, limit / g);
         let too_large = |field, detail: String| Err(LimitError::TooLarge { field, detail });
-        if window >= EXACT_LIMIT / 4 {
+        if window.as_u64() >= EXACT_LIMIT / 4 {
             return too_large("window", format!("{window_ms}ms is longer than 2^51 µs"));
         }
-        if max_delay >= EXACT_LIMIT / 4 {
+        if max_delay.as_u64() >= EXACT_LIMIT / 4 {
             return too_large("max_delay", "longer than 2^51 µs".into());
         }
         match algorithm {
@@ -223,11 +223,13 @@ impl LimitBuilder {
                 format!("capacity {capacity} × {unit} scaled units per token reaches 2^53"),
             ),
             Algorithm::Gcra | Algorithm::LeakyBucket
-                if capacity.checked_mul(interval).is_none_or(|v| v >= EXACT_LIMIT / 4) =>
+                if capacity
+                    .checked_mul(interval.as_u64())
+                    .is_none_or(|v| v >= EXACT_LIMIT / 4) =>
             {
                 too_large(
                     "burst",
-                    format!("capacity {capacity} × interval {interval}µs reaches 2^51"),
+                    format!("capacity {capacity} × interval {}µs reaches 2^51", interval.as_u64()),
                 )
             }
             Algorithm::SlidingWindowCounter if limit.checked_mul(window_ms).is_none_or(|v| v >= EXACT_LIMIT) => {
@@ -348,17 +350,17 @@ impl Limit {
         match (self.algorithm, state) {
             (Algorithm::TokenBucket, State::Bucket { tokens, last }) => {
                 let full = token_bucket::time_to_full(self, *tokens);
-                (last + full).saturating_sub(now)
+                (*last + full).saturating_sub(now)
             }
             (Algorithm::Gcra | Algorithm::LeakyBucket, State::Tat(tat)) => tat.saturating_sub(now),
             (Algorithm::FixedWindow, State::Window { id, .. }) => ((id + 1) * self.window).saturating_sub(now),
             (Algorithm::SlidingWindowLog, State::Log { entries, .. }) => entries
                 .back()
-                .map_or(0, |(ts, _)| (ts + self.window).saturating_sub(now)),
+                .map_or(Micros::ZERO, |&(ts, _)| (ts + self.window).saturating_sub(now)),
             (Algorithm::SlidingWindowCounter, State::Counter { id, .. }) => {
                 ((id + 2) * self.window).saturating_sub(now)
             }
-            _ => 0,
+            _ => Micros::ZERO,
         }
     }
 }
@@ -421,7 +423,7 @@ fn denied(limit: &Limit, remaining: u64, reset_after: Micros, retry_after: Micro
         remaining,
         reset_after,
         retry_after,
-        delay: 0,
+        delay: Micros::ZERO,
     }
 }
 
@@ -432,8 +434,8 @@ fn admitted(limit: &Limit, remaining: u64, reset_after: Micros) -> Decision {
         limit: limit.limit,
         remaining,
         reset_after,
-        retry_after: 0,
-        delay: 0,
+        retry_after: Micros::ZERO,
+        delay: Micros::ZERO,
     }
 }
 

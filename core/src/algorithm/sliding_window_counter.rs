@@ -4,7 +4,7 @@
 //! A request passes when `previous × (window − elapsed) / window + current + cost ≤ limit`,
 //! computed on whole milliseconds and multiplied out so that it stays in integers.
 
-use super::{admitted, denied, Decision, Limit, Micros, State, MICROS_PER_MS};
+use super::{admitted, denied, Decision, Limit, Micros, State};
 
 /// The counts of window `id` and the one before it, as of window `id`.
 fn counts(state: &State, id: u64) -> (u64, u64) {
@@ -23,15 +23,15 @@ fn counts(state: &State, id: u64) -> (u64, u64) {
 
 /// Scaled room left: `limit × w − previous × (w − e) − current × w`, in count·ms units.
 fn room(limit: &Limit, current: u64, previous: u64, elapsed_ms: u64) -> u64 {
-    let w = limit.window / MICROS_PER_MS;
+    let w = limit.window / Micros::MILLISECOND;
     (limit.limit * w).saturating_sub(previous * (w - elapsed_ms) + current * w)
 }
 
 pub(super) fn decide(limit: &Limit, state: &mut State, now: Micros, cost: u64) -> Decision {
-    let w = limit.window / MICROS_PER_MS;
+    let w = limit.window / Micros::MILLISECOND;
     let id = now / limit.window;
     let start = id * limit.window;
-    let elapsed_ms = (now - start) / MICROS_PER_MS;
+    let elapsed_ms = (now - start) / Micros::MILLISECOND;
     let (current, previous) = counts(state, id);
     let reset = start + limit.window - now;
     let room_now = room(limit, current, previous, elapsed_ms);
@@ -53,7 +53,7 @@ pub(super) fn decide(limit: &Limit, state: &mut State, now: Micros, cost: u64) -
 
 /// The earliest time a request of `cost` fits, if nothing else is admitted meanwhile.
 fn retry_after(limit: &Limit, current: u64, previous: u64, cost: u64, start: Micros, now: Micros) -> Micros {
-    let w = limit.window / MICROS_PER_MS;
+    let w = limit.window / Micros::MILLISECOND;
     // The first elapsed millisecond `e` of a window with counts (cur, prev) at which
     // prev × (w − e) ≤ (limit − cur − cost) × w, if any.
     let first_fit = |cur: u64, prev: u64| -> Option<u64> {
@@ -65,13 +65,13 @@ fn retry_after(limit: &Limit, current: u64, previous: u64, cost: u64, start: Mic
         (e < w).then_some(e)
     };
     let at = match first_fit(current, previous) {
-        Some(e) => start + e * MICROS_PER_MS,
+        Some(e) => start + e * Micros::MILLISECOND,
         None => match first_fit(0, current) {
-            Some(e) => start + limit.window + e * MICROS_PER_MS,
+            Some(e) => start + limit.window + e * Micros::MILLISECOND,
             None => start + 2 * limit.window,
         },
     };
-    at.saturating_sub(now).max(1)
+    at.saturating_sub(now).max(Micros::MICROSECOND)
 }
 
 pub(super) fn refund(limit: &Limit, state: &mut State, admitted_at: Micros, cost: u64) {

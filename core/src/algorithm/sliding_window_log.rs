@@ -17,7 +17,7 @@ pub(super) fn decide(limit: &Limit, state: &mut State, now: Micros, cost: u64) -
         };
     }
     let State::Log { entries, used } = state else {
-        return denied(limit, 0, 0, limit.window);
+        return denied(limit, 0, Micros::ZERO, limit.window);
     };
     while let Some(&(ts, c)) = entries.front() {
         if ts + limit.window > now {
@@ -30,7 +30,7 @@ pub(super) fn decide(limit: &Limit, state: &mut State, now: Micros, cost: u64) -
     if cost > free {
         let reset = entries
             .back()
-            .map_or(0, |&(ts, _)| (ts + limit.window).saturating_sub(now));
+            .map_or(Micros::ZERO, |&(ts, _)| (ts + limit.window).saturating_sub(now));
         return denied(
             limit,
             free,

@@ -3,7 +3,7 @@
 
 use super::*;
 
-const SEC: Micros = 1_000_000;
+const SEC: Micros = Micros::SECOND;
 
 fn limit(algorithm: Algorithm, n: u64, window: Micros) -> Limit {
     Limit::builder(algorithm, n, window).build().unwrap()
@@ -22,7 +22,7 @@ fn every_algorithm_admits_the_limit_then_denies() {
         let d = l.decide(&mut s, 100 * SEC, 1);
         assert!(!d.allowed, "{algorithm}: sixth request admitted");
         assert_eq!(d.remaining, 0);
-        assert!(d.retry_after > 0, "{algorithm}: denial without retry_after");
+        assert!(d.retry_after > Micros::ZERO, "{algorithm}: denial without retry_after");
     }
 }
 
@@ -31,12 +31,12 @@ fn token_bucket_refills_at_limit_per_window() {
     let l = limit(Algorithm::TokenBucket, 10, SEC); // one token per 100ms
     let mut s = State::Fresh;
     for _ in 0..10 {
-        assert!(l.decide(&mut s, 0, 1).allowed);
+        assert!(l.decide(&mut s, Micros::ZERO, 1).allowed);
     }
-    let d = l.decide(&mut s, 0, 1);
-    assert_eq!(d.retry_after, 100_000);
-    assert!(!l.decide(&mut s, 99_999, 1).allowed);
-    assert!(l.decide(&mut s, 100_000, 1).allowed);
+    let d = l.decide(&mut s, Micros::ZERO, 1);
+    assert_eq!(d.retry_after, Micros::new(100_000));
+    assert!(!l.decide(&mut s, Micros::new(99_999), 1).allowed);
+    assert!(l.decide(&mut s, Micros::new(100_000), 1).allowed);
 }
 
 #[test]
@@ -44,9 +44,9 @@ fn gcra_burst_is_capacity_and_interval_is_window_over_limit() {
     let l = Limit::builder(Algorithm::Gcra, 60, 60 * SEC).burst(3).build().unwrap();
     let mut s = State::Fresh;
     for _ in 0..3 {
-        assert!(l.decide(&mut s, 0, 1).allowed);
+        assert!(l.decide(&mut s, Micros::ZERO, 1).allowed);
     }
-    let d = l.decide(&mut s, 0, 1);
+    let d = l.decide(&mut s, Micros::ZERO, 1);
     assert!(!d.allowed);
     assert_eq!(d.retry_after, SEC);
     assert_eq!(d.reset_after, 3 * SEC);
@@ -56,11 +56,11 @@ fn gcra_burst_is_capacity_and_interval_is_window_over_limit() {
 fn shaping_leaky_bucket_delays_up_to_max_delay() {
     let l = Limit::builder(Algorithm::LeakyBucket, 10, SEC)
         .burst(1)
-        .shaping(Some(250_000))
+        .shaping(Some(Micros::new(250_000)))
         .build()
         .unwrap();
     let mut s = State::Fresh;
-    let delays: Vec<_> = (0..5).map(|_| l.decide(&mut s, 0, 1)).collect();
+    let delays: Vec<_> = (0..5).map(|_| l.decide(&mut s, Micros::ZERO, 1)).collect();
     // One passes at once, the next two wait 100ms and 200ms; 300ms would exceed max_delay.
     assert_eq!(
         delays.iter().map(|d| d.allowed).collect::<Vec<_>>(),
@@ -68,32 +68,35 @@ fn shaping_leaky_bucket_delays_up_to_max_delay() {
     );
     assert_eq!(
         delays.iter().map(|d| d.delay).collect::<Vec<_>>(),
-        [0, 100_000, 200_000, 0, 0]
+        [0, 100_000, 200_000, 0, 0].map(Micros::new)
     );
-    assert_eq!(delays[3].retry_after, 50_000);
+    assert_eq!(delays[3].retry_after, Micros::new(50_000));
 }
 
 #[test]
 fn fixed_window_resets_at_the_aligned_boundary() {
     let l = limit(Algorithm::FixedWindow, 2, SEC);
     let mut s = State::Fresh;
-    assert!(l.decide(&mut s, 1_700_000, 1).allowed);
-    assert!(l.decide(&mut s, 1_700_000, 1).allowed);
-    let d = l.decide(&mut s, 1_700_000, 1);
-    assert_eq!((d.allowed, d.retry_after, d.reset_after), (false, 300_000, 300_000));
-    assert!(l.decide(&mut s, 2_000_000, 1).allowed);
+    assert!(l.decide(&mut s, Micros::new(1_700_000), 1).allowed);
+    assert!(l.decide(&mut s, Micros::new(1_700_000), 1).allowed);
+    let d = l.decide(&mut s, Micros::new(1_700_000), 1);
+    assert_eq!(
+        (d.allowed, d.retry_after, d.reset_after),
+        (false, Micros::new(300_000), Micros::new(300_000))
+    );
+    assert!(l.decide(&mut s, Micros::from_secs(2), 1).allowed);
 }
 
 #[test]
 fn sliding_window_log_frees_the_oldest_entry_first() {
     let l = limit(Algorithm::SlidingWindowLog, 2, SEC);
     let mut s = State::Fresh;
-    assert!(l.decide(&mut s, 0, 1).allowed);
-    assert!(l.decide(&mut s, 400_000, 1).allowed);
-    let d = l.decide(&mut s, 500_000, 1);
-    assert_eq!((d.allowed, d.retry_after), (false, 500_000));
-    assert!(l.decide(&mut s, 1_000_000, 1).allowed);
-    assert!(!l.decide(&mut s, 1_000_000, 1).allowed);
+    assert!(l.decide(&mut s, Micros::ZERO, 1).allowed);
+    assert!(l.decide(&mut s, Micros::new(400_000), 1).allowed);
+    let d = l.decide(&mut s, Micros::new(500_000), 1);
+    assert_eq!((d.allowed, d.retry_after), (false, Micros::new(500_000)));
+    assert!(l.decide(&mut s, Micros::SECOND, 1).allowed);
+    assert!(!l.decide(&mut s, Micros::SECOND, 1).allowed);
 }
 
 #[test]
@@ -101,15 +104,15 @@ fn sliding_window_counter_weights_the_previous_window() {
     let l = limit(Algorithm::SlidingWindowCounter, 10, SEC);
     let mut s = State::Fresh;
     for _ in 0..10 {
-        assert!(l.decide(&mut s, 500_000, 1).allowed);
+        assert!(l.decide(&mut s, Micros::new(500_000), 1).allowed);
     }
     // At 1.25s the previous window (10) still weighs 75%: 7.5 + 1 <= 10 passes twice.
-    assert!(l.decide(&mut s, 1_250_000, 1).allowed);
-    assert!(l.decide(&mut s, 1_250_000, 1).allowed);
-    let d = l.decide(&mut s, 1_250_000, 1);
+    assert!(l.decide(&mut s, Micros::new(1_250_000), 1).allowed);
+    assert!(l.decide(&mut s, Micros::new(1_250_000), 1).allowed);
+    let d = l.decide(&mut s, Micros::new(1_250_000), 1);
     assert!(!d.allowed);
     // 10 × (1000 − e) / 1000 + 2 + 1 ≤ 10  ⇔  e ≥ 300ms.
-    assert_eq!(d.retry_after, 50_000);
+    assert_eq!(d.retry_after, Micros::new(50_000));
 }
 
 #[test]
@@ -118,14 +121,17 @@ fn refund_gives_back_what_was_taken() {
         let l = limit(algorithm, 3, SEC);
         let mut s = State::Fresh;
         for _ in 0..3 {
-            assert!(l.decide(&mut s, 10, 1).allowed);
+            assert!(l.decide(&mut s, Micros::new(10), 1).allowed);
         }
-        l.refund(&mut s, 10, 1);
+        l.refund(&mut s, Micros::new(10), 1);
         assert!(
-            l.decide(&mut s, 10, 1).allowed,
+            l.decide(&mut s, Micros::new(10), 1).allowed,
             "{algorithm}: refund did not free a unit"
         );
-        assert!(!l.decide(&mut s, 10, 1).allowed, "{algorithm}: refund freed too much");
+        assert!(
+            !l.decide(&mut s, Micros::new(10), 1).allowed,
+            "{algorithm}: refund freed too much"
+        );
     }
 }
 
@@ -134,7 +140,7 @@ fn a_cost_above_capacity_is_always_denied() {
     for algorithm in Algorithm::ALL {
         let l = limit(algorithm, 3, SEC);
         let mut s = State::Fresh;
-        assert!(!l.decide(&mut s, 0, 4).allowed, "{algorithm}");
+        assert!(!l.decide(&mut s, Micros::ZERO, 4).allowed, "{algorithm}");
         let untouched = match &s {
             State::Log { entries, .. } => entries.is_empty(),
             other => *other == State::Fresh,
@@ -148,11 +154,11 @@ fn state_expires_once_the_quota_is_whole_again() {
     for algorithm in Algorithm::ALL {
         let l = limit(algorithm, 4, SEC);
         let mut s = State::Fresh;
-        l.decide(&mut s, 5 * SEC + 1_000, 2);
-        let ttl = l.expires_after(&s, 5 * SEC + 1_000);
-        assert!(ttl > 0 && ttl <= 2 * SEC, "{algorithm}: ttl {ttl}");
+        l.decide(&mut s, 5 * SEC + Micros::new(1_000), 2);
+        let ttl = l.expires_after(&s, 5 * SEC + Micros::new(1_000));
+        assert!(ttl > Micros::ZERO && ttl <= 2 * SEC, "{algorithm}: ttl {ttl:?}");
         let mut fresh = State::Fresh;
-        let later = 5 * SEC + 1_000 + ttl;
+        let later = 5 * SEC + Micros::new(1_000) + ttl;
         assert_eq!(
             l.decide(&mut s, later, 1).remaining,
             l.decide(&mut fresh, later, 1).remaining,
@@ -168,11 +174,11 @@ fn invalid_limits_are_rejected_with_the_field() {
         Err(LimitError::ZeroLimit)
     );
     assert_eq!(
-        Limit::builder(Algorithm::Gcra, 1, 1_500).build(),
+        Limit::builder(Algorithm::Gcra, 1, Micros::new(1_500)).build(),
         Err(LimitError::BadWindow)
     );
     assert!(matches!(
-        Limit::builder(Algorithm::Gcra, 2_000, 1_000).build(),
+        Limit::builder(Algorithm::Gcra, 2_000, Micros::new(1_000)).build(),
         Err(LimitError::TooFast { .. })
     ));
     let e = Limit::builder(Algorithm::SlidingWindowCounter, 1 << 30, 86_400 * SEC)

@@ -14,7 +14,7 @@ fn available(limit: &Limit, state: &State, now: Micros) -> u64 {
             if elapsed >= time_to_full(limit, tokens) {
                 full
             } else {
-                tokens + elapsed * limit.rate
+                tokens + elapsed.as_u64() * limit.rate
             }
         }
         _ => full,
@@ -23,9 +23,11 @@ fn available(limit: &Limit, state: &State, now: Micros) -> u64 {
 
 /// Microseconds until a bucket holding `tokens` scaled tokens is full again.
 pub(super) fn time_to_full(limit: &Limit, tokens: u64) -> Micros {
-    (limit.capacity * limit.unit)
-        .saturating_sub(tokens)
-        .div_ceil(limit.rate)
+    Micros::new(
+        (limit.capacity * limit.unit)
+            .saturating_sub(tokens)
+            .div_ceil(limit.rate),
+    )
 }
 
 pub(super) fn decide(limit: &Limit, state: &mut State, now: Micros, cost: u64) -> Decision {
@@ -37,7 +39,7 @@ pub(super) fn decide(limit: &Limit, state: &mut State, now: Micros, cost: u64) -
     }
     let need = cost * unit;
     if need > tokens {
-        let retry = (need - tokens).div_ceil(limit.rate);
+        let retry = Micros::new((need - tokens).div_ceil(limit.rate));
         return denied(limit, tokens / unit, time_to_full(limit, tokens), retry);
     }
     let left = tokens - need;

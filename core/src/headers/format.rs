@@ -3,7 +3,6 @@
 use crate::algorithm::Decision;
 use crate::lease::book::Left;
 use crate::text::push_u64;
-use crate::time::wait_ms;
 
 /// Which header families to send; the filter's `"headers"` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,9 +58,9 @@ impl<'a> Quota<'a> {
             policy,
             limit: decision.limit,
             remaining: decision.remaining,
-            reset_after_ms: wait_ms(decision.reset_after),
+            reset_after_ms: decision.reset_after.wait_ms(),
             window_ms,
-            retry_after_ms: (!decision.allowed).then(|| wait_ms(decision.retry_after)),
+            retry_after_ms: (!decision.allowed).then(|| decision.retry_after.wait_ms()),
             now_ms,
         }
     }
@@ -242,6 +241,7 @@ pub fn denial_body(retry_after_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::Micros;
 
     fn quota(retry: Option<u64>) -> Quota<'static> {
         Quota {
@@ -324,9 +324,9 @@ mod tests {
             allowed: false,
             limit: 10,
             remaining: 0,
-            reset_after: 1_500,
-            retry_after: 1,
-            delay: 0,
+            reset_after: Micros::new(1_500),
+            retry_after: Micros::new(1),
+            delay: Micros::ZERO,
         };
         let q = Quota::from_decision("local", &d, 1_000, 7);
         assert_eq!(

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use super::lease_size;
 use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn, MAX_LEASE_ITEMS};
 use crate::evict::{evict_lowest, EVICT_SHARE};
+use crate::time::Micros;
 
 /// A quota the book holds leases of: a rule's name and the identity value it limits.
 pub type QuotaKey = (String, String);
@@ -459,7 +460,7 @@ impl LeaseBook {
                 h.asked = true;
                 h.renewing = held;
                 let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
-                let want = lease_size(rate, horizon_ms.saturating_mul(1_000), u64::MAX).max(c.min_lease_units);
+                let want = lease_size(rate, Micros::from_ms(horizon_ms), u64::MAX).max(c.min_lease_units);
                 asks.push(LeaseAsk {
                     rule: rule.clone(),
                     identity: identity.clone(),

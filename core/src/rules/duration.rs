@@ -1,6 +1,6 @@
 //! Durations of the rule file: an integer and a unit, `500ms`, `1s`, `1m`, `1h`, `1d`.
 
-use crate::time::{micros_from_ms, Micros};
+use crate::time::Micros;
 
 /// The longest duration [`parse_duration`] accepts: 365 days, in milliseconds.
 pub const MAX_DURATION_MS: u64 = 365 * 86_400_000;
@@ -61,7 +61,7 @@ pub(crate) fn lease_length(text: Option<&str>, field: &'static str) -> Result<Mi
     if ttl_ms == 0 || ttl_ms > MAX_LEASE_TTL_MS {
         return Err((field, format!("must be 1ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms} ms")));
     }
-    Ok(micros_from_ms(ttl_ms))
+    Ok(Micros::from_ms(ttl_ms))
 }
 
 #[cfg(test)]

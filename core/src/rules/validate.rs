@@ -8,7 +8,7 @@ use super::glob::Glob;
 use super::global::{global, Global};
 use super::RulesError;
 use crate::algorithm::{Algorithm, Limit, LimitError, UnknownAlgorithm};
-use crate::time::{micros_from_ms, Micros};
+use crate::time::Micros;
 use crate::wire::{is_token, MAX_HOLD_MS, MAX_IDENTITY_BYTES, MAX_METHOD_BYTES, MAX_PATH_BYTES};
 
 /// Longest rule name, in bytes.
@@ -426,9 +426,9 @@ pub(crate) fn validate_rule(spec: &RuleSpec, index: usize) -> Result<Rule, Rules
             format!("{max_delay_ms} ms is longer than a request may be held ({MAX_HOLD_MS} ms)"),
         ));
     }
-    let limit = Limit::builder(algorithm, spec.limit, micros_from_ms(window_ms))
+    let limit = Limit::builder(algorithm, spec.limit, Micros::from_ms(window_ms))
         .burst(spec.burst)
-        .shaping(spec.shaping.then_some(micros_from_ms(max_delay_ms)))
+        .shaping(spec.shaping.then_some(Micros::from_ms(max_delay_ms)))
         .build()
         .map_err(|e| fail(limit_error_field(&e), e.to_string()))?;
     let lease_ttl = lease_ttl(spec, &limit).map_err(|(field, message)| fail(field, message))?;

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use sluice_core::Micros;
+
 use super::Flow;
 use crate::config::{Check, Config};
 use crate::metrics::Metrics;
@@ -129,7 +131,7 @@ const ALLOWED: &str = r#"{"allowed": true, "limit": 5, "remaining": 4, "reset_af
 fn a_request_is_sent_to_the_check_with_its_identities_canonical_path_and_host() {
     let (mut s, mut p, mut flow) = (shared(CHECKED), get("/api/./x?q=1"), Flow::default());
     assert!(matches!(
-        flow.on_request_headers(&mut s, &mut p, 1_000_000),
+        flow.on_request_headers(&mut s, &mut p, Micros::SECOND),
         Action::Pause
     ));
     assert_eq!(p.calls.len(), 1);
@@ -151,10 +153,10 @@ fn has(headers: &[(String, String)], name: &str, value: &str) -> bool {
 fn a_refusal_answers_429_with_the_quota_and_an_admission_adds_its_headers() {
     let (mut s, mut flow) = (shared(CHECKED), Flow::default());
     let mut p = get("/api");
-    flow.on_request_headers(&mut s, &mut p, 1_000_000);
+    flow.on_request_headers(&mut s, &mut p, Micros::SECOND);
     p.answer = Some(("200".into(), DENIED.into()));
     assert!(
-        !flow.on_call_response(&mut s, &mut p, 1_010_000),
+        !flow.on_call_response(&mut s, &mut p, Micros::new(1_010_000)),
         "a refused request stays paused"
     );
     let (status, headers, _) = &p.responded[0];
@@ -162,10 +164,10 @@ fn a_refusal_answers_429_with_the_quota_and_an_admission_adds_its_headers() {
     assert!(has(headers, "retry-after", "2"), "{headers:?}");
 
     let (mut flow, mut p) = (Flow::default(), get("/api"));
-    flow.on_request_headers(&mut s, &mut p, 2_000_000);
+    flow.on_request_headers(&mut s, &mut p, Micros::from_secs(2));
     p.answer = Some(("200".into(), ALLOWED.into()));
     assert!(
-        flow.on_call_response(&mut s, &mut p, 2_010_000),
+        flow.on_call_response(&mut s, &mut p, Micros::new(2_010_000)),
         "an admitted request goes on"
     );
     assert!(p.responded.is_empty());
@@ -180,10 +182,10 @@ fn a_client_over_its_local_bucket_is_answered_at_once_without_a_call() {
     let mut s = shared(config);
     let mut p = get("/");
     for _ in 0..2 {
-        Flow::default().on_request_headers(&mut s, &mut p, 1_000_000);
+        Flow::default().on_request_headers(&mut s, &mut p, Micros::SECOND);
     }
     assert_eq!(p.calls.len(), 2);
-    let action = Flow::default().on_request_headers(&mut s, &mut p, 1_000_000);
+    let action = Flow::default().on_request_headers(&mut s, &mut p, Micros::SECOND);
     assert!(matches!(action, Action::Pause));
     assert_eq!(p.calls.len(), 2, "no call for a local denial");
     assert_eq!(p.responded[0].0, 429);
@@ -194,12 +196,12 @@ fn a_client_over_its_local_bucket_is_answered_at_once_without_a_call() {
 fn no_answer_is_retried_once_then_the_failure_policy_decides() {
     let closed = r#"{"check": {"cluster": "sluice", "timeout_ms": 1000}, "failure": {"mode": "closed"}}"#;
     let (mut s, mut p, mut flow) = (shared(closed), get("/"), Flow::default());
-    flow.on_request_headers(&mut s, &mut p, 1_000_000);
+    flow.on_request_headers(&mut s, &mut p, Micros::SECOND);
     // No response at all, 10 ms later: sent again, still paused.
-    assert!(!flow.on_call_response(&mut s, &mut p, 1_010_000));
+    assert!(!flow.on_call_response(&mut s, &mut p, Micros::new(1_010_000)));
     assert_eq!(p.calls.len(), 2);
     assert_eq!(p.calls[0].2, p.calls[1].2, "the same check, again");
-    assert!(!flow.on_call_response(&mut s, &mut p, 1_020_000));
+    assert!(!flow.on_call_response(&mut s, &mut p, Micros::new(1_020_000)));
     assert_eq!(p.calls.len(), 2, "retried once only");
     assert_eq!(p.responded[0].0, 503);
     assert_eq!(p.counts.get(&metrics().check_retries), Some(&1));
@@ -216,7 +218,7 @@ fn failing_open_admits_within_the_fallback_bucket_and_the_breaker_stops_calling(
     let actions: Vec<bool> = (0..4)
         .map(|_| {
             matches!(
-                Flow::default().on_request_headers(&mut s, &mut p, 1_000_000),
+                Flow::default().on_request_headers(&mut s, &mut p, Micros::SECOND),
                 Action::Continue
             )
         })
@@ -229,8 +231,8 @@ fn failing_open_admits_within_the_fallback_bucket_and_the_breaker_stops_calling(
     assert_eq!(p.responded[0].0, 429);
     // Two refused calls opened the breaker: no call is even tried until it cools down.
     p.refuse_calls = false;
-    Flow::default().on_request_headers(&mut s, &mut p, 2_000_000);
+    Flow::default().on_request_headers(&mut s, &mut p, Micros::from_secs(2));
     assert!(p.calls.is_empty(), "the breaker is open");
-    Flow::default().on_request_headers(&mut s, &mut p, 7_000_000);
+    Flow::default().on_request_headers(&mut s, &mut p, Micros::from_secs(7));
     assert_eq!(p.calls.len(), 1, "after the cooldown, a probe");
 }

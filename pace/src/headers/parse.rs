@@ -6,6 +6,7 @@ use std::cmp::Reverse;
 use super::http_date::parse_http_date;
 use super::structured::{self, parse_u64, Item};
 use sluice_core::rules::parse_rfc3339;
+use sluice_core::Micros;
 
 /// The quota a response advertised; every field is absent unless a header gave it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -118,7 +119,7 @@ fn parse_go_duration_ms(s: &str) -> Option<u64> {
     if rest.is_empty() {
         return None;
     }
-    let mut total_us: u64 = 0;
+    let mut total = Micros::ZERO;
     while !rest.is_empty() {
         let split = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -128,21 +129,21 @@ fn parse_go_duration_ms(s: &str) -> Option<u64> {
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_len);
-        let per_unit_us: u64 = match unit {
-            "h" => 3_600_000_000,
-            "m" => 60_000_000,
-            "s" => 1_000_000,
-            "ms" => 1_000,
-            "us" | "µs" => 1,
-            "ns" => 0,
+        let per_unit = match unit {
+            "h" => Micros::from_secs(3_600),
+            "m" => Micros::from_secs(60),
+            "s" => Micros::SECOND,
+            "ms" => Micros::MILLISECOND,
+            "us" | "µs" => Micros::MICROSECOND,
+            "ns" => Micros::ZERO,
             _ => return None,
         };
         // The number in thousandths (`parse_secs_ms` reads decimals that way), then scaled.
         let thousandths = parse_secs_ms(number)?;
-        total_us = total_us.checked_add(thousandths.checked_mul(per_unit_us)? / 1_000)?;
+        total = total.checked_add(per_unit.checked_mul(thousandths)? / 1_000)?;
         rest = next;
     }
-    Some(total_us.div_ceil(1_000))
+    Some(total.wait_ms())
 }
 
 /// The units of OpenAI's and Anthropic's quotas, requests first.

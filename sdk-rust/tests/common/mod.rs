@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 use sluice_core::headers::{format_headers, HeaderMode, Quota};
-use sluice_core::{Algorithm, Limit};
+use sluice_core::{Algorithm, Limit, Micros};
 use tokio::sync::Semaphore;
 
 /// What the server saw.
@@ -49,7 +49,7 @@ impl Server {
     /// A server whose `/limited` allows `limit` per second with a burst of `burst`.
     pub async fn start(limit: u64, burst: u64) -> Server {
         let per_second = limit;
-        let limit = Limit::builder(Algorithm::TokenBucket, limit, 1_000_000)
+        let limit = Limit::builder(Algorithm::TokenBucket, limit, Micros::SECOND)
             .burst(burst)
             .build()
             .expect("valid limit");
@@ -132,7 +132,7 @@ async fn limited(State(s): State<Arc<ServerState>>) -> Response {
     // request its refill allowed (seen once in CI, on a loaded machine).
     let mut bucket = s.bucket.lock().expect("lock");
     let at = Instant::now();
-    let now = at.duration_since(s.started).as_micros() as u64;
+    let now = Micros::from_duration(at.duration_since(s.started));
     let d = s.limit.decide(&mut bucket, now, 1);
     drop(bucket);
     s.log
@@ -143,9 +143,9 @@ async fn limited(State(s): State<Arc<ServerState>>) -> Response {
         policy: "test",
         limit: d.limit,
         remaining: d.remaining,
-        reset_after_ms: d.reset_after.div_ceil(1000),
-        window_ms: s.limit.window() / 1000,
-        retry_after_ms: (!d.allowed).then(|| d.retry_after.div_ceil(1000)),
+        reset_after_ms: d.reset_after.wait_ms(),
+        window_ms: s.limit.window().instant_ms(),
+        retry_after_ms: (!d.allowed).then(|| d.retry_after.wait_ms()),
         now_ms: unix_ms(),
     };
     if d.allowed {

@@ -25,7 +25,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sluice_core::identity::{bounded, ip_identity};
 use sluice_core::rules::{Identity, Rule, RuleSet, MISSING};
-use sluice_core::time::{instant_ms, wait_ms};
 use sluice_core::wire::CheckRequest;
 use sluice_core::Decision;
 
@@ -209,7 +208,7 @@ pub fn explain_matching<'r>(rules: &'r RuleSet, req: &'r CheckRequest) -> Vec<(&
 
 /// What each rule makes of `req`, and the counters' state now (a peek: nothing spent).
 async fn explain_rules(node: &Node, rules: &RuleSet, req: &CheckRequest) -> Value {
-    let now_ms = instant_ms(node.clock.now_us());
+    let now_ms = node.clock.now().instant_ms();
     let explained = explain_matching(rules, req);
     // Peeked: the rules that matched, have their identity and are decided in this store.
     let peekable: Vec<(&Rule, &str)> = explained
@@ -271,8 +270,8 @@ fn explain_rule(
         .overrides()
         .any(|o| o.rule == r.name && o.identity == *identity && now_ms < o.until_ms);
     let state = state.map(|d| {
-        json!({"remaining": d.remaining, "limit": d.limit, "reset_after_ms": wait_ms(d.reset_after),
-               "retry_after_ms": wait_ms(d.retry_after), "would_pass": d.allowed})
+        json!({"remaining": d.remaining, "limit": d.limit, "reset_after_ms": d.reset_after.wait_ms(),
+               "retry_after_ms": d.retry_after.wait_ms(), "would_pass": d.allowed})
     });
     json!({"rule": r.name, "matches": true, "why": why, "identity": identity,
            "key": node.store.keys().limit(&r.name, identity), "shadow": r.shadow,

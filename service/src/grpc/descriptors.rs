@@ -143,11 +143,11 @@ impl TryFrom<String> for Unit {
 impl Unit {
     /// The unit's length.
     pub fn micros(self) -> Micros {
-        const DAY: Micros = 86_400_000_000;
+        const DAY: Micros = Micros::from_secs(86_400);
         match self {
-            Unit::Second => 1_000_000,
-            Unit::Minute => 60_000_000,
-            Unit::Hour => 3_600_000_000,
+            Unit::Second => Micros::SECOND,
+            Unit::Minute => Micros::from_secs(60),
+            Unit::Hour => Micros::from_secs(3_600),
             Unit::Day => DAY,
             Unit::Week => 7 * DAY,
             Unit::Month => 30 * DAY,
@@ -578,7 +578,7 @@ mod tests {
         assert_eq!(unit("week"), Ok(Unit::Week));
         assert_eq!(unit("WEEK"), Ok(Unit::Week));
         assert_eq!(Unit::Week.micros(), 7 * Unit::Day.micros());
-        assert_eq!(unit("Day").map(Unit::micros), Ok(86_400_000_000));
+        assert_eq!(unit("Day").map(Unit::micros), Ok(Micros::from_secs(86_400)));
         let e = unit("fortnight").unwrap_err();
         assert!(e.contains("day, week, month"), "{e}");
     }

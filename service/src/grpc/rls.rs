@@ -7,7 +7,6 @@ use std::sync::Arc;
 use crate::grpc::descriptors::{DescriptorLimit, DescriptorSet, Unit};
 use sluice_core::headers::{format_headers, HeaderMode, Quota};
 use sluice_core::rules::FailureMode;
-use sluice_core::time::{instant_ms, wait_ms};
 use sluice_core::wire::{headline, MAX_COST};
 use sluice_core::Decision;
 use tonic::{Request, Response, Status};
@@ -118,8 +117,8 @@ impl RateLimitService for RateLimiter {
         let asked = validate(&req)?;
         let node = &*self.node;
         let _timer = node.metrics.time_check(Api::GrpcRls);
-        let now_us = node.clock.now_us();
-        let now_ms = instant_ms(now_us);
+        let now = node.clock.now();
+        let now_ms = now.instant_ms();
         let descriptors = node.descriptors();
         let limits = limits_of(&descriptors, &req.domain, &asked);
         let mut statuses: Vec<DescriptorStatus> = asked.iter().map(|_| ok_status()).collect();
@@ -135,7 +134,7 @@ impl RateLimitService for RateLimiter {
                     matched: Matched {
                         name: &limit.name,
                         identity: Cow::Borrowed(identity),
-                        window_ms: instant_ms(counted.window()),
+                        window_ms: counted.window().instant_ms(),
                         global: None,
                         target: Target {
                             key: node.store.keys().limit(&limit.name, identity),
@@ -305,7 +304,7 @@ fn status_of(limit: &DescriptorLimit, d: &Decision, over: bool) -> DescriptorSta
         Some(Unit::Year) => ProtoUnit::Year,
         None => ProtoUnit::Unknown,
     };
-    let reset = std::time::Duration::from_micros(d.reset_after);
+    let reset = d.reset_after.to_duration();
     DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok } as i32,
         current_limit: Some(RateLimit {
@@ -324,14 +323,14 @@ fn status_of(limit: &DescriptorLimit, d: &Decision, over: bool) -> DescriptorSta
 /// Sluice's rate-limit headers for `limit`'s decision (`RateLimit`, `RateLimit-Policy`,
 /// `X-RateLimit-*`, and `Retry-After` on a denial), for Envoy to add to the response.
 fn headers(limit: &DescriptorLimit, d: &Decision, now_ms: u64) -> Vec<HeaderValue> {
-    let window_ms = limit.limit.map_or(0, |l| instant_ms(l.window()));
+    let window_ms = limit.limit.map_or(0, |l| l.window().instant_ms());
     let quota = Quota {
         policy: &limit.name,
         limit: d.limit,
         remaining: d.remaining,
-        reset_after_ms: wait_ms(d.reset_after),
+        reset_after_ms: d.reset_after.wait_ms(),
         window_ms,
-        retry_after_ms: (!d.allowed).then(|| wait_ms(d.retry_after)),
+        retry_after_ms: (!d.allowed).then(|| d.retry_after.wait_ms()),
         now_ms,
     };
     let mut out = Vec::new();

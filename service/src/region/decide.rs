@@ -4,7 +4,6 @@
 
 use sluice_core::lease::book::{Left, QuotaKey, Spend};
 use sluice_core::rules::Unreachable;
-use sluice_core::time::instant_ms;
 use sluice_core::{Decision, Micros};
 
 use super::{Region, Source};
@@ -33,8 +32,8 @@ enum Plan {
 /// decisions; a limit's stays `None` when it was not counted because a global rule refused
 /// the request first. Returns `true` when the global store could not be reached and a rule's
 /// `on_global_unreachable` decided (the answer's `degraded`).
-pub async fn decide(node: &Node, region: &Region, matched: &mut [Matched<'_>], now_us: Micros) -> bool {
-    let now_ms = instant_ms(now_us);
+pub async fn decide(node: &Node, region: &Region, matched: &mut [Matched<'_>], now: Micros) -> bool {
+    let now_ms = now.instant_ms();
     let cost = matched.first().map_or(1, |m| m.target.cost);
     let planned = match plan(region, matched, cost, now_ms) {
         Plan::Cold(refused) if region.link_up() => wait_cold(node, region, matched, cost, refused).await,
@@ -83,9 +82,9 @@ pub async fn decide(node: &Node, region: &Region, matched: &mut [Matched<'_>], n
             allowed: true,
             limit: left.limit,
             remaining,
-            reset_after: left.reset_after_ms.saturating_mul(1_000),
-            retry_after: 0,
-            delay: 0,
+            reset_after: Micros::from_ms(left.reset_after_ms),
+            retry_after: Micros::ZERO,
+            delay: Micros::ZERO,
         });
     }
     region.count(if !alone.is_empty() {
@@ -183,7 +182,7 @@ async fn wait_cold(
         if !matches!(tokio::time::timeout_at(deadline, landed.changed()).await, Ok(Ok(()))) {
             return Plan::Refused(refused, Source::ColdTimedOut);
         }
-        let now_ms = instant_ms(node.clock.now_us());
+        let now_ms = node.clock.now().instant_ms();
         match plan(region, matched, cost, now_ms) {
             // Another quota's exchange ended; this one's lease has not landed yet.
             Plan::Cold(_) if region.link_up() => {}

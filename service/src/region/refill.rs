@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseReturn};
 use sluice_core::rules::RuleSet;
-use sluice_core::time::instant_ms;
 use tokio::time::MissedTickBehavior;
 
 use crate::exchange::{exchange, LeaseError};
@@ -30,7 +29,7 @@ pub async fn run(node: Arc<Node>) {
             () = region.wake.notified() => {}
         }
         let rules = node.rules();
-        let now_ms = instant_ms(node.clock.now_us());
+        let now_ms = node.clock.now().instant_ms();
         if !Arc::ptr_eq(&rules, &seen) {
             // The rules changed: start afresh, giving back what the old leases hold.
             region.book().forget_all(now_ms);
@@ -54,7 +53,7 @@ async fn call(node: Arc<Node>, rules: Arc<RuleSet>, asks: Vec<LeaseAsk>, returns
     let req = LeaseRequest { grants: asks, returns };
     let ttl_of = |r: &sluice_core::rules::Rule| r.global.as_ref().map(|g| g.ttl);
     let answer = exchange(&region.global, &rules, asked_at_ms, &req, region.config.timeout, ttl_of).await;
-    let now_ms = instant_ms(node.clock.now_us());
+    let now_ms = node.clock.now().instant_ms();
     let c = &region.counters;
     match answer {
         Ok((grants, returned)) => {

@@ -110,7 +110,7 @@ fn hand_on(region: &Region, rules: &RuleSet, ask: &LeaseAsk, now_ms: u64) -> Res
         .rule(&ask.rule)
         .filter(|r| r.global.is_some())
         .ok_or_else(not_leased)?;
-    let ttl_ms = rule.lease_ttl.ok_or_else(not_leased)? / 1_000;
+    let ttl_ms = rule.lease_ttl.ok_or_else(not_leased)?.instant_ms();
     let quota = (rule.name.clone(), ask.identity.clone());
     let mut subleases = region.subleases();
     let handed = if subleases.room(now_ms) {

@@ -95,7 +95,7 @@ impl MemoryStore {
     pub fn grant(&self, key: &str, limit: &Limit, want: u64, ttl: Micros, id: u64) -> Grant {
         let mut shard = self.lock(self.shard_index(key));
         // Read under the key's lock: its decisions are taken in time order (see decide_all).
-        let now = self.clock.now_us();
+        let now = self.clock.now();
         let room = self.leases.lock().unwrap_or_else(PoisonError::into_inner).has_room(now);
         let mut state = shard.state(key, now);
         if !room {
@@ -121,7 +121,7 @@ impl MemoryStore {
     /// from a whole quota (a second limit in every failover).
     pub fn seed(&self, key: &str, limit: &Limit, remaining: u64) {
         let mut shard = self.lock(self.shard_index(key));
-        let now = self.clock.now_us();
+        let now = self.clock.now();
         shard.keep(key, limit, limit.with_remaining(remaining, now), now);
     }
 
@@ -129,7 +129,7 @@ impl MemoryStore {
     /// lease: a cost learnt after the request passed (see `Store::take`).
     pub fn take(&self, key: &str, limit: &Limit, want: u64) -> Grant {
         let mut shard = self.lock(self.shard_index(key));
-        let now = self.clock.now_us();
+        let now = self.clock.now();
         let mut state = shard.state(key, now);
         let taken = lease::take(limit, &mut state, now, want);
         if taken.units > 0 {
@@ -141,7 +141,7 @@ impl MemoryStore {
     /// Gives back up to `unspent` units of the lease `id` of `key`, if it has not ended:
     /// never more than it still holds. The units taken back.
     pub fn give_back(&self, key: &str, limit: &Limit, id: u64, unspent: u64) -> u64 {
-        let now = self.clock.now_us();
+        let now = self.clock.now();
         let record = keys::lease(key, id);
         let (back, granted_at, expires_at) = {
             let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
@@ -161,7 +161,7 @@ impl MemoryStore {
             (back, granted_at, end)
         };
         let mut shard = self.lock(self.shard_index(key));
-        let now = now.max(self.clock.now_us()); // under the key's lock, as every decision
+        let now = now.max(self.clock.now()); // under the key's lock, as every decision
         let mut state = shard.state(key, now);
         if lease::give_back(limit, &mut state, (granted_at, expires_at), back, now) {
             shard.keep(key, limit, state, now);
@@ -183,7 +183,7 @@ impl MemoryStore {
 
     /// Decides one request against every item at the store's clock, all-or-nothing.
     pub fn decide_all(&self, items: &[Item<'_>]) -> Vec<Stamped> {
-        let (decisions, at) = self.decide_locked(items, || self.clock.now_us(), true);
+        let (decisions, at) = self.decide_locked(items, || self.clock.now(), true);
         decisions.into_iter().map(|decision| Stamped { decision, at }).collect()
     }
 
@@ -191,7 +191,7 @@ impl MemoryStore {
     /// written: the decisions are those the request would get (a request another rule
     /// denies anyway). For the fallback buckets.
     pub fn decide_all_now(&self, items: &[Item<'_>], keep: bool) -> Vec<Decision> {
-        self.decide_locked(items, || self.clock.now_us(), keep).0
+        self.decide_locked(items, || self.clock.now(), keep).0
     }
 
     /// Its clock, which a test may hold ([`Clock::set`]).
@@ -241,7 +241,7 @@ impl MemoryStore {
 
     /// Drops every expired entry; returns how many keys remain.
     pub fn sweep(&self) -> usize {
-        let now = self.clock.now_us();
+        let now = self.clock.now();
         self.shards
             .iter()
             .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).sweep(now))
@@ -324,20 +324,20 @@ mod tests {
     #[test]
     fn a_full_lease_table_refuses_grants_it_cannot_record_and_makes_room_as_leases_end() {
         let store = MemoryStore::new(16);
-        let limit = Limit::builder(Algorithm::FixedWindow, 1_000, 3_600_000_000)
+        let limit = Limit::builder(Algorithm::FixedWindow, 1_000, Micros::from_secs(3_600))
             .build()
             .unwrap();
         let ttl = 60_000_000;
         for id in 0..1_024 {
-            assert_eq!(store.grant(&format!("k{id}"), &limit, 1, ttl, id).units, 1);
+            assert_eq!(store.grant(&format!("k{id}"), &limit, 1, Micros::new(ttl), id).units, 1);
         }
         // The 1,025th lease has nowhere to be recorded: refused, nothing taken.
-        assert_eq!(store.grant("victim", &limit, 5, ttl, 9_999).units, 0);
-        assert_eq!(store.grant("victim", &limit, 5, ttl, 9_999).units, 0);
+        assert_eq!(store.grant("victim", &limit, 5, Micros::new(ttl), 9_999).units, 0);
+        assert_eq!(store.grant("victim", &limit, 5, Micros::new(ttl), 9_999).units, 0);
         // Every recorded lease can still be given back.
         assert_eq!(store.give_back("k7", &limit, 7, 1), 1);
         // Once there is room again, grants are recorded and returnable.
-        let granted = store.grant("victim", &limit, 5, ttl, 10_000);
+        let granted = store.grant("victim", &limit, 5, Micros::new(ttl), 10_000);
         assert_eq!(
             (granted.units, granted.decision.remaining),
             (5, 995),
@@ -346,10 +346,10 @@ mod tests {
         assert_eq!(store.give_back("victim", &limit, 10_000, 5), 5);
         // Ended leases leave from the front of the table, not by a scan.
         let mut table = LeaseTable::new(2);
-        table.add("a".into(), 1, 0, 10);
-        table.add("b".into(), 1, 0, 20);
-        assert!(!table.has_room(5));
-        assert!(table.has_room(11), "a ended");
+        table.add("a".into(), 1, Micros::ZERO, Micros::new(10));
+        table.add("b".into(), 1, Micros::ZERO, Micros::new(20));
+        assert!(!table.has_room(Micros::new(5)));
+        assert!(table.has_room(Micros::new(11)), "a ended");
         assert_eq!(table.records.len(), 1);
         assert_eq!(table.by_end.len(), 1);
     }
@@ -357,9 +357,11 @@ mod tests {
     #[test]
     fn memory_stays_bounded_under_a_flood_of_distinct_keys() {
         let store = MemoryStore::new(SHARDS * 100);
-        let limit = Limit::builder(Algorithm::TokenBucket, 10, 60_000_000).build().unwrap();
+        let limit = Limit::builder(Algorithm::TokenBucket, 10, Micros::from_secs(60))
+            .build()
+            .unwrap();
         for i in 0..100_000 {
-            decide(&store, &format!("k{i}"), &limit, 1_000_000 + i);
+            decide(&store, &format!("k{i}"), &limit, Micros::new(1_000_000 + i));
         }
         assert!(store.len() <= SHARDS * 100, "{} keys held", store.len());
         assert!(
@@ -372,10 +374,12 @@ mod tests {
     #[test]
     fn expired_state_is_fresh_again_and_swept() {
         let store = MemoryStore::new(1_000);
-        let limit = Limit::builder(Algorithm::FixedWindow, 1, 1_000_000).build().unwrap();
-        assert!(decide(&store, "k", &limit, 1));
-        assert!(!decide(&store, "k", &limit, 10));
-        assert!(decide(&store, "k", &limit, 1_000_000));
+        let limit = Limit::builder(Algorithm::FixedWindow, 1, Micros::SECOND)
+            .build()
+            .unwrap();
+        assert!(decide(&store, "k", &limit, Micros::new(1)));
+        assert!(!decide(&store, "k", &limit, Micros::new(10)));
+        assert!(decide(&store, "k", &limit, Micros::SECOND));
         assert_eq!(store.len(), 1);
         // The real clock again, far past these test times: swept.
         store.clock().set(None);
@@ -385,12 +389,14 @@ mod tests {
     #[test]
     fn several_keys_stay_all_or_nothing_under_concurrency() {
         let store = MemoryStore::new(10_000);
-        let shared = Limit::builder(Algorithm::SlidingWindowLog, 1_000, 60_000_000)
+        let shared = Limit::builder(Algorithm::SlidingWindowLog, 1_000, Micros::from_secs(60))
             .build()
             .unwrap();
-        let per_user = Limit::builder(Algorithm::FixedWindow, 20, 60_000_000).build().unwrap();
+        let per_user = Limit::builder(Algorithm::FixedWindow, 20, Micros::from_secs(60))
+            .build()
+            .unwrap();
         let passed = std::sync::atomic::AtomicU64::new(0);
-        store.clock().set(Some(1_000));
+        store.clock().set(Some(Micros::new(1_000)));
         std::thread::scope(|scope| {
             for t in 0..64 {
                 let (store, shared, per_user, passed) = (&store, &shared, &per_user, &passed);
@@ -409,28 +415,34 @@ mod tests {
         // 1,280 requests the user rules admit; the shared rule admits exactly its 1,000 and
         // was charged for nothing else.
         assert_eq!(passed.into_inner(), 1_000);
-        assert!(!decide(&store, "ip", &shared, 2_000));
+        assert!(!decide(&store, "ip", &shared, Micros::new(2_000)));
     }
 
     #[test]
     fn several_keys_are_all_or_nothing_and_a_peek_keeps_nothing() {
         let store = MemoryStore::new(1_000);
-        let ten = Limit::builder(Algorithm::SlidingWindowLog, 10, 1_000_000)
+        let ten = Limit::builder(Algorithm::SlidingWindowLog, 10, Micros::SECOND)
             .build()
             .unwrap();
-        let one = Limit::builder(Algorithm::TokenBucket, 1, 1_000_000).build().unwrap();
+        let one = Limit::builder(Algorithm::TokenBucket, 1, Micros::SECOND)
+            .build()
+            .unwrap();
         let items = [item("wide", &ten), item("narrow", &one)];
-        assert!(decide_at(&store, &items, 1, false).iter().all(|d| d.allowed));
+        assert!(decide_at(&store, &items, Micros::new(1), false)
+            .iter()
+            .all(|d| d.allowed));
         assert!(store.is_empty(), "a peek wrote state");
-        assert!(decide_at(&store, &items, 1, true).iter().all(|d| d.allowed));
-        let denied = decide_at(&store, &items, 2, true);
+        assert!(decide_at(&store, &items, Micros::new(1), true)
+            .iter()
+            .all(|d| d.allowed));
+        let denied = decide_at(&store, &items, Micros::new(2), true);
         assert!(denied[0].allowed && !denied[1].allowed);
         for t in 2..11 {
             assert!(
-                decide(&store, "wide", &ten, t),
+                decide(&store, "wide", &ten, Micros::new(t)),
                 "the denied request took from wide at {t}"
             );
         }
-        assert!(!decide(&store, "wide", &ten, 11));
+        assert!(!decide(&store, "wide", &ten, Micros::new(11)));
     }
 }

@@ -264,13 +264,13 @@ pub async fn within<T>(
 
 /// Decision for a request the store could not decide and whose rule fails closed.
 pub fn closed_decision(limit: &Limit) -> Decision {
-    let retry = 1_000_000.min(limit.window());
+    let retry = Micros::SECOND.min(limit.window());
     Decision {
         allowed: false,
         limit: limit.limit(),
         remaining: 0,
         reset_after: retry,
         retry_after: retry,
-        delay: 0,
+        delay: Micros::ZERO,
     }
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use sluice_core::lease::wire::LeaseRequest;
 use sluice_core::rules::RuleSet;
-use sluice_core::time::instant_ms;
 use sluice_core::Micros;
 use tokio::sync::mpsc;
 
@@ -176,16 +175,16 @@ impl Book {
     }
 
     fn now_ms(&self) -> u64 {
-        instant_ms(self.node.clock.now_us())
+        self.node.clock.now().instant_ms()
     }
 
     /// One tick: the due buckets' grants in one store exchange, then every stream's actions.
     pub async fn tick(&self) {
-        let now_us = self.node.clock.now_us();
-        let now_ms = instant_ms(now_us);
+        let now = self.node.clock.now();
+        let now_ms = now.instant_ms();
         let (rules, _) = self.node.rules_in_force();
         self.tell_demands(now_ms).await;
-        let (due, mut answers) = self.due(&rules, now_us);
+        let (due, mut answers) = self.due(&rules, now);
         if !due.is_empty() {
             self.exchange(&rules, due, now_ms, &mut answers).await;
         }
@@ -209,7 +208,7 @@ impl Book {
         let exchanged = {
             let _timer = self.node.metrics.time_check(crate::metrics::Api::Rlqs);
             crate::exchange::exchange(&self.node.store, rules, now_ms, &req, timeout, |r| {
-                r.lease_ttl.map(|_| walk::ttl_us(r))
+                r.lease_ttl.map(|_| walk::assignment_ttl(r))
             })
             .await
         };
@@ -296,7 +295,7 @@ impl Book {
     }
 
     /// The grants due now, and the actions that need none (abandons and blankets), by stream.
-    fn due(&self, rules: &Arc<RuleSet>, now_us: Micros) -> (Vec<Due>, HashMap<u64, Vec<action::Action>>) {
+    fn due(&self, rules: &Arc<RuleSet>, now: Micros) -> (Vec<Due>, HashMap<u64, Vec<action::Action>>) {
         let mut state = self.state();
         let rules_changed = !state.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, rules));
         state.rules = Some(rules.clone());
@@ -310,8 +309,8 @@ impl Book {
         let walk = Walk {
             rules,
             shares,
-            now_us,
-            asking: instant_ms(now_us) >= *retry_at_ms,
+            now,
+            asking: now.instant_ms() >= *retry_at_ms,
             unknown: self.unknown,
             idle_ms: self.limits.idle_ms,
         };

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use sluice_core::lease::lease_end;
 use sluice_core::lease::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
 use sluice_core::rules::{Rule, RuleSet};
-use sluice_core::time::instant_ms;
 use sluice_core::Micros;
 
 use super::assign::{self, Strategy, SECOND_MS};
@@ -95,7 +94,7 @@ pub(super) struct Walk<'a> {
     pub(super) rules: &'a RuleSet,
     /// What every node's buckets want of a quota, a second, as last heard from the store.
     pub(super) shares: &'a HashMap<String, Share>,
-    pub(super) now_us: Micros,
+    pub(super) now: Micros,
     /// Whether grants may be asked for (not while backing off a failed exchange).
     pub(super) asking: bool,
     pub(super) unknown: UnknownBuckets,
@@ -105,7 +104,7 @@ pub(super) struct Walk<'a> {
 impl Walk<'_> {
     /// What bucket `b` (id `key`) needs; `room`: whether this tick can take one more grant.
     pub(super) fn step(&self, key: &BucketKey, b: &mut Bucket, room: bool) -> Step {
-        let now_ms = instant_ms(self.now_us);
+        let now_ms = self.now.instant_ms();
         if now_ms.saturating_sub(b.used_at_ms) >= self.idle_ms {
             return Step::Drop(action::abandon(key));
         }
@@ -144,7 +143,7 @@ impl Walk<'_> {
         if !(renew && self.asking && room) {
             return Step::Keep;
         }
-        ask(self.rules, r, &identity, b, planned, outgrown, self.now_us).map_or(Step::Keep, Step::Ask)
+        ask(self.rules, r, &identity, b, planned, outgrown, self.now).map_or(Step::Keep, Step::Ask)
     }
 }
 
@@ -152,7 +151,7 @@ impl Walk<'_> {
 /// quota want `total` a second.
 fn planned(rule: &Rule, demand_per_s: u64, total: Option<u64>) -> Strategy {
     let total = total.unwrap_or(demand_per_s);
-    assign::plan_shared(demand_per_s, total, room(rule), ttl_us(rule) / 1_000_000)
+    assign::plan_shared(demand_per_s, total, room(rule), assignment_ttl(rule) / Micros::SECOND)
 }
 
 /// The grant bucket `b` of `rule`/`identity` needs now (`None`: none can be made before its
@@ -169,12 +168,12 @@ fn ask(
     b: &Bucket,
     planned: Strategy,
     outgrown: bool,
-    now_us: Micros,
+    now: Micros,
 ) -> Option<Due> {
-    let now_ms = instant_ms(now_us);
+    let now_ms = now.instant_ms();
     let rule = r.name.as_str();
     let limit = rules.limit_for(r, identity, now_ms);
-    let ttl_s = (lease_end(&limit, now_us, ttl_us(r)) - now_us) / 1_000_000;
+    let ttl_s = (lease_end(&limit, now, assignment_ttl(r)) - now) / Micros::SECOND;
     if ttl_s == 0 {
         return None; // the last second of a window: the next window pays for what follows
     }
@@ -219,9 +218,9 @@ fn ask(
 
 /// How long an assignment of `rule` lasts: its `lease_ttl` in whole seconds (Envoy reads no
 /// finer), at least one.
-pub(super) fn ttl_us(rule: &Rule) -> Micros {
-    let ttl = rule.lease_ttl.unwrap_or(1_000_000);
-    (ttl / 1_000_000).max(1) * 1_000_000
+pub(super) fn assignment_ttl(rule: &Rule) -> Micros {
+    let ttl = rule.lease_ttl.unwrap_or(Micros::SECOND);
+    (ttl / Micros::SECOND).max(1) * Micros::SECOND
 }
 
 /// The demand a bucket's first assignment is sized for: an eighth of the rule's rate, so a

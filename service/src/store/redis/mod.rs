@@ -209,15 +209,16 @@ impl RedisStore {
         })
     }
 
-    /// Decides the scripts at `now` (µs), a test's clock, from now on; `None`: at Redis's
+    /// Decides the scripts at `now`, a test's clock, from now on; `None`: at Redis's
     /// `TIME` again, as a store always does otherwise. The one place a test sets the time.
     pub fn set_clock(&self, now: Option<Micros>) {
-        self.clock.store(now.unwrap_or(0), Ordering::Relaxed);
+        self.clock
+            .store(now.unwrap_or(Micros::ZERO).as_u64(), Ordering::Relaxed);
     }
 
     /// The clock the scripts decide by: `None` for Redis's own.
     fn now(&self) -> Option<Micros> {
-        Some(self.clock.load(Ordering::Relaxed)).filter(|&now| now != 0)
+        Some(Micros::new(self.clock.load(Ordering::Relaxed))).filter(|now| !now.is_zero())
     }
 
     /// Decides one request against every item, all-or-nothing: one script per cluster slot
@@ -330,7 +331,7 @@ impl RedisStore {
     /// Takes up to `want` units of `limit` under `key` now, whatever is left of them, with
     /// no lease: a cost learnt after the request passed (see `Store::take`).
     pub async fn take(&self, key: &str, limit: &Limit, want: u64) -> Result<Grant, StoreError> {
-        self.take_or_grant(key, limit, (want, 0), None).await
+        self.take_or_grant(key, limit, (want, Micros::ZERO), None).await
     }
 
     async fn take_or_grant(
@@ -348,20 +349,21 @@ impl RedisStore {
         }
         let reply: Vec<i64> = library::run(&*self.connection()?, &self.scripts.check, &call).await?;
         let n = |v: &i64| u64::try_from(*v).unwrap_or(0);
+        let us = |v: &i64| Micros::new(n(v));
         let [at, units, ends, allowed, remaining, reset, retry, delay] = reply[..] else {
             return Err(StoreError::Protocol(format!("{op} script returned {reply:?}")));
         };
         Ok(Grant {
             units: n(&units),
-            granted_at: n(&at),
-            expires_at: n(&ends),
+            granted_at: us(&at),
+            expires_at: us(&ends),
             decision: Decision {
                 allowed: allowed == 1,
                 limit: limit.limit(),
                 remaining: n(&remaining),
-                reset_after: n(&reset),
-                retry_after: n(&retry),
-                delay: n(&delay),
+                reset_after: us(&reset),
+                retry_after: us(&retry),
+                delay: us(&delay),
             },
         })
     }
@@ -373,7 +375,7 @@ impl RedisStore {
             return Ok(0);
         }
         let item = single(key, limit, unspent);
-        let mut call = check_call(&[item], "giveback", self.now(), 0);
+        let mut call = check_call(&[item], "giveback", self.now(), Micros::ZERO);
         call.keys.push(keys::lease(key, id));
         let back: i64 = library::run(&*self.connection()?, &self.scripts.check, &call).await?;
         Ok(u64::try_from(back).unwrap_or(0))
@@ -388,7 +390,7 @@ impl RedisStore {
         op: &'static str,
         now: Option<Micros>,
     ) -> Result<Vec<Stamped>, StoreError> {
-        let call = check_call(group, op, now, 0);
+        let call = check_call(group, op, now, Micros::ZERO);
         let reply: Vec<i64> = match &self.batcher {
             // Batched: a decision at Redis's clock, as Functions (the script has no batch).
             Some(batcher) if op == "decide" && now.is_none() && connection.engine == Engine::Functions => {
@@ -403,6 +405,7 @@ impl RedisStore {
             _ => library::run(connection, &self.scripts.check, &call).await?,
         };
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        let us = |v: i64| Micros::new(n(v));
         let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
             return Err(StoreError::Protocol(format!("script returned {reply:?}")));
         };
@@ -417,11 +420,11 @@ impl RedisStore {
                     allowed: d[0] == 1,
                     limit: item.part.limit.limit(),
                     remaining: n(d[1]),
-                    reset_after: n(d[2]),
-                    retry_after: n(d[3]),
-                    delay: n(d[4]),
+                    reset_after: us(d[2]),
+                    retry_after: us(d[3]),
+                    delay: us(d[4]),
                 },
-                at: n(at),
+                at: us(at),
             })
             .collect())
     }
@@ -577,8 +580,9 @@ async fn refund_all(script: Script, connection: Arc<Connection>, refunds: Vec<Re
 fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Micros) -> CheckCall {
     let mut keys = Vec::with_capacity(group.len() * 2 + 1);
     let mut args = Vec::with_capacity(2 + group.len() * 7);
-    args.push(now.map_or(String::new(), |n| n.to_string()));
-    args.push(at.to_string());
+    // The scripts count in microseconds.
+    args.push(now.map_or(String::new(), |n| n.as_u64().to_string()));
+    args.push(at.as_u64().to_string());
     for item in group {
         let limit = item.part.limit;
         for suffix in keys::state_suffixes(limit.algorithm()) {
@@ -589,12 +593,13 @@ fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Mic
                 "token_bucket",
                 [limit.capacity(), limit.token_unit(), limit.token_rate()],
             ),
-            Algorithm::Gcra | Algorithm::LeakyBucket => {
-                ("gcra", [limit.capacity(), limit.interval(), limit.max_delay()])
-            }
-            Algorithm::FixedWindow => ("fixed_window", [limit.window(), 0, 0]),
-            Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window(), 0, 0]),
-            Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window(), 0, 0]),
+            Algorithm::Gcra | Algorithm::LeakyBucket => (
+                "gcra",
+                [limit.capacity(), limit.interval().as_u64(), limit.max_delay().as_u64()],
+            ),
+            Algorithm::FixedWindow => ("fixed_window", [limit.window().as_u64(), 0, 0]),
+            Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window().as_u64(), 0, 0]),
+            Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window().as_u64(), 0, 0]),
         };
         args.push(name.to_owned());
         args.push(u8::from(item.part.shadow).to_string());
