@@ -23,6 +23,10 @@ use crate::root::Root;
 use crate::stream::Stream;
 
 /// A context the host created: a plugin's root, or an HTTP stream's.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every context is a stream: boxing it would cost an allocation a request and save no memory"
+)]
 enum Context {
     Root(Root),
     Stream(Stream),
