@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, TestNode};
 use serde_json::{json, Value};
+use sluice_core::time::Micros;
 use sluice_service::node::NodeConfig;
 use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::{Store, StoreError};
@@ -296,7 +297,16 @@ async fn failover_under_load(sentinel: &mut RedisSentinel, wait_replicas: u32) -
         ..RedisOptions::new(Duration::from_millis(500))
     };
     let key = format!("failover-{wait_replicas}");
-    let n = Arc::new(node(&sentinel.url(), options).await);
+    let store = RedisStore::connect(&sentinel.url(), options).await.unwrap();
+    // The quota is a day's fixed window: the scripts decide at a held noon of today (UTC),
+    // so no run ends its window midway (one across midnight counted only its second half,
+    // and "lost" what it admitted before). The keys' TTLs are relative: 12 h of real time.
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    store.set_clock(Some(Micros::from_secs(now_s - now_s % 86_400 + 43_200)));
+    let n = Arc::new(TestNode::start(Store::Redis(Box::new(store)), RULES, config()).await);
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let workers: Vec<_> = (0..4)
