@@ -16,6 +16,9 @@ use std::fmt;
 
 /// Deepest nesting of arrays and objects accepted.
 pub const MAX_DEPTH: usize = 32;
+/// Up to this many members, an object's names are checked for repeats as they come; past
+/// it, once sorted.
+const PAIRWISE: usize = 16;
 /// Most members of an object read with [`Fields`] (the parser itself takes any number).
 pub const MAX_FIELDS: usize = 64;
 
@@ -195,7 +198,7 @@ impl<'a> Parser<'a> {
                 return Err(self.fail("expected a member name"));
             }
             let key = self.string()?;
-            if members.iter().any(|(k, _)| *k == key) {
+            if members.len() < PAIRWISE && members.iter().any(|(k, _)| *k == key) {
                 return Err(self.fail(&format!("member {key:?} repeated")));
             }
             self.space();
@@ -206,12 +209,27 @@ impl<'a> Parser<'a> {
             members.push((key, value));
             self.space();
             if self.eat_byte(b'}') {
-                return Ok(Json::Object(members));
+                return self.unique(members);
             }
             if !self.eat_byte(b',') {
                 return Err(self.fail("expected `,` or `}`"));
             }
         }
+    }
+
+    /// `members` as an object, unless a name repeats. A small object's names are compared
+    /// as they come ([`PAIRWISE`]); a larger one's are sorted once, so that no body can make
+    /// the check quadratic (a 16 KiB check body of 2,700 names would cost milliseconds).
+    fn unique(&self, members: Vec<(Cow<'a, str>, Json<'a>)>) -> Result<Json<'a>, JsonError> {
+        if members.len() > PAIRWISE {
+            let mut names: Vec<&str> = members.iter().map(|(k, _)| k.as_ref()).collect();
+            names.sort_unstable();
+            if let Some(pair) = names.windows(2).find(|pair| pair.first() == pair.last()) {
+                let name = pair.first().copied().unwrap_or_default();
+                return Err(self.fail(&format!("member {name:?} repeated")));
+            }
+        }
+        Ok(Json::Object(members))
     }
 
     fn array(&mut self, depth: usize) -> Result<Json<'a>, JsonError> {

@@ -166,3 +166,13 @@ proptest! {
         prop_assert_eq!(theirs.is_ok(), ours.is_ok(), "{:?}: {:?}", text, ours);
     }
 }
+
+#[test]
+fn a_large_object_with_a_repeated_name_is_refused_without_comparing_every_pair() {
+    let names: Vec<String> = (0..2_000).map(|i| format!("\"k{i:04}\":0")).collect();
+    let unique = format!("{{{}}}", names.join(","));
+    assert!(parse(unique.as_bytes()).is_ok());
+    let repeated = format!("{{{},\"k0005\":1}}", names.join(","));
+    let e = parse(repeated.as_bytes()).unwrap_err().to_string();
+    assert!(e.starts_with("member \"k0005\" repeated"), "{e}");
+}
