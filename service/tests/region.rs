@@ -21,7 +21,7 @@ name      = "tenant"
 by        = "user"
 algorithm = "fixed_window"
 limit     = 10
-window    = "1h"
+window    = "1d"
 global    = true
 
 [[rule]]
@@ -30,7 +30,7 @@ by        = "user"
 path      = "/tight"
 algorithm = "fixed_window"
 limit     = 3
-window    = "1h"
+window    = "1d"
 "#;
 
 async fn region_node(global_url: &str) -> TestNode {
@@ -48,7 +48,8 @@ async fn region_node(global_url: &str) -> TestNode {
     .await
 }
 
-/// Ten a hour across regions; three of them on `/tight`. The seven requests `/tight`
+/// Ten a day across regions (a day: an hour's window once ended mid-test, at 02:00, and
+/// refilled the quota); three of them on `/tight`. The seven requests `/tight`
 /// refuses take nothing from the global quota, whose units went back into the node's lease,
 /// so `/other` gets exactly the seven left — and not one more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
