@@ -57,6 +57,17 @@ impl Breaker {
         }
     }
 
+    /// This breaker as it stood elsewhere: `failures` consecutive failures and `state` (a
+    /// breaker kept outside the process's memory — the filter's, in a proxy's shared data —
+    /// is read back with it, decided on, and written again).
+    pub fn with_state(self, failures: u32, state: BreakerState) -> Breaker {
+        Breaker {
+            failures,
+            state,
+            ..self
+        }
+    }
+
     /// Whether a call may go out at `now`; after the cooldown exactly one probe does.
     pub fn allow(&mut self, now: Micros) -> bool {
         match self.state {
@@ -163,6 +174,17 @@ mod tests {
             BreakerState::Closed,
             "only a half-open breaker has a probe to release"
         );
+    }
+
+    #[test]
+    fn a_breaker_read_back_decides_as_the_one_it_was() {
+        let mut kept = Breaker::new(2, Micros::SECOND);
+        kept.failure(Micros::ZERO);
+        kept.failure(Micros::ZERO);
+        let mut read = Breaker::new(2, Micros::SECOND).with_state(kept.failures(), kept.state());
+        assert!(!read.allow(Micros::new(999_999)));
+        assert!(read.allow(Micros::SECOND), "the probe, after the same cooldown");
+        assert_eq!(read.state(), BreakerState::HalfOpen);
     }
 
     #[test]

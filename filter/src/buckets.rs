@@ -1,50 +1,82 @@
 //! Token buckets per key, one rate for all of them (the local prefilter, the fallback while
-//! failing open), with a bound on the number of keys ([`StateMap`]: a flood of random keys
-//! costs at most `max_keys` entries, and an evicted key only gets a fresh, full bucket back,
-//! so the prefilter errs towards letting the check service decide).
+//! failing open), kept by the worker or by the whole process.
+//!
+//! A worker's own buckets ([`StateMap`]) are bounded in keys: a flood of random keys costs at
+//! most `max_keys` entries, and an evicted key only gets a fresh, full bucket back. The
+//! process's ([`SlotTable`]) are a fixed table in the host's shared data that never admits
+//! a key past its bucket's bound; a collision can only refuse early.
 
 use sluice_core::{Algorithm, Decision, Limit, Micros, StateMap};
+
+use crate::proxy::SharedData;
+use crate::slots::SlotTable;
 
 /// The buckets' window: their rate is per second.
 pub const WINDOW: Micros = Micros::SECOND;
 
 /// Keyed buckets.
-pub struct Buckets {
-    limit: Limit,
-    states: StateMap,
+pub enum Buckets {
+    /// This worker's own.
+    Worker {
+        /// Every bucket's.
+        limit: Limit,
+        /// By key.
+        states: StateMap,
+    },
+    /// Every worker's, in shared data.
+    Process(SlotTable),
+}
+
+/// What a table of buckets is: its rate and burst, and where it is kept.
+pub struct BucketSpec<'a> {
+    /// Tokens a second.
+    pub rate_per_s: u64,
+    /// Tokens at most.
+    pub burst: u64,
+    /// A worker's: at most this many keys.
+    pub max_keys: usize,
+    /// The process's: this many slots under this shared-data key prefix; `None`, the
+    /// worker's.
+    pub shared: Option<(&'a str, u64)>,
 }
 
 impl Buckets {
-    /// Buckets of `burst` refilling at `rate_per_s`, at most `max_keys` of them; `None` when
-    /// no token bucket has that rate and burst.
-    pub fn new(rate_per_s: u64, burst: u64, max_keys: usize) -> Option<Buckets> {
-        let limit = Limit::builder(Algorithm::TokenBucket, rate_per_s, WINDOW)
-            .burst(burst)
+    /// The buckets `spec` describes; `None` when no token bucket has that rate and burst.
+    pub fn new(spec: BucketSpec<'_>) -> Option<Buckets> {
+        let limit = Limit::builder(Algorithm::TokenBucket, spec.rate_per_s, WINDOW)
+            .burst(spec.burst)
             .build()
             .ok()?;
-        Some(Buckets {
-            limit,
-            states: StateMap::new(max_keys),
+        Some(match spec.shared {
+            Some((prefix, slots)) => Buckets::Process(SlotTable::new(prefix.to_owned(), limit, slots)),
+            None => Buckets::Worker {
+                limit,
+                states: StateMap::new(spec.max_keys),
+            },
         })
     }
 
     /// The buckets' limit (for headers).
     pub fn limit(&self) -> &Limit {
-        &self.limit
+        match self {
+            Buckets::Worker { limit, .. } => limit,
+            Buckets::Process(table) => table.limit(),
+        }
+    }
+
+    /// Makes the process's table before traffic; how many slots the host would not make.
+    pub fn create(&self, p: &mut impl SharedData) -> u64 {
+        match self {
+            Buckets::Worker { .. } => 0,
+            Buckets::Process(table) => table.create(p),
+        }
     }
 
     /// Takes one token from `key`'s bucket at `now`.
-    pub fn take(&mut self, key: &str, now: Micros) -> Decision {
-        self.states.decide(key, &self.limit, 1, now)
-    }
-
-    /// Keys held.
-    pub fn len(&self) -> usize {
-        self.states.len()
-    }
-
-    /// Whether no key is held.
-    pub fn is_empty(&self) -> bool {
-        self.states.is_empty()
+    pub fn take(&mut self, p: &mut impl SharedData, key: &str, now: Micros) -> Decision {
+        match self {
+            Buckets::Worker { limit, states } => states.decide(key, limit, 1, now),
+            Buckets::Process(table) => table.take(p, key, now),
+        }
     }
 }

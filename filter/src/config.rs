@@ -32,7 +32,35 @@ pub struct Config {
     pub lease: Option<Lease>,
     /// Costs learnt after the response, spent at the service; absent, none are.
     pub debit: Option<Debit>,
+    /// Who keeps the local and fallback buckets and the breaker: the process (every worker
+    /// of one Envoy or Nginx together) or each worker.
+    pub share: Share,
+    /// Slots of each shared table of buckets (`share: process`).
+    pub slots: u64,
 }
+
+/// Who keeps the filter's local state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Share {
+    /// Every worker of the process, in the host's shared data: one proxy is one participant.
+    #[default]
+    Process,
+    /// Each worker its own: with N workers, N times the local rates.
+    Worker,
+}
+
+impl Share {
+    fn from_name(name: &str) -> Option<Share> {
+        match name {
+            "process" => Some(Share::Process),
+            "worker" => Some(Share::Worker),
+            _ => None,
+        }
+    }
+}
+
+/// Slots in each shared table of buckets, unless the configuration says.
+pub const DEFAULT_SLOTS: u64 = 4_096;
 
 fn default_debit_path() -> String {
     "/v1/debit".into()
@@ -395,6 +423,7 @@ impl Config {
             1,
             3_600_000,
         )?;
+        range("slots", self.slots, 16, 1 << 20)?;
         Ok(())
     }
 }
@@ -463,5 +492,23 @@ mod tests {
             ("x-forwarded-for", 0, 64)
         );
         assert_eq!((c.failure.breaker.failures, c.failure.fallback.burst), (5, 100));
+        assert_eq!((c.share, c.slots), (super::Share::Process, 4_096));
+    }
+
+    #[test]
+    fn share_names_who_keeps_the_local_state() {
+        let c = Config::parse(br#"{"check": {"cluster": "c"}, "share": "worker", "slots": 64}"#).expect("valid");
+        assert_eq!((c.share, c.slots), (super::Share::Worker, 64));
+        let e = Config::parse(br#"{"check": {"cluster": "c"}, "share": "thread"}"#)
+            .expect_err("refused")
+            .0;
+        assert_eq!(
+            e,
+            "invalid configuration: share: \"thread\" is not one of process or worker"
+        );
+        let e = Config::parse(br#"{"check": {"cluster": "c"}, "slots": 3}"#)
+            .expect_err("refused")
+            .0;
+        assert_eq!(e, "slots: 3 is out of range 16..=1048576");
     }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use sluice_core::breaker::BreakerState;
 use sluice_core::headers::{denial_body, format_headers, Quota};
 use sluice_core::identity::{bounded, ip_key};
 use sluice_core::lease::book::QuotaKey;
@@ -14,6 +13,7 @@ use sluice_core::wire::{check_method, CheckRequest, MAX_HOLD_MS};
 use sluice_core::{Decision, Micros};
 
 use crate::answer::{read_answer, Failure};
+use crate::breaker::Permit;
 use crate::buckets;
 use crate::debits;
 use crate::identity::{check_path, request_ip};
@@ -106,9 +106,9 @@ impl Flow {
     }
 
     /// The stream ended: a probe that never got its answer frees the breaker.
-    pub fn on_log(&mut self, s: &mut Shared, now: Micros) {
+    pub fn on_log(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) {
         if self.probe {
-            s.breaker.release_probe(now);
+            s.breaker.release_probe(p, now);
         }
     }
 
@@ -138,7 +138,7 @@ impl Flow {
         let (Some(bucket), Some(key)) = (&mut s.local, &self.bucket_key) else {
             return None;
         };
-        let d = bucket.take(key, now);
+        let d = bucket.take(p, key, now);
         if d.allowed {
             return None;
         }
@@ -149,10 +149,11 @@ impl Flow {
 
     /// Sends the exact check, or applies the failure policy when it cannot go out.
     fn check(&mut self, s: &mut Shared, p: &mut impl Proxy, request: &CheckRequest, now: Micros) -> Action {
-        if !s.breaker.allow(now) {
+        let permit = s.breaker.allow(p, now);
+        if permit == Permit::Skip {
             return self.fail_headers(s, p, now, "circuit breaker open");
         }
-        self.probe = s.breaker.state() == BreakerState::HalfOpen;
+        self.probe = permit == Permit::Probe;
         let body = request.to_json().into_bytes();
         let check = &s.config.check;
         match p.call(
@@ -170,7 +171,7 @@ impl Flow {
             }
             Err(why) => {
                 self.probe = false;
-                s.breaker.failure(now);
+                s.breaker.failure(p, now);
                 self.fail_headers(s, p, now, &why)
             }
         }
@@ -191,7 +192,7 @@ impl Flow {
             return false;
         }
         let key = self.bucket_key.as_deref().unwrap_or("-");
-        let d = s.fallback.take(key, now);
+        let d = s.fallback.take(p, key, now);
         p.count(s.metrics.failed_open, 1);
         if d.allowed {
             return true;
@@ -214,22 +215,22 @@ impl Flow {
         self.probe = false;
         let answer = match read_answer(p) {
             Ok(a) => {
-                s.breaker.success();
+                s.breaker.success(p, now);
                 a
             }
             Err(Failure::NoAnswer(why)) => {
-                s.breaker.failure(now);
+                s.breaker.failure(p, now);
                 if self.retry(s, p, now) {
                     return false; // still paused: the retry's answer decides
                 }
                 return self.fail(s, p, now, &why);
             }
             Err(Failure::Service(why)) => {
-                s.breaker.failure(now);
+                s.breaker.failure(p, now);
                 return self.fail(s, p, now, &why);
             }
             Err(Failure::Request(why)) => {
-                s.breaker.release_probe(now);
+                s.breaker.release_probe(p, now);
                 return self.fail(s, p, now, &why);
             }
         };
@@ -267,7 +268,7 @@ impl Flow {
         let check = &s.config.check;
         let timeout_ms = u64::from(check.timeout_ms);
         let elapsed_ms = now.saturating_sub(self.called_at).instant_ms();
-        if self.retried || self.probe || elapsed_ms * 2 >= timeout_ms || !s.breaker.allow(now) {
+        if self.retried || self.probe || elapsed_ms * 2 >= timeout_ms || s.breaker.allow(p, now) == Permit::Skip {
             return false;
         }
         self.retried = true;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::config::Check;
 use crate::identity::header_text;
-use crate::proxy::{LogLevel, Proxy};
+use crate::proxy::{LogLevel, Proxy, SharedData};
 
 /// The ABI 0.2.1 imports the filter calls itself, as the SDK declares them but with the
 /// status as a plain number, so that no status a host answers is out of range.
@@ -82,6 +82,20 @@ mod abi {
         pub fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, ret_id: *mut u32) -> u32;
         pub fn proxy_increment_metric(id: u32, offset: i64) -> u32;
         pub fn proxy_record_metric(id: u32, value: u64) -> u32;
+        pub fn proxy_get_shared_data(
+            key: *const u8,
+            key_size: usize,
+            ret_data: *mut *mut u8,
+            ret_size: *mut usize,
+            ret_cas: *mut u32,
+        ) -> u32;
+        pub fn proxy_set_shared_data(
+            key: *const u8,
+            key_size: usize,
+            value: *const u8,
+            value_size: usize,
+            cas: u32,
+        ) -> u32;
     }
 }
 
@@ -364,6 +378,24 @@ pub fn record_metric(id: u32, value: u64) {
     unsafe { abi::proxy_record_metric(id, value) };
 }
 
+/// Shared data `key` and its CAS; `None` when absent (`NotFound`) or refused.
+pub fn shared_get(key: &str) -> Option<(Vec<u8>, u32)> {
+    let mut cas = 0u32;
+    // SAFETY: `key` is live; the return pointers are `take_bytes`'s locals and `cas` a live
+    // local.
+    let value =
+        take_bytes(|data, size| unsafe { abi::proxy_get_shared_data(key.as_ptr(), key.len(), data, size, &mut cas) })?;
+    Some((value, cas))
+}
+
+/// Sets shared data `key` to `value` if its CAS is still `cas`; whether the host wrote it
+/// (`CasMismatch`, or any refusal, is not).
+pub fn shared_set(key: &str, value: &[u8], cas: u32) -> bool {
+    // SAFETY: pointers and lengths of live buffers.
+    let status = unsafe { abi::proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) };
+    status == OK
+}
+
 /// The proxy over the proxy-wasm ABI: the context being called is the one answering.
 pub struct Abi;
 
@@ -421,5 +453,15 @@ impl Proxy for Abi {
         if id != 0 {
             record_metric(id, value);
         }
+    }
+}
+
+impl SharedData for Abi {
+    fn shared_get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        shared_get(key)
+    }
+
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: u32) -> bool {
+        shared_set(key, value, cas)
     }
 }

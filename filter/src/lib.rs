@@ -19,6 +19,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod answer;
+mod breaker;
 pub mod buckets;
 mod clock;
 pub mod config;
@@ -37,4 +38,5 @@ mod metrics;
 mod proxy;
 mod root;
 mod shared;
+mod slots;
 mod stream;

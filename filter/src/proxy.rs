@@ -26,7 +26,7 @@ pub enum Action {
 }
 
 /// The proxy, as a stream's or the root's decisions see it.
-pub trait Proxy {
+pub trait Proxy: SharedData {
     /// Request header `name` as text; `None` when absent.
     fn request_header(&self, name: &str) -> Option<String>;
     /// Response header `name` as text; `None` when absent.
@@ -57,4 +57,13 @@ pub trait Proxy {
     fn count(&mut self, id: u32, n: u64);
     /// Records `value` in histogram `id` (0: undefined, skipped).
     fn record(&mut self, id: u32, value: u64);
+}
+
+/// The process's shared data, every worker's (see [`crate::slots`]).
+pub trait SharedData {
+    /// Key `key`'s value and CAS; `None` when absent or the host refuses.
+    fn shared_get(&self, key: &str) -> Option<(Vec<u8>, u32)>;
+    /// Sets `key` to `value` if its CAS is still `cas`; whether it was written. A CAS of 0
+    /// sets whatever is there in Envoy, and only an absent key in ngx_wasm_module.
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: u32) -> bool;
 }

@@ -17,7 +17,7 @@ use crate::host::{self, log, Abi};
 use crate::leases::MAX_ANSWER_BYTES;
 use crate::metrics::Metrics;
 use crate::proxy::{LogLevel, Proxy};
-use crate::shared::Shared;
+use crate::shared::{scope, Shared};
 use crate::stream::{with_shared, Stream};
 
 /// The root context.
@@ -118,7 +118,7 @@ impl Root {
         };
         let shared = Config::parse(&bytes)
             .map_err(|e| e.to_string())
-            .and_then(|config| Shared::new(config, Metrics::define()));
+            .and_then(|config| Shared::new(config, Metrics::define(), &scope(&bytes)));
         let shared = match shared {
             Ok(s) => s,
             Err(e) => {
@@ -126,11 +126,23 @@ impl Root {
                 return false;
             }
         };
+        // Before traffic: the process's buckets and breaker (a host without shared data for
+        // them fails here, at configuration: ngx_wasm_module traps without an `shm_kv` zone).
+        let missing = shared.create(&mut Abi);
+        if missing > 0 {
+            log(
+                LogLevel::Warn,
+                &format!(
+                    "sluice-filter: the host did not make {missing} shared-data keys (ngx_wasm_module: is the \
+                     `shm_kv` zone large enough?); they are made on first use"
+                ),
+            );
+        }
         log(
             LogLevel::Info,
             &format!(
-                "sluice-filter: configured, checking with {}",
-                shared.config.check.cluster
+                "sluice-filter: configured ({:?}), checking with {}",
+                shared.config.share, shared.config.check.cluster
             ),
         );
         if let Some(tick_ms) = shared.config.tick_ms() {

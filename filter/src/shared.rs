@@ -1,14 +1,20 @@
 //! State shared by the root context and every stream of one VM: the configuration, the
-//! local and fallback buckets, the breaker over the check service, the metric ids.
+//! local and fallback buckets, the breaker over the check service, the metric ids. With
+//! `share: process` (the default) the buckets and the breaker are kept in the host's shared
+//! data, under keys of this configuration's own (`sluice/<hash of the configuration>/…`),
+//! so that every worker of the process decides on the same ones.
 
-use sluice_core::breaker::Breaker;
-use sluice_core::Micros;
+use sluice_core::rules::FailureMode;
+use sluice_core::{Breaker, Micros};
 
-use crate::buckets::Buckets;
-use crate::config::Config;
+use crate::breaker::CheckBreaker;
+use crate::buckets::{BucketSpec, Buckets};
+use crate::config::{Config, Share};
 use crate::debits::Debits;
 use crate::leases::Leasing;
 use crate::metrics::Metrics;
+use crate::proxy::SharedData;
+use crate::slots::fnv1a;
 
 /// Keys the fallback buckets hold when the configuration has no local prefilter.
 const FALLBACK_MAX_KEYS: usize = 100_000;
@@ -20,7 +26,7 @@ pub struct Shared {
     pub local: Option<Buckets>,
     /// The buckets that decide while failing open.
     pub fallback: Buckets,
-    pub breaker: Breaker,
+    pub breaker: CheckBreaker,
     pub metrics: Metrics,
     /// Leased quotas, when the configuration asks for them.
     pub leasing: Option<Leasing>,
@@ -28,19 +34,44 @@ pub struct Shared {
     pub debits: Option<Debits>,
 }
 
+/// The shared-data keys' prefix for the configuration `bytes`: a configuration of its own
+/// never reads another's state, and workers of the same one read the same.
+pub fn scope(bytes: &[u8]) -> String {
+    format!("sluice/{:016x}/", fnv1a(bytes))
+}
+
 impl Shared {
-    /// The state for a validated configuration counting into `metrics`, or why it cannot be
-    /// had.
-    pub fn new(config: Config, metrics: Metrics) -> Result<Shared, String> {
-        let local = config
-            .local
-            .as_ref()
-            .and_then(|l| Buckets::new(l.rate_per_s, l.burst, l.max_keys));
+    /// The state for a validated configuration counting into `metrics`, its shared keys
+    /// under `scope` ([`scope`]), or why it cannot be had.
+    pub fn new(config: Config, metrics: Metrics, scope: &str) -> Result<Shared, String> {
+        let process = config.share == Share::Process;
+        let table = |name: &str| process.then(|| (format!("{scope}{name}"), config.slots));
+        let local_table = table("local/");
+        // Only a filter failing open decides by the fallback buckets.
+        let fallback_table = table("fallback/").filter(|_| config.failure.mode == FailureMode::Open);
+        let local = config.local.as_ref().and_then(|l| {
+            Buckets::new(BucketSpec {
+                rate_per_s: l.rate_per_s,
+                burst: l.burst,
+                max_keys: l.max_keys,
+                shared: local_table.as_ref().map(|(p, n)| (p.as_str(), *n)),
+            })
+        });
         let fb = &config.failure.fallback;
-        let max_keys = config.local.as_ref().map_or(FALLBACK_MAX_KEYS, |l| l.max_keys);
-        let fallback = Buckets::new(fb.rate_per_s, fb.burst, max_keys).ok_or("failure.fallback: invalid rate")?;
+        let fallback = Buckets::new(BucketSpec {
+            rate_per_s: fb.rate_per_s,
+            burst: fb.burst,
+            max_keys: config.local.as_ref().map_or(FALLBACK_MAX_KEYS, |l| l.max_keys),
+            shared: fallback_table.as_ref().map(|(p, n)| (p.as_str(), *n)),
+        })
+        .ok_or("failure.fallback: invalid rate")?;
         let settings = &config.failure.breaker;
-        let breaker = Breaker::new(settings.failures, Micros::from_ms(settings.cooldown_ms));
+        let cooldown = Micros::from_ms(settings.cooldown_ms);
+        let probe_deadline = cooldown.saturating_add(Micros::from_ms(2 * u64::from(config.check.timeout_ms)));
+        let breaker = CheckBreaker::new(
+            Breaker::new(settings.failures, cooldown),
+            process.then(|| (format!("{scope}breaker"), probe_deadline)),
+        );
         let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics));
         let debits = config.debit.clone().map(Debits::new);
         Ok(Shared {
@@ -52,5 +83,12 @@ impl Shared {
             leasing,
             debits,
         })
+    }
+
+    /// Makes the process's tables and breaker in shared data, before traffic: the keys not
+    /// made (0 when every one is there, or the state is the worker's).
+    pub fn create(&self, p: &mut impl SharedData) -> u64 {
+        let local = self.local.as_ref().map_or(0, |l| l.create(p));
+        local + self.fallback.create(p) + u64::from(!self.breaker.create(p))
     }
 }

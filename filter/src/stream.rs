@@ -67,6 +67,6 @@ impl Stream {
     /// The stream ended.
     pub fn on_log(&mut self) {
         let flow = &mut self.flow;
-        with_shared(&self.shared, |s| flow.on_log(s, now_us()));
+        with_shared(&self.shared, |s| flow.on_log(s, &mut Abi, now_us()));
     }
 }

@@ -97,7 +97,6 @@ impl Host {
             next_token: 0,
             call_reply: None,
             metrics: Vec::new(),
-            shared: Default::default(),
             queues: Vec::new(),
             logs: Vec::new(),
             unimplemented: Vec::new(),
@@ -508,7 +507,7 @@ impl Host {
 
     /// Shared data by key: value and CAS.
     pub fn shared_data(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-        self.store.data().shared.get(key).cloned()
+        self.store.data().options.shared_data.get(key)
     }
 
     /// Everything the module logged.

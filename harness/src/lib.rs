@@ -61,6 +61,44 @@ pub struct HostOptions {
     /// (`proxy_send_local_response`): a host refusing calls, to test that a module copes
     /// with statuses its SDK does not expect. Empty: every function does its work.
     pub refused_calls: Vec<(String, abi::Status)>,
+    /// The process's shared data (`proxy_get_shared_data`, `proxy_set_shared_data`): hosts
+    /// given clones of one handle share it, as the workers of one Envoy (one `vm_id`) or of
+    /// one Nginx do.
+    pub shared_data: SharedData,
+    /// ngx_wasm_module's `shm_kv` zones (`*` is the default zone): a key whose `zone/`
+    /// prefix names none of them, with no default zone, traps there, as in a real Nginx.
+    /// The Envoy flavor ignores it.
+    pub shm_kv: Vec<String>,
+}
+
+/// Shared data's keys, each with its value and CAS.
+pub(crate) type SharedMap = std::collections::HashMap<String, (Vec<u8>, u32)>;
+
+/// Shared data across the hosts of one process: each key's value and CAS.
+#[derive(Debug, Clone, Default)]
+pub struct SharedData(std::sync::Arc<std::sync::Mutex<SharedMap>>);
+
+impl SharedData {
+    /// Runs `f` on the map (a poisoned lock is taken as it is: the map is always whole).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut SharedMap) -> R) -> R {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut map)
+    }
+
+    /// Key `key`'s value and CAS.
+    pub fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.with(|m| m.get(key).cloned())
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.with(|m| m.len())
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Default for HostOptions {
@@ -70,6 +108,9 @@ impl Default for HostOptions {
             clusters: Vec::new(),
             start_time_ns: 1_774_312_800_000_000_000,
             refused_calls: Vec::new(),
+            shared_data: SharedData::default(),
+            // examples/nginx.conf's zone.
+            shm_kv: vec!["sluice".into()],
         }
     }
 }

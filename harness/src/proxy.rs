@@ -241,7 +241,7 @@ impl Worker {
                     flavor: config.flavor,
                     clusters: config.clusters.keys().cloned().collect(),
                     start_time_ns: now_ns(),
-                    refused_calls: Vec::new(),
+                    ..HostOptions::default()
                 };
                 let mut host = Host::new(wasm, options)?;
                 host.start(b"", &config.plugin_config)?;

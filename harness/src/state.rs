@@ -135,7 +135,6 @@ pub(crate) struct HostState {
     pub next_token: u32,
     pub call_reply: Option<CallReply>,
     pub metrics: Vec<Metric>,
-    pub shared: HashMap<String, (Vec<u8>, u32)>,
     pub queues: Vec<(String, VecDeque<Vec<u8>>)>,
     pub logs: Vec<LogRecord>,
     pub unimplemented: Vec<String>,

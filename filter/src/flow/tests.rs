@@ -8,7 +8,7 @@ use sluice_core::Micros;
 use super::Flow;
 use crate::config::{Check, Config};
 use crate::metrics::Metrics;
-use crate::proxy::{Action, LogLevel, Proxy};
+use crate::proxy::{Action, LogLevel, Proxy, SharedData};
 use crate::shared::Shared;
 
 /// A local response: status, headers, body.
@@ -91,6 +91,28 @@ impl Proxy for Fake {
     fn record(&mut self, _id: u32, _value: u64) {}
 }
 
+thread_local! {
+    /// The process's shared data: every request's fake of a test (its thread) sees it.
+    static SHARED: std::cell::RefCell<HashMap<String, (Vec<u8>, u32)>> = Default::default();
+}
+
+impl SharedData for Fake {
+    fn shared_get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        SHARED.with_borrow(|m| m.get(key).cloned())
+    }
+
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: u32) -> bool {
+        SHARED.with_borrow_mut(|m| {
+            let current = m.get(key).map_or(0, |(_, c)| *c);
+            if cas != 0 && cas != current {
+                return false;
+            }
+            m.insert(key.to_owned(), (value.to_vec(), current + 1));
+            true
+        })
+    }
+}
+
 /// Distinct ids for the metrics a test reads.
 fn metrics() -> Metrics {
     Metrics {
@@ -107,7 +129,9 @@ fn metrics() -> Metrics {
 
 fn shared(config: &str) -> Shared {
     let config = Config::parse(config.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-    Shared::new(config, metrics()).unwrap_or_else(|e| panic!("{e}"))
+    let shared = Shared::new(config, metrics(), "sluice/test/").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(shared.create(&mut Fake::default()), 0);
+    shared
 }
 
 const CHECKED: &str = r#"{"check": {"cluster": "sluice", "timeout_ms": 1000},

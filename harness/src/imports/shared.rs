@@ -10,7 +10,8 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let Some(key) = read_str(&mut c, kptr, klen) else {
                 return status(Status::BadArgument);
             };
-            let Some((value, cas)) = c.data().shared.get(&key).cloned() else {
+            nginx_zone(&mut c, &key, "getting value from")?;
+            let Some((value, cas)) = c.data().options.shared_data.get(&key) else {
                 return status(Status::NotFound);
             };
             if write_u32(&mut c, ret_cas, cas).is_none() {
@@ -26,13 +27,28 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let (Some(key), Some(value)) = (read_str(&mut c, kptr, klen), read(&mut c, vptr, vlen)) else {
                 return status(Status::BadArgument);
             };
-            let shared = &mut c.data_mut().shared;
-            let current = shared.get(&key).map_or(0, |(_, v)| *v);
-            if cas != 0 && cas as u32 != current {
-                return status(Status::CasMismatch);
+            nginx_zone(&mut c, &key, "setting value to")?;
+            let cas = cas as u32;
+            let nginx = c.data().options.flavor == Flavor::Nginx;
+            let written = c.data().options.shared_data.with(|shared| {
+                let current = shared.get(&key).map(|(_, v)| *v);
+                // Envoy: a CAS of 0 sets whatever is there. ngx_wasm_module: a CAS of 0
+                // sets only a key that is absent (its CAS is 0).
+                let agrees = match (cas, current) {
+                    (0, _) if !nginx => true,
+                    (cas, current) => cas == current.unwrap_or(0),
+                };
+                if agrees {
+                    let next = current.unwrap_or(0).wrapping_add(1).max(1);
+                    shared.insert(key, (value, next));
+                }
+                agrees
+            });
+            if written {
+                OK
+            } else {
+                status(Status::CasMismatch)
             }
-            shared.insert(key, (value, current.wrapping_add(1).max(1)));
-            OK
         },
     )?;
     linker.func_wrap(
@@ -95,6 +111,25 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                 None => status(Status::NotFound),
             }
         },
+    )?;
+    Ok(())
+}
+
+/// ngx_wasm_module resolves a key's zone from its `zone/` prefix, else the default zone
+/// (`*`), and traps when neither is declared (`shm_kv` in nginx.conf).
+fn nginx_zone(c: &mut Ctx<'_>, key: &str, doing: &str) -> wasmtime::Result<()> {
+    let options = &c.data().options;
+    if options.flavor != Flavor::Nginx {
+        return Ok(());
+    }
+    let zone = key.split_once('/').map(|(zone, _)| zone);
+    let declared = |name: &str| options.shm_kv.iter().any(|z| z == name);
+    if zone.is_some_and(declared) || declared("*") {
+        return Ok(());
+    }
+    nginx_trap_with(
+        c,
+        &format!("failed {doing} shm (could not resolve namespace): declare `shm_kv` for {key:?} in nginx.conf"),
     )?;
     Ok(())
 }

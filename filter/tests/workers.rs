@@ -1,0 +1,125 @@
+//! One proxy of several workers: VMs of one process in the harness, sharing its shared data
+//! as Envoy's workers (one `vm_id`) and Nginx's worker processes (an `shm_kv` zone) do.
+//! With `share: process` they are one participant; with `share: worker`, each its own.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use sluice_harness::{Flavor, Host, HostOptions, Outcome};
+
+/// `n` started workers of one process running the filter with `config`.
+fn workers(config: &Value, flavor: Flavor, n: usize) -> Vec<Host> {
+    let options = HostOptions {
+        flavor,
+        ..HostOptions::default()
+    };
+    (0..n)
+        .map(|_| {
+            let mut host = Host::from_plugin(plugin(), options.clone()).expect("module loads");
+            host.start(b"", config.to_string().as_bytes()).expect("filter starts");
+            host
+        })
+        .collect()
+}
+
+/// Requests from one client, each on the next worker in turn; how many the local prefilter
+/// let through to a check (each then answered as admitted).
+fn spread(hosts: &mut [Host], requests: usize) -> usize {
+    let mut through = 0;
+    for i in 0..requests {
+        let host = &mut hosts[i % hosts.len()];
+        let (s, outcome) = request(host, "203.0.113.7", "/api", &[]);
+        if outcome == Outcome::Pause {
+            through += 1;
+            for call in host.pending_calls() {
+                host.respond_call(call.token, answer(true, 10, 1000, 0))
+                    .expect("answered");
+            }
+        }
+        host.finish_stream(s).expect("ended");
+    }
+    through
+}
+
+fn local(flavor: Flavor, share: &str) -> Value {
+    let mut config = config_in(flavor);
+    config["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 3});
+    config["share"] = share.into();
+    config
+}
+
+fn one_client_over_four_workers_gets_one_burst(flavor: Flavor) {
+    let mut hosts = workers(&local(flavor, "process"), flavor, 4);
+    assert_eq!(spread(&mut hosts, 24), 3, "one burst for the process");
+    let mut hosts = workers(&local(flavor, "worker"), flavor, 4);
+    assert_eq!(spread(&mut hosts, 24), 12, "share: worker, a burst each");
+}
+
+fn a_stalled_service_costs_the_process_failures_calls(flavor: Flavor) {
+    // Three failures open the breaker (common::config): one process of four workers makes
+    // three calls that fail, then every worker answers by the failure policy at once.
+    let mut config = config_in(flavor);
+    config["local"] = json!(null);
+    let mut hosts = workers(&config, flavor, 4);
+    let mut calls = 0;
+    for i in 0..16 {
+        let host = &mut hosts[i % 4];
+        let (s, _) = request(host, &format!("198.51.100.{i}"), "/api", &[]);
+        for call in host.pending_calls() {
+            calls += 1;
+            host.fail_call(call.token).expect("failed");
+            // the one retry a refused connection gets
+            for retry in host.pending_calls() {
+                calls += 1;
+                host.fail_call(retry.token).expect("failed");
+            }
+        }
+        host.finish_stream(s).expect("ended");
+    }
+    assert!(calls <= 2 * 3, "{calls} calls: the breaker is not the process's");
+    let mut config = config_in(flavor);
+    config["local"] = json!(null);
+    config["share"] = "worker".into();
+    let mut hosts = workers(&config, flavor, 4);
+    let mut calls = 0;
+    for i in 0..16 {
+        let host = &mut hosts[i % 4];
+        let (s, _) = request(host, &format!("198.51.100.{i}"), "/api", &[]);
+        while let Some(call) = host.pending_calls().first().cloned() {
+            calls += 1;
+            host.fail_call(call.token).expect("failed");
+        }
+        host.finish_stream(s).expect("ended");
+    }
+    assert!(calls > 2 * 3, "{calls} calls: share: worker keeps a breaker a worker");
+}
+
+on_both_hosts!(
+    one_client_over_four_workers_gets_one_burst,
+    a_stalled_service_costs_the_process_failures_calls
+);
+
+/// ngx_wasm_module traps on shared data of no declared `shm_kv` zone: the filter touches
+/// its keys at configuration, so such an Nginx fails there, naming the directive, and
+/// never on traffic; `share: worker` needs no zone.
+#[test]
+fn nginx_without_an_shm_kv_zone_fails_at_configuration() {
+    let options = HostOptions {
+        flavor: Flavor::Nginx,
+        shm_kv: Vec::new(),
+        ..HostOptions::default()
+    };
+    let mut host = Host::from_plugin(plugin(), options.clone()).expect("module loads");
+    let err = host
+        .start(b"", config_in(Flavor::Nginx).to_string().as_bytes())
+        .expect_err("no zone");
+    assert!(err.to_string().contains("shm_kv"), "{err}");
+    let mut config = config_in(Flavor::Nginx);
+    config["share"] = "worker".into();
+    let mut host = Host::from_plugin(plugin(), options).expect("module loads");
+    host.start(b"", config.to_string().as_bytes()).expect("no zone needed");
+    let (_, outcome) = request(&mut host, "203.0.113.7", "/api", &[]);
+    assert_eq!(outcome, Outcome::Pause, "checked");
+}
