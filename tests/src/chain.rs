@@ -120,7 +120,7 @@ pub enum ProxyHost {
     /// Nginx calling each node over a Unix socket (`unix:PATH`), the node's `--listen`:
     /// a connection per call, as ngx_wasm_module makes them.
     NginxUnixSocket,
-    /// A real Envoy (two workers) from `examples/envoy.yaml`, its check cluster listing both
+    /// A real Envoy ([`Options::envoy_workers`]) from `examples/envoy.yaml`, its check cluster listing both
     /// nodes ([`crate::envoy::sluice_example`]): the filter's configuration is the example's,
     /// not [`Options::filter`].
     RealEnvoy,
@@ -155,6 +155,8 @@ pub struct Options {
     pub envoy_edits: Vec<(&'static str, &'static str)>,
     /// More flags for every node.
     pub node_args: Vec<&'static str>,
+    /// With [`ProxyHost::RealEnvoy`]: each Envoy's worker threads (`--concurrency`).
+    pub envoy_workers: u32,
 }
 
 impl Default for Options {
@@ -169,6 +171,7 @@ impl Default for Options {
             trusted_hops: 0,
             envoy_edits: Vec::new(),
             node_args: Vec::new(),
+            envoy_workers: 2,
         }
     }
 }
@@ -328,7 +331,7 @@ impl Chain {
                 let token = data_token.as_deref().unwrap_or(ENVOY_DATA_TOKEN);
                 let yaml = sluice_example(proxies[i], upstream, &node_ports, token, options.trusted_hops);
                 let yaml = crate::envoy::substitute(&yaml, &options.envoy_edits);
-                Envoy::start(&yaml, proxies[i], 2)
+                Envoy::start(&yaml, proxies[i], options.envoy_workers)
             })
             .collect::<Vec<_>>();
         let proxy_admins = match envoys.as_slice() {

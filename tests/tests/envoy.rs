@@ -482,8 +482,9 @@ fn envoys_quota_filter_against_sluice_stays_within_the_lease_bound() {
 
 /// The service stopped, then paused: the example's failure policy answers in a real Envoy —
 /// fail open through the fallback bucket, fail closed with a 503 — no request is held past
-/// the check timeout (1 s in the tests) and a margin, and once each worker's breaker opens
-/// (5 failures) requests are answered at once, without a call.
+/// the check timeout (1 s in the tests) and a margin, and once the breaker of the process
+/// (four workers, one breaker) has seen 5 failures, requests are answered at once, without a
+/// call.
 #[test]
 fn a_stopped_or_paused_service_is_answered_by_the_failure_policy_in_envoy() {
     // A long cooldown, so that an open breaker stays open for the test (no probes).
@@ -494,6 +495,7 @@ fn a_stopped_or_paused_service_is_answered_by_the_failure_policy_in_envoy() {
     ] {
         let mut chain = Chain::with(Options {
             host: ProxyHost::RealEnvoy,
+            envoy_workers: 4,
             envoy_edits: edits,
             ..Options::default()
         });
@@ -527,12 +529,12 @@ fn a_stopped_or_paused_service_is_answered_by_the_failure_policy_in_envoy() {
                 "a request was held {d:?}, past the timeout and a margin"
             );
         }
-        // Two workers, five failures each open their breakers: then requests are answered at
-        // once, without a call.
+        // Four workers, one breaker for the process: five failures open it, then requests
+        // are answered at once, without a call, on every worker.
         let waited = held.iter().filter(|d| **d >= Duration::from_millis(500)).count();
         assert!(
-            waited <= 10,
-            "{waited} requests waited for a call: the breakers did not open: {held:?}"
+            waited <= 5,
+            "{waited} requests waited for a call: the process's breaker did not open after 5: {held:?}"
         );
         // Stopped for good: the policy answers, and the VM is unharmed.
         for node in &mut chain.nodes {
@@ -551,37 +553,53 @@ fn a_stopped_or_paused_service_is_answered_by_the_failure_policy_in_envoy() {
     }
 }
 
-/// The local prefilter in a real Envoy: a client over its local rate is refused by the filter
-/// itself (`429`, policy `local`, no call) — by each worker's own bucket, so a client whose
-/// connections reach both workers gets up to twice the burst (docs/filter.md).
+/// The local prefilter in a real Envoy of four workers: a client over its local rate is
+/// refused by the filter itself (`429`, policy `local`, no call), and one client whose
+/// connections reach every worker gets one burst from the whole proxy (`share: process`, the
+/// default) — each worker's own with `share: worker` (docs/filter.md).
 #[test]
-fn the_local_prefilter_refuses_at_once_per_worker() {
-    let chain = Chain::with(Options {
-        rules: PER_IP.replace("limit     = 2", "limit     = 1000"),
-        host: ProxyHost::RealEnvoy,
-        envoy_edits: vec![(r#""rate_per_s": 200, "burst": 400"#, r#""rate_per_s": 1, "burst": 2"#)],
-        ..Options::default()
-    });
-    let replies: Vec<Reply> = (0..12).map(|_| get(&chain, "/x", &[])).collect();
-    let admitted = replies.iter().filter(|r| r.status == 200).count();
-    let local: Vec<&Reply> = replies.iter().filter(|r| r.status == 429).collect();
-    assert_eq!(admitted + local.len(), 12);
-    // Two workers, a burst of 2 each, and at most a token refilled meanwhile in each.
-    assert!((2..=6).contains(&admitted), "{admitted} admitted of 12");
-    assert!(
-        local
-            .iter()
-            .all(|r| r.header("ratelimit-policy").is_some_and(|p| p.starts_with("\"local\""))),
-        "{local:?}"
-    );
-    let envoy = &chain.envoys[0];
-    assert_eq!(
-        envoy.filter_metric("sluice_filter_requests_denied_local") as usize,
-        local.len()
-    );
-    assert_eq!(
-        envoy.filter_metric("sluice_filter_requests_checked") as usize,
-        admitted,
-        "a call per admitted request only"
-    );
+fn the_local_prefilter_bounds_one_client_over_four_workers() {
+    let run = |share: &'static str| {
+        let chain = Chain::with(Options {
+            rules: PER_IP.replace("limit     = 2", "limit     = 1000"),
+            host: ProxyHost::RealEnvoy,
+            envoy_workers: 4,
+            envoy_edits: vec![
+                (r#""rate_per_s": 200, "burst": 400"#, r#""rate_per_s": 1, "burst": 3"#),
+                (r#""headers": "all","#, share),
+            ],
+            ..Options::default()
+        });
+        // A new connection each (the kernel spreads them over the workers).
+        let started = Instant::now();
+        let replies: Vec<Reply> = (0..40).map(|_| get(&chain, "/x", &[])).collect();
+        let took = started.elapsed().as_secs_f64();
+        let admitted = replies.iter().filter(|r| r.status == 200).count();
+        let local: Vec<&Reply> = replies.iter().filter(|r| r.status == 429).collect();
+        assert_eq!(admitted + local.len(), 40);
+        assert!(
+            local
+                .iter()
+                .all(|r| r.header("ratelimit-policy").is_some_and(|p| p.starts_with("\"local\""))),
+            "{local:?}"
+        );
+        let envoy = &chain.envoys[0];
+        assert_eq!(
+            envoy.filter_metric("sluice_filter_requests_denied_local") as usize,
+            local.len()
+        );
+        assert_eq!(
+            envoy.filter_metric("sluice_filter_requests_checked") as usize,
+            admitted,
+            "a call per admitted request only"
+        );
+        println!("{share}: {admitted} admitted of 40 in {took:.1} s");
+        (admitted, 3 + took.floor() as usize)
+    };
+    let (admitted, bound) = run(r#""headers": "all", "share": "process","#);
+    assert!(admitted <= bound, "share: process admitted {admitted}, past burst + rate x T = {bound}");
+    // The same client, each worker its own bucket: past the bound, so the connections did
+    // reach several workers (and the bound above was not met by one worker alone).
+    let (admitted, bound) = run(r#""headers": "all", "share": "worker","#);
+    assert!(admitted > bound, "share: worker admitted {admitted}: did the connections reach one worker only?");
 }

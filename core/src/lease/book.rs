@@ -77,6 +77,9 @@ struct Held {
     id: Option<u64>,
     units: u64,
     ends_ms: u64,
+    /// The lease a renewal replaced, while it still has units and runs: spent first, so a
+    /// renewal costs no call of its own to give its units back.
+    drain: Option<Drain>,
     /// What the quota held for this proxy: what it had left at the grant plus the lease's
     /// units, less what this proxy spent since (the headers' `remaining`).
     remaining: u64,
@@ -108,9 +111,45 @@ struct Held {
     granted_at_ms: u64,
 }
 
+/// A replaced lease's units, spent before the new lease's.
+#[derive(Debug, Clone, Copy)]
+struct Drain {
+    id: u64,
+    units: u64,
+    ends_ms: u64,
+}
+
+impl Drain {
+    /// Whether it can give `units` at `now_ms`.
+    fn has(&self, units: u64, now_ms: u64) -> bool {
+        now_ms < self.ends_ms && self.units >= units
+    }
+}
+
 impl Held {
     fn live(&self, now_ms: u64) -> bool {
         self.id.is_some() && now_ms < self.ends_ms
+    }
+
+    /// Whether a live lease, the replaced one first, has `units` at `now_ms`.
+    fn has(&self, units: u64, now_ms: u64) -> bool {
+        self.drain.is_some_and(|d| d.has(units, now_ms)) || (self.live(now_ms) && self.units >= units)
+    }
+
+    /// Takes `units` at `now_ms` from the replaced lease if it has them, else from the
+    /// lease; the lease they came from.
+    fn take(&mut self, units: u64, now_ms: u64) -> u64 {
+        self.remaining = self.remaining.saturating_sub(units);
+        match &mut self.drain {
+            Some(d) if d.has(units, now_ms) => {
+                d.units -= units;
+                d.id
+            }
+            _ => {
+                self.units -= units;
+                self.id.unwrap_or_default()
+            }
+        }
     }
 
     fn spent(&self, now_ms: u64) -> bool {
@@ -282,7 +321,7 @@ impl LeaseBook {
             }
             let Some(h) = self.held.get_mut(q) else { continue };
             h.used_ms = now_ms;
-            let has = h.live(now_ms) && h.units >= units;
+            let has = h.has(units, now_ms);
             ready &= has;
             if exhausted.is_none() && !has && h.spent(now_ms) {
                 let (left, retry_after_ms) = (h.left(now_ms), h.spent_until_ms - now_ms);
@@ -307,11 +346,13 @@ impl LeaseBook {
         let mut left = Vec::with_capacity(quotas.len());
         for q in quotas {
             if let Some(h) = self.held.get_mut(q) {
-                h.units -= units;
-                h.remaining = h.remaining.saturating_sub(units);
+                let lease = h.take(units, now_ms);
                 h.count(now_ms, units);
                 self.tally.units_spent += units;
-                left.push(h.left(now_ms));
+                left.push(Left {
+                    lease,
+                    ..h.left(now_ms)
+                });
             }
         }
         Spend::Spent(left)
@@ -344,7 +385,7 @@ impl LeaseBook {
 
     /// Whether `quota` has a live lease with `units` left at `now_ms`.
     pub fn holds(&self, quota: &QuotaKey, units: u64, now_ms: u64) -> bool {
-        self.held.get(quota).is_some_and(|h| h.live(now_ms) && h.units >= units)
+        self.held.get(quota).is_some_and(|h| h.has(units, now_ms))
     }
 
     /// Puts back `units` of each of `quotas` that a [`LeaseBook::spend_units`] took (`spent`
@@ -412,6 +453,15 @@ impl LeaseBook {
                 h.remaining = h.remaining.saturating_add(units);
                 true
             }
+            Some(Held {
+                drain: Some(d),
+                remaining,
+                ..
+            }) if d.id == lease && now_ms < d.ends_ms => {
+                d.units += units;
+                *remaining = remaining.saturating_add(units);
+                true
+            }
             // Ended: the store takes nothing back any more.
             Some(h) if h.id == Some(lease) => false,
             _ => {
@@ -433,6 +483,10 @@ impl LeaseBook {
         let c = self.config;
         let mut asks = Vec::new();
         for ((rule, identity), h) in &mut self.held {
+            if h.drain.is_some_and(|d| now_ms + c.return_margin_ms >= d.ends_ms || d.units == 0) {
+                let quota = (rule.clone(), identity.clone());
+                end_drain(&mut self.returns, &mut self.tally, &quota, h.drain.take(), now_ms);
+            }
             let held = h.live(now_ms) && h.granted_units > 0;
             let ending = h.live(now_ms) && now_ms + c.return_margin_ms >= h.ends_ms;
             if ending || (h.id.is_some() && !h.live(now_ms)) {
@@ -498,7 +552,18 @@ impl LeaseBook {
                 h.renewing = false;
                 continue;
             }
-            end_lease(&mut self.returns, &mut self.tally, &quota, h, now_ms);
+            end_drain(&mut self.returns, &mut self.tally, &quota, h.drain.take(), now_ms);
+            match h.id {
+                // A renewal: the replaced lease's units are spent first, until it ends.
+                Some(id) if g.units > 0 && h.live(now_ms) && h.units > 0 => {
+                    h.drain = Some(Drain {
+                        id,
+                        units: h.units,
+                        ends_ms: h.ends_ms,
+                    });
+                }
+                _ => end_lease(&mut self.returns, &mut self.tally, &quota, h, now_ms),
+            }
             if g.units > 0 && std::mem::take(&mut h.renewing) {
                 self.tally.renewed += 1;
             }
@@ -526,6 +591,7 @@ impl LeaseBook {
     /// with the next call.
     pub fn forget_all(&mut self, now_ms: u64) {
         for (quota, h) in self.held.drain() {
+            end_drain(&mut self.returns, &mut self.tally, &quota, h.drain, now_ms);
             end_lease(&mut self.returns, &mut self.tally, &quota, &h, now_ms);
         }
     }
@@ -545,6 +611,7 @@ impl LeaseBook {
             None,
             |h| h.used_ms,
             |quota, h| {
+                end_drain(returns, tally, quota, h.drain, now_ms);
                 end_lease(returns, tally, quota, h, now_ms);
             },
         );
@@ -575,20 +642,41 @@ fn spent_for(retry_after_ms: u64, reset_after_ms: u64, lease_ms: u64) -> u64 {
 
 /// Ends `h`'s lease: what it did not spend goes back with the next call if it is still
 /// live, and is tallied as expired if it is not.
-fn end_lease(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, (rule, identity): &QuotaKey, h: &Held, now_ms: u64) {
-    let Some(id) = h.id.filter(|_| h.units > 0) else {
+fn end_lease(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, quota: &QuotaKey, h: &Held, now_ms: u64) {
+    if let Some(id) = h.id {
+        end_units(returns, tally, quota, (id, h.units), h.live(now_ms));
+    }
+}
+
+/// Ends `drain`, a lease a renewal replaced, as [`end_lease`] ends a lease.
+fn end_drain(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, quota: &QuotaKey, drain: Option<Drain>, now_ms: u64) {
+    if let Some(d) = drain {
+        end_units(returns, tally, quota, (d.id, d.units), now_ms < d.ends_ms);
+    }
+}
+
+/// Lease `id`'s `units` left at its end: given back with the next call when it still runs
+/// (`live`), tallied as expired when not.
+fn end_units(
+    returns: &mut Vec<LeaseReturn>,
+    tally: &mut Tally,
+    (rule, identity): &QuotaKey,
+    (id, units): (u64, u64),
+    live: bool,
+) {
+    if units == 0 {
         return;
-    };
-    if h.live(now_ms) {
+    }
+    if live {
         returns.push(LeaseReturn {
             rule: rule.clone(),
             identity: identity.clone(),
             lease: id,
-            unspent: h.units,
+            unspent: units,
         });
     } else {
         tally.expired += 1;
-        tally.units_expired += h.units;
+        tally.units_expired += units;
     }
 }
 
@@ -818,24 +906,32 @@ mod tests {
         assert_eq!((asks.len(), returns.len()), (1, 0));
         book.granted(&asks, &[grant(2, 10, 1_000)], 760, 770);
         let (_, returns) = book.due(780);
-        assert_eq!(returns[0].unspent, 6, "the replaced lease's units go back");
+        assert!(returns.is_empty(), "the replaced lease's units are spent, not given back in a call");
+        let from: Vec<u64> = (0..7)
+            .map(|t| match book.spend(std::slice::from_ref(&a), 780 + t) {
+                Spend::Spent(left) => left[0].lease,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(from, [1, 1, 1, 1, 1, 1, 2], "the replaced lease's 6 first, then the new one");
+        assert!(book.due(790).1.is_empty(), "spent out: nothing to give back");
         let tally = book.take_tally();
         assert_eq!(
             tally,
             Tally {
                 renewed: 1,
-                units_spent: 4,
+                units_spent: 11,
                 ..Tally::default()
             }
         );
         assert_eq!(book.take_tally(), Tally::default(), "taken: counted afresh");
-        // The timer stalls past lease 2's end (1,760): its 10 units expire, once.
+        // The timer stalls past lease 2's end (1,760): its 8 units left expire, once.
         book.spend(std::slice::from_ref(&a), 1_000);
         let (asks, returns) = book.due(2_000);
         assert!(returns.is_empty(), "nothing goes back after the end");
         book.due(2_010);
         let tally = book.take_tally();
-        assert_eq!((tally.expired, tally.units_expired, tally.units_spent), (1, 9, 1));
+        assert_eq!((tally.expired, tally.units_expired, tally.units_spent), (1, 8, 1));
         // Asked after it ended: a new lease, not a renewal.
         book.granted(&asks, &[grant(3, 5, 1_000)], 2_000, 2_010);
         assert_eq!(book.take_tally().renewed, 0);
