@@ -104,8 +104,15 @@ impl Host {
             nginx_trap: None,
             memory: None,
             allocate: None,
+            host_calls: 0,
         };
         let mut store = Store::new(engine, state);
+        store.call_hook(|mut c, hook| {
+            if matches!(hook, wasmtime::CallHook::CallingHost) {
+                c.data_mut().host_calls += 1;
+            }
+            Ok(())
+        });
         let instance = linker.instantiate(&mut store, module).map_err(HarnessError::load)?;
         let memory = instance.get_memory(&mut store, "memory");
         let allocate = ["proxy_on_memory_allocate", "malloc"]
@@ -508,6 +515,11 @@ impl Host {
     /// Shared data by key: value and CAS.
     pub fn shared_data(&self, key: &str) -> Option<(Vec<u8>, u32)> {
         self.store.data().options.shared_data.get(key)
+    }
+
+    /// Calls the module has made into the host so far, every import's (to count a path's).
+    pub fn host_calls(&self) -> u64 {
+        self.store.data().host_calls
     }
 
     /// Everything the module logged.

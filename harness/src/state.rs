@@ -145,4 +145,6 @@ pub(crate) struct HostState {
     /// functions use them on every call).
     pub memory: Option<wasmtime::Memory>,
     pub allocate: Option<wasmtime::TypedFunc<i32, i32>>,
+    /// Calls the module made into the host (every import, WASI's included).
+    pub host_calls: u64,
 }

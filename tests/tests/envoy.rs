@@ -597,9 +597,15 @@ fn the_local_prefilter_bounds_one_client_over_four_workers() {
         (admitted, 3 + took.floor() as usize)
     };
     let (admitted, bound) = run(r#""headers": "all", "share": "process","#);
-    assert!(admitted <= bound, "share: process admitted {admitted}, past burst + rate x T = {bound}");
+    assert!(
+        admitted <= bound,
+        "share: process admitted {admitted}, past burst + rate x T = {bound}"
+    );
     // The same client, each worker its own bucket: past the bound, so the connections did
     // reach several workers (and the bound above was not met by one worker alone).
     let (admitted, bound) = run(r#""headers": "all", "share": "worker","#);
-    assert!(admitted > bound, "share: worker admitted {admitted}: did the connections reach one worker only?");
+    assert!(
+        admitted > bound,
+        "share: worker admitted {admitted}: did the connections reach one worker only?"
+    );
 }

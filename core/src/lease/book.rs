@@ -483,7 +483,9 @@ impl LeaseBook {
         let c = self.config;
         let mut asks = Vec::new();
         for ((rule, identity), h) in &mut self.held {
-            if h.drain.is_some_and(|d| now_ms + c.return_margin_ms >= d.ends_ms || d.units == 0) {
+            if h.drain
+                .is_some_and(|d| now_ms + c.return_margin_ms >= d.ends_ms || d.units == 0)
+            {
                 let quota = (rule.clone(), identity.clone());
                 end_drain(&mut self.returns, &mut self.tally, &quota, h.drain.take(), now_ms);
             }
@@ -906,14 +908,21 @@ mod tests {
         assert_eq!((asks.len(), returns.len()), (1, 0));
         book.granted(&asks, &[grant(2, 10, 1_000)], 760, 770);
         let (_, returns) = book.due(780);
-        assert!(returns.is_empty(), "the replaced lease's units are spent, not given back in a call");
+        assert!(
+            returns.is_empty(),
+            "the replaced lease's units are spent, not given back in a call"
+        );
         let from: Vec<u64> = (0..7)
             .map(|t| match book.spend(std::slice::from_ref(&a), 780 + t) {
                 Spend::Spent(left) => left[0].lease,
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(from, [1, 1, 1, 1, 1, 1, 2], "the replaced lease's 6 first, then the new one");
+        assert_eq!(
+            from,
+            [1, 1, 1, 1, 1, 1, 2],
+            "the replaced lease's 6 first, then the new one"
+        );
         assert!(book.due(790).1.is_empty(), "spent out: nothing to give back");
         let tally = book.take_tally();
         assert_eq!(

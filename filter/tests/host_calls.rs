@@ -1,0 +1,68 @@
+//! The calls into the host a request costs the filter on each path, counted by the harness
+//! (every import, WASI's included), with the process's state and with each worker's: the
+//! list is docs/filter.md's. A path that grows fails here; a path that shrinks lowers its
+//! figure.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use sluice_harness::{Flavor, Host, Outcome};
+
+/// One request from `ip` through `host` to its end, the check (if any) answered as
+/// admitted: the host calls it cost, and how it went.
+fn one_request(host: &mut Host, ip: &str) -> (u64, Outcome) {
+    let before = host.host_calls();
+    let (s, outcome) = request(host, ip, "/api", &[]);
+    for call in host.pending_calls() {
+        host.respond_call(call.token, answer(true, 10, 1000, 0))
+            .expect("answered");
+    }
+    if !matches!(outcome, Outcome::LocalResponse(_)) {
+        let _ = host.response_headers(s, &[(":status", "200")], false);
+    }
+    host.finish_stream(s).expect("ended");
+    (host.host_calls() - before, outcome)
+}
+
+fn started(config: &Value, flavor: Flavor) -> Host {
+    let mut host = host_with(config, flavor);
+    one_request(&mut host, "192.0.2.1"); // warm: the first request's one-off allocations
+    host
+}
+
+/// (path, share) → the host calls of one request.
+fn count(flavor: Flavor, share: &str) -> [(&'static str, u64); 2] {
+    let mut config = config_in(flavor);
+    config["share"] = share.into();
+    config["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 1});
+    let mut host = started(&config, flavor);
+    let (checked, outcome) = one_request(&mut host, "198.51.100.7");
+    assert_eq!(outcome, Outcome::Pause, "checked");
+    let (local, outcome) = one_request(&mut host, "198.51.100.7");
+    assert!(
+        matches!(outcome, Outcome::LocalResponse(_)),
+        "refused by the local bucket"
+    );
+    [("check", checked), ("local deny", local)]
+}
+
+fn host_calls_per_request(flavor: Flavor) {
+    let process = count(flavor, "process");
+    let worker = count(flavor, "worker");
+    println!("{flavor:?}: share process {process:?}, share worker {worker:?}");
+    // The process's buckets cost two reads and, admitting, two writes; its breaker a read
+    // on the way out and one on the answer: 6 more on the check path, 2 on a refusal.
+    for ((path, p), (_, w)) in process.iter().zip(worker) {
+        let more = if *path == "check" { 6 } else { 2 };
+        assert_eq!(*p, w + more, "{path}: {p} calls with share: process, {w} with worker");
+    }
+    let [(_, check), (_, local)] = worker;
+    assert!(
+        check <= 24 && local <= 8,
+        "share: worker: check {check}, local deny {local}"
+    );
+}
+
+on_both_hosts!(host_calls_per_request);
