@@ -39,6 +39,7 @@ fn real_envoy(rules: &str, trusted_hops: u32) -> Chain {
         rules: rules.to_owned(),
         host: ProxyHost::RealEnvoy,
         trusted_hops,
+        envoy_workers: 4,
         ..Options::default()
     })
 }
@@ -223,7 +224,7 @@ fn traffic(chain: &Chain, envoys: &[usize], threads: usize, n: usize, per_s: f64
 /// it without a call until it may grant again, and ask for it about once a lease.
 #[test]
 fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
-    // 500 a second through one Envoy of two workers, the default lease (1 s).
+    // 500 a second through one Envoy of four workers, the default lease (1 s).
     let chain = real_envoy(&LEASED.replace("LIMIT", "100000"), 0);
     let _ = traffic(&chain, &[0], 4, 400, 500.0);
     std::thread::sleep(Duration::from_millis(600));
@@ -255,7 +256,7 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
     );
     drop(chain);
 
-    // Three times the limit for 6 s over both Envoys (four workers): 150 a second against 50.
+    // Three times the limit for 6 s over both Envoys (eight workers): 150 a second against 50.
     let chain = real_envoy(&LEASED.replace("LIMIT", "50"), 0);
     let _ = traffic(&chain, &[0, 1], 4, 100, 150.0);
     let before = service_calls(&chain);
@@ -267,7 +268,7 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
     let refused = codes.iter().filter(|&&c| c == 429).count();
     assert_eq!(admitted + refused, codes.len(), "only 200 and 429");
     let per_request = calls / codes.len() as f64;
-    let per_worker_second = calls / 4.0 / took;
+    let per_worker_second = calls / 8.0 / took;
     println!(
         "spent, 3x its limit: {calls} service calls for {} requests in {took:.1} s ({per_request:.3} a request, \
          {per_worker_second:.2} a worker a second), {admitted} admitted",
