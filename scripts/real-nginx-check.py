@@ -51,7 +51,7 @@ NGINX_CONF = """worker_processes 2;
 error_log logs/error.log info;
 pid logs/nginx.pid;
 events { worker_connections 1024; }
-wasm { module sluice __WASM__; backtraces on; shm_kv sluice 4m; }
+wasm { module sluice __WASM__; backtraces on; shm_kv sluice 32m eviction=none; }
 http {
     access_log logs/access.log;
     proxy_wasm_request_headers_in_access on;
@@ -126,8 +126,13 @@ lease_ttl = "5s"
     around["identities"]["ip"] = {"header": "x-forwarded-for", "trusted_hops": 1}
     around["identities"]["api_key"] = {"header": "x-api-key"}
     unix = json.loads(json.dumps(base)); unix["check"]["cluster"] = f"unix:{SOCKET}"
+    # The local prefilter of 1/s, burst 5 in front of a service that never refuses /api/hello
+    # (the leased rules limit /leased* only): the prefilter alone decides.
     tight = json.loads(json.dumps(base)); tight["local"] = {"by": "ip", "rate_per_s": 1, "burst": 5}
-    for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around), ("unix", unix), ("tight", tight)):
+    tight["check"]["cluster"] = "127.0.0.1:28082"
+    tight_worker = json.loads(json.dumps(tight)); tight_worker["share"] = "worker"
+    for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around), ("unix", unix),
+                      ("tight", tight), ("tight_worker", tight_worker)):
         open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
         r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
                             "--config", f"{RUN}/conf/{name}.json", "--host-flavor", "nginx"], capture_output=True, text=True)
@@ -142,8 +147,10 @@ lease_ttl = "5s"
     conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28091;\n        location / {\n            proxy_wasm sluice '" + json.dumps(empty) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28092;\n        location / {\n            proxy_wasm sluice '" + json.dumps(around) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28093;\n        location / {\n            proxy_wasm sluice '" + json.dumps(unix) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
-    # The local prefilter of 1/s, burst 5, on both workers; each answer names its worker.
-    conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28094;\n        add_header x-worker $pid always;\n        location / {\n            proxy_wasm sluice '" + json.dumps(tight) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
+    # The tight prefilter on both workers, the process's (28094) and each worker's (28095);
+    # each answer names its worker.
+    for port, cfg in ((28094, tight), (28095, tight_worker)):
+        conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:" + str(port) + ";\n        add_header x-worker $pid always;\n        location / {\n            proxy_wasm sluice '" + json.dumps(cfg) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     open(f"{RUN}/conf/nginx.conf", "w").write(conf)
     subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf"], check=True)
     wait_port(28080); time.sleep(0.5)
@@ -265,17 +272,27 @@ def run_checks():
     codes = [get(28090, path="/leased/x", src="127.0.7.2", headers=h)[0] for h in hostile]
     check("leasing + non-UTF-8 headers: answered, never 500", all(c in (200, 429) for c in codes), str(codes))
 
-def share_checks():
-    # 8. one participant: the local prefilter's buckets in the shm_kv zone, both workers' own
+def spread(port, src):
+    """40 requests from `src`, a new connection each (the kernel spreads them over the
+    workers): how many were admitted, in how long, and by how many worker processes."""
     t0 = time.time(); codes = []; pids = set()
-    for _ in range(40):  # a new connection each: the kernel spreads them over the workers
-        st, data = get(28094, src="127.0.8.1"); codes.append(st)
+    for _ in range(40):
+        st, data = get(port, src=src); codes.append(st)
         m = re.search(rb"x-worker: *(\d+)", data, re.I)
         if m: pids.add(m.group(1))
-    dt = time.time() - t0; admitted = codes.count(200)
+    return codes.count(200), codes.count(429), time.time() - t0, pids
+
+def share_checks():
+    # 8. one participant: the local prefilter's buckets in the shm_kv zone, both workers' own
+    admitted, refused, dt, pids = spread(28094, "127.0.8.1")
+    bound = 5 + int(dt) + 1
     check("one client over both workers: the local prefilter admits burst + rate x T for the process",
-          len(pids) >= 2 and admitted <= 5 + int(dt) + 1 and codes.count(429) + admitted == 40,
-          f"{admitted} admitted of 40 in {dt:.1f}s (bound {5 + int(dt) + 1}), workers {sorted(pids)}")
+          len(pids) >= 2 and admitted <= bound and admitted + refused == 40,
+          f"{admitted} admitted of 40 in {dt:.1f}s (bound {bound}), workers {sorted(pids)}")
+    admitted, refused, dt, pids = spread(28095, "127.0.8.2")
+    check("share: worker, the same client: each worker's own burst (past the process's bound)",
+          len(pids) >= 2 and admitted > 5 + int(dt) + 1 and admitted + refused == 40,
+          f"{admitted} admitted of 40 in {dt:.1f}s, workers {sorted(pids)}")
 
 main()  # a check that raised has printed the count and leaves with the traceback (exit 1)
 sys.exit(1 if any(not ok for _, ok in results) else 0)

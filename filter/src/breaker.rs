@@ -56,7 +56,7 @@ impl CheckBreaker {
     pub fn create(&self, p: &mut impl SharedData) -> bool {
         match self {
             CheckBreaker::Worker(_) => true,
-            CheckBreaker::Process { key, .. } => p.shared_get(key).is_some() || p.shared_set(key, &[], 0),
+            CheckBreaker::Process { key, .. } => crate::slots::create(p, key),
         }
     }
 

@@ -133,8 +133,8 @@ impl Root {
             log(
                 LogLevel::Warn,
                 &format!(
-                    "sluice-filter: the host did not make {missing} shared-data keys (ngx_wasm_module: is the \
-                     `shm_kv` zone large enough?); they are made on first use"
+                    "sluice-filter: the host did not make {missing} shared-data keys; they are made on \
+                     first use (ngx_wasm_module: is the `shm_kv` zone large enough?)"
                 ),
             );
         }

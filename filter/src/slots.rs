@@ -52,8 +52,7 @@ impl SlotTable {
     pub fn create(&self, p: &mut impl SharedData) -> u64 {
         let mut refused = 0;
         for index in 0..self.slots {
-            let key = self.key(index);
-            if p.shared_get(&key).is_none() && !p.shared_set(&key, &[], 0) {
+            if !create(p, &self.key(index)) {
                 refused += 1;
             }
         }
@@ -114,6 +113,14 @@ impl SlotTable {
             cas,
         }
     }
+}
+
+/// Makes shared-data `key`, empty, unless it is there; whether it is there now. Another
+/// worker configuring at the same moment may make it between the read and the write
+/// (ngx_wasm_module then refuses the write, its CAS of 0 asking for an absent key): read
+/// again before calling it missing.
+pub fn create(p: &mut impl SharedData, key: &str) -> bool {
+    p.shared_get(key).is_some() || p.shared_set(key, &[], 0) || p.shared_get(key).is_some()
 }
 
 /// A bucket's state as a slot holds it: its scaled tokens and when they were counted, 16

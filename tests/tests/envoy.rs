@@ -35,14 +35,27 @@ fn every_envoy_example_is_accepted_by_a_real_envoy() {
 }
 
 fn real_envoy(rules: &str, trusted_hops: u32) -> Chain {
+    real_envoy_with(rules, trusted_hops, Vec::new())
+}
+
+/// [`real_envoy`] with `edits` to the example.
+fn real_envoy_with(rules: &str, trusted_hops: u32, edits: Vec<(&'static str, &'static str)>) -> Chain {
     Chain::with(Options {
         rules: rules.to_owned(),
         host: ProxyHost::RealEnvoy,
         trusted_hops,
         envoy_workers: 4,
+        envoy_edits: edits,
         ..Options::default()
     })
 }
+
+/// The example's local prefilter (200 a second for a client, for the whole proxy) raised
+/// past the leases tests' one client at 500 a second: they measure the leases alone.
+const LOCAL_PAST_THE_LOAD: (&str, &str) = (
+    r#""rate_per_s": 200, "burst": 400"#,
+    r#""rate_per_s": 5000, "burst": 5000"#,
+);
 
 fn get(chain: &Chain, path: &str, headers: &[(&str, &str)]) -> Reply {
     http(chain.proxies[0], "GET", path, headers)
@@ -225,7 +238,7 @@ fn traffic(chain: &Chain, envoys: &[usize], threads: usize, n: usize, per_s: f64
 #[test]
 fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
     // 500 a second through one Envoy of four workers, the default lease (1 s).
-    let chain = real_envoy(&LEASED.replace("LIMIT", "100000"), 0);
+    let chain = real_envoy_with(&LEASED.replace("LIMIT", "100000"), 0, vec![LOCAL_PAST_THE_LOAD]);
     let _ = traffic(&chain, &[0], 4, 400, 500.0);
     std::thread::sleep(Duration::from_millis(600));
     let before = service_calls(&chain);
@@ -233,7 +246,8 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
     let codes = traffic(&chain, &[0], 4, 2_000, 500.0);
     let took = started.elapsed().as_secs_f64();
     let calls = service_calls(&chain) - before;
-    assert!(codes.iter().all(|&c| c == 200), "far from the limit, all pass");
+    let refused = codes.iter().filter(|&&c| c != 200).count();
+    assert_eq!(refused, 0, "far from the limit, all pass: {refused} did not");
     // Decided by leases and checks, none by the failure policy.
     let envoy = &chain.envoys[0];
     let failed_open = envoy.filter_metric("sluice_filter_requests_failed_open");
@@ -257,7 +271,7 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
     drop(chain);
 
     // Three times the limit for 6 s over both Envoys (eight workers): 150 a second against 50.
-    let chain = real_envoy(&LEASED.replace("LIMIT", "50"), 0);
+    let chain = real_envoy_with(&LEASED.replace("LIMIT", "50"), 0, vec![LOCAL_PAST_THE_LOAD]);
     let _ = traffic(&chain, &[0, 1], 4, 100, 150.0);
     let before = service_calls(&chain);
     let started = Instant::now();
@@ -274,7 +288,14 @@ fn leased_quotas_cost_few_calls_far_from_the_limit_and_when_spent() {
          {per_worker_second:.2} a worker a second), {admitted} admitted",
         codes.len()
     );
-    assert!(per_request <= 0.1, "{per_request:.3} calls a request on a spent quota");
+    // Each worker leases on its own (docs/filter.md): a spent quota costs each about a call
+    // or two a second (its refused check, then a grant asked for shortly before it may come);
+    // a worker that forgot the quota was spent would call for every request it gets, 150 a
+    // second over 8 workers, about 19 each.
+    assert!(
+        per_worker_second <= 3.0,
+        "{per_worker_second:.2} calls a worker a second on a spent quota ({per_request:.3} a request)"
+    );
     // The bound: burst + rate × (T + lease); and the rate is still admitted (most of it).
     assert!(
         admitted as f64 <= 50.0 + 50.0 * (took + 1.0),

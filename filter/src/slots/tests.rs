@@ -170,3 +170,29 @@ proptest! {
         }
     }
 }
+
+/// ngx_wasm_module's create-if-absent, losing to another worker that made the key between
+/// this worker's read and write.
+struct LostCreate {
+    made_by_the_other: bool,
+}
+
+impl SharedData for LostCreate {
+    fn shared_get(&self, _key: &str) -> Option<(Vec<u8>, u32)> {
+        self.made_by_the_other.then(|| (Vec::new(), 1))
+    }
+
+    fn shared_set(&mut self, _key: &str, _value: &[u8], cas: u32) -> bool {
+        assert_eq!(cas, 0, "a create");
+        self.made_by_the_other = true; // it was there first: CAS mismatch
+        false
+    }
+}
+
+#[test]
+fn a_slot_another_worker_made_meanwhile_is_not_missing() {
+    let mut p = LostCreate {
+        made_by_the_other: false,
+    };
+    assert!(super::create(&mut p, "sluice/test/l0"));
+}
