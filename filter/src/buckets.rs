@@ -3,7 +3,7 @@
 //!
 //! A worker's own buckets ([`StateMap`]) are bounded in keys: a flood of random keys costs at
 //! most `max_keys` entries, and an evicted key only gets a fresh, full bucket back. The
-//! process's ([`SlotTable`]) are a fixed table in the host's shared data that never admits
+//! process's (`slots::SlotTable`) are a fixed table in the host's shared data that never admits
 //! a key past its bucket's bound; a collision can only refuse early.
 
 use sluice_core::{Algorithm, Decision, Limit, Micros, StateMap};
