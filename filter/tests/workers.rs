@@ -96,9 +96,38 @@ fn a_stalled_service_costs_the_process_failures_calls(flavor: Flavor) {
     assert!(calls > 2 * 3, "{calls} calls: share: worker keeps a breaker a worker");
 }
 
+/// Failing open with the service gone: one client over four workers gets one fallback
+/// burst from the process (each worker's own with `share: worker`).
+fn failing_open_one_client_over_four_workers_gets_one_fallback_burst(flavor: Flavor) {
+    let admitted = |share: &str| {
+        let mut config = config_in(flavor);
+        config["local"] = json!(null);
+        config["share"] = share.into();
+        config["failure"] = json!({"mode": "open", "fallback": {"rate_per_s": 1, "burst": 3},
+                                   "breaker": {"failures": 1000, "cooldown_ms": 1000}});
+        let mut hosts = workers(&config, flavor, 4);
+        let mut admitted = 0;
+        for i in 0..24 {
+            let host = &mut hosts[i % 4];
+            let (s, outcome) = request(host, "203.0.113.7", "/api", &[]);
+            let mut refused = matches!(outcome, Outcome::LocalResponse(_));
+            while let Some(call) = host.pending_calls().first().cloned() {
+                host.fail_call(call.token).expect("failed");
+            }
+            refused |= host.stream(s).is_some_and(|st| st.local_response.is_some());
+            admitted += usize::from(!refused);
+            host.finish_stream(s).expect("ended");
+        }
+        admitted
+    };
+    assert_eq!(admitted("process"), 3, "one fallback burst for the process");
+    assert_eq!(admitted("worker"), 12, "share: worker, a burst each");
+}
+
 on_both_hosts!(
     one_client_over_four_workers_gets_one_burst,
-    a_stalled_service_costs_the_process_failures_calls
+    a_stalled_service_costs_the_process_failures_calls,
+    failing_open_one_client_over_four_workers_gets_one_fallback_burst
 );
 
 /// ngx_wasm_module traps on shared data of no declared `shm_kv` zone: the filter touches
