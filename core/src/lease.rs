@@ -23,6 +23,7 @@
 use thiserror::Error;
 
 pub mod book;
+pub mod held;
 pub mod wire;
 
 use crate::algorithm::{Algorithm, Decision, Limit, State};

@@ -10,213 +10,10 @@
 
 use std::collections::HashMap;
 
-use super::lease_size;
-use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn, MAX_LEASE_ITEMS};
+pub use super::held::{BookConfig, Left, QuotaKey, Tally};
+use super::held::{Held, Ledger};
+use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
 use crate::evict::{evict_lowest, EVICT_SHARE};
-use crate::time::Micros;
-
-/// A quota the book holds leases of: a rule's name and the identity value it limits.
-pub type QuotaKey = (String, String);
-
-/// Tuning of a [`LeaseBook`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BookConfig {
-    /// Quotas held at most; past that the least recently used eighth is given back and
-    /// forgotten.
-    pub max_quotas: usize,
-    /// A lease is renewed when it would run out within this long at its spending rate, or
-    /// ends within it (ms); within half its length at most, so a short lease is not renewed
-    /// as soon as it is granted.
-    pub renew_ahead_ms: u64,
-    /// Unspent units go back this long before a lease ends (ms): the service takes nothing
-    /// back after the end, and the call takes time.
-    pub return_margin_ms: u64,
-    /// Leases are sized for this long at the spending rate (ms), or for the length of the
-    /// quota's last lease when that is longer (a lease lasts what the rule's `lease_ttl`
-    /// gives: sizing it for its whole life spares calls).
-    pub horizon_ms: u64,
-    /// A quota used within this long keeps a lease (of at least one unit) even when it was
-    /// idle the last whole second, so a client that comes back now and then finds a unit in
-    /// hand (ms; 0, the default: a quota idle a whole second lets its lease go). For a holder
-    /// with no exact path to fall back on (a region's node); it costs a renewal a lease.
-    pub keep_warm_ms: u64,
-    /// Most asks, and most returns, one call carries: the rest wait for the next call.
-    /// [`MAX_LEASE_ITEMS`], the default, is what `POST /v1/lease` takes.
-    pub max_items_per_call: usize,
-    /// Units a lease asks for at least (1, the default): more spares a holder whose quota's
-    /// first request waited for its lease a second wait for the next (a region's node).
-    pub min_lease_units: u64,
-    /// A quota whose grant brought less than was asked, which leaves it empty (or whose exact
-    /// check refused, see [`LeaseBook::refused`]), is spent for a while: once its units in
-    /// hand are gone [`LeaseBook::spend`] answers [`Spend::Exhausted`] without a call, and no
-    /// grant is asked for meanwhile (true, the default). A holder whose calls carry many quotas at a fixed pace (a region's node)
-    /// may turn it off: asking for a spent quota costs it no call.
-    pub remember_spent: bool,
-}
-
-impl Default for BookConfig {
-    fn default() -> Self {
-        BookConfig {
-            max_quotas: 10_000,
-            renew_ahead_ms: 250,
-            return_margin_ms: 100,
-            horizon_ms: 1_000,
-            min_lease_units: 1,
-            remember_spent: true,
-            keep_warm_ms: 0,
-            max_items_per_call: MAX_LEASE_ITEMS,
-        }
-    }
-}
-
-/// One quota's lease and spending.
-#[derive(Debug, Clone, Default)]
-struct Held {
-    /// The lease's id, units left, and when it ends (proxy clock); no lease when `id` is
-    /// `None`.
-    id: Option<u64>,
-    units: u64,
-    ends_ms: u64,
-    /// The lease a renewal replaced, while it still has units and runs: spent first, so a
-    /// renewal costs no call of its own to give its units back.
-    drain: Option<Drain>,
-    /// What the quota held for this proxy: what it had left at the grant plus the lease's
-    /// units, less what this proxy spent since (the headers' `remaining`).
-    remaining: u64,
-    /// The rule's limit and window, and when the quota is whole again (proxy clock).
-    limit: u64,
-    window_ms: u64,
-    reset_at_ms: u64,
-    /// How long its last lease lasted (ms).
-    last_ttl_ms: u64,
-    /// Units the lease came with (0: none left to grant, or no lease).
-    granted_units: u64,
-    /// The quota is spent until then (proxy clock; 0: not spent): its last grant brought
-    /// less than was asked, or an exact check refused it.
-    spent_until_ms: u64,
-    /// A grant was asked for and not answered yet.
-    asked: bool,
-    /// That grant was asked while a lease with units was live: it renews it.
-    renewing: bool,
-    /// Units spent in the current second, and the rate of the last whole one.
-    spent_this_s: u64,
-    second: u64,
-    rate_per_s: u64,
-    /// When it was last used, for eviction.
-    used_ms: u64,
-    /// Units handed on since the lease was granted, and when it was (see
-    /// [`LeaseBook::hand_on`]): holders that lease come in lumps, so their demand is
-    /// measured over the lease, not over the last second.
-    handed: u64,
-    granted_at_ms: u64,
-}
-
-/// A replaced lease's units, spent before the new lease's.
-#[derive(Debug, Clone, Copy)]
-struct Drain {
-    id: u64,
-    units: u64,
-    ends_ms: u64,
-}
-
-impl Drain {
-    /// Whether it can give `units` at `now_ms`.
-    fn has(&self, units: u64, now_ms: u64) -> bool {
-        now_ms < self.ends_ms && self.units >= units
-    }
-}
-
-impl Held {
-    fn live(&self, now_ms: u64) -> bool {
-        self.id.is_some() && now_ms < self.ends_ms
-    }
-
-    /// Whether a live lease, the replaced one first, has `units` at `now_ms`.
-    fn has(&self, units: u64, now_ms: u64) -> bool {
-        self.drain.is_some_and(|d| d.has(units, now_ms)) || (self.live(now_ms) && self.units >= units)
-    }
-
-    /// Takes `units` at `now_ms` from the replaced lease if it has them, else from the
-    /// lease; the lease they came from.
-    fn take(&mut self, units: u64, now_ms: u64) -> u64 {
-        self.remaining = self.remaining.saturating_sub(units);
-        match &mut self.drain {
-            Some(d) if d.has(units, now_ms) => {
-                d.units -= units;
-                d.id
-            }
-            _ => {
-                self.units -= units;
-                self.id.unwrap_or_default()
-            }
-        }
-    }
-
-    fn spent(&self, now_ms: u64) -> bool {
-        now_ms < self.spent_until_ms
-    }
-
-    /// What the quota holds after a spend at `now_ms`, as this holder sees it.
-    fn left(&self, now_ms: u64) -> Left {
-        Left {
-            remaining: self.remaining,
-            limit: self.limit,
-            reset_after_ms: self.reset_at_ms.saturating_sub(now_ms),
-            window_ms: self.window_ms,
-            lease: self.id.unwrap_or_default(),
-        }
-    }
-
-    /// The spending rate at `now_ms` (units a second): the last whole second's count, or
-    /// this one's when it is already higher; 0 once a whole second passed without a spend,
-    /// so a quota nobody uses stops asking for leases.
-    fn rate_at(&self, now_ms: u64) -> u64 {
-        let second = now_ms / 1_000;
-        if second == self.second {
-            self.rate_per_s.max(self.spent_this_s)
-        } else if second == self.second + 1 {
-            self.spent_this_s
-        } else {
-            0
-        }
-    }
-
-    /// The rate at `now_ms` (units a second) of the units handed on since the lease was
-    /// granted, over at least a second.
-    fn handed_rate_at(&self, now_ms: u64) -> u64 {
-        let over_ms = now_ms.saturating_sub(self.granted_at_ms).max(1_000);
-        self.handed.saturating_mul(1_000) / over_ms
-    }
-
-    fn count(&mut self, now_ms: u64, units: u64) {
-        let second = now_ms / 1_000;
-        if second != self.second {
-            self.rate_per_s = if second == self.second + 1 {
-                self.spent_this_s
-            } else {
-                0
-            };
-            (self.second, self.spent_this_s) = (second, 0);
-        }
-        self.spent_this_s += units;
-    }
-}
-
-/// What a quota holds after a spend, as this proxy sees it (for the response headers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Left {
-    /// What the quota had left when the lease was granted, with the lease's units, less
-    /// what this proxy spent since: other proxies' spending shows at the next grant.
-    pub remaining: u64,
-    /// The rule's limit per window.
-    pub limit: u64,
-    /// Milliseconds from the spend until the quota is whole again (as the grant said it).
-    pub reset_after_ms: u64,
-    /// The rule's window in milliseconds.
-    pub window_ms: u64,
-    /// The lease the units came from.
-    pub lease: u64,
-}
 
 /// Units [`LeaseBook::hand_on`] gave another holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,32 +46,13 @@ pub enum Spend {
     },
 }
 
-/// What befell the book's leases since [`LeaseBook::take_tally`] was last called, for
-/// metrics. A lease granted with units ends one of three ways: spent out, given back (in
-/// [`LeaseBook::due`]'s returns; whether they reached the service is the caller's to
-/// know), or expired — its end came with units neither spent nor given back, which come
-/// back to the quota only as it refills or its window turns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Leases granted with units while the quota held a live lease that had come with
-    /// units (the grant was asked for before that lease ended or was given back).
-    pub renewed: u64,
-    /// Leases found ended with units left.
-    pub expired: u64,
-    /// The units those leases had left.
-    pub units_expired: u64,
-    /// Units spent: one per quota of each request decided by leases.
-    pub units_spent: u64,
-}
-
 /// A proxy's leases.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseBook {
     config: BookConfig,
     held: HashMap<QuotaKey, Held>,
-    /// Units to give back with the next call.
-    returns: Vec<LeaseReturn>,
-    tally: Tally,
+    /// Units to give back with the next call, and what befell the leases.
+    ledger: Ledger,
 }
 
 impl LeaseBook {
@@ -289,7 +67,7 @@ impl LeaseBook {
     /// What befell the leases since the last call (see [`Tally`]), and starts counting
     /// afresh.
     pub fn take_tally(&mut self) -> Tally {
-        std::mem::take(&mut self.tally)
+        std::mem::take(&mut self.ledger.tally)
     }
 
     /// Quotas held.
@@ -348,7 +126,7 @@ impl LeaseBook {
             if let Some(h) = self.held.get_mut(q) {
                 let lease = h.take(units, now_ms);
                 h.count(now_ms, units);
-                self.tally.units_spent += units;
+                self.ledger.tally.units_spent += units;
                 left.push(Left {
                     lease,
                     ..h.left(now_ms)
@@ -374,12 +152,8 @@ impl LeaseBook {
     /// length has passed; see [`Spend::Exhausted`]), so the requests after it are refused
     /// without a call. A quota the book does not hold is not noted.
     pub fn refused(&mut self, quota: &QuotaKey, retry_after_ms: u64, reset_after_ms: u64, now_ms: u64) {
-        if !self.config.remember_spent {
-            return;
-        }
         if let Some(h) = self.held.get_mut(quota) {
-            let until = now_ms.saturating_add(spent_for(retry_after_ms, reset_after_ms, h.last_ttl_ms));
-            h.spent_until_ms = h.spent_until_ms.max(until);
+            h.refused(&self.config, retry_after_ms, reset_after_ms, now_ms);
         }
     }
 
@@ -425,7 +199,7 @@ impl LeaseBook {
         }
         h.units -= units;
         h.remaining = h.remaining.saturating_sub(units);
-        self.tally.units_spent += units;
+        self.ledger.tally.units_spent += units;
         Some(Handed {
             units,
             ends_ms,
@@ -446,33 +220,9 @@ impl LeaseBook {
     /// next call instead, as that lease's return: the store takes them while it runs, and
     /// never more than it holds. Whether they went back into the book.
     pub fn put_back(&mut self, quota: &QuotaKey, lease: u64, units: u64, now_ms: u64) -> bool {
-        self.tally.units_spent -= units.min(self.tally.units_spent);
         match self.held.get_mut(quota) {
-            Some(h) if h.id == Some(lease) && h.live(now_ms) => {
-                h.units += units;
-                h.remaining = h.remaining.saturating_add(units);
-                true
-            }
-            Some(Held {
-                drain: Some(d),
-                remaining,
-                ..
-            }) if d.id == lease && now_ms < d.ends_ms => {
-                d.units += units;
-                *remaining = remaining.saturating_add(units);
-                true
-            }
-            // Ended: the store takes nothing back any more.
-            Some(h) if h.id == Some(lease) => false,
-            _ => {
-                self.returns.push(LeaseReturn {
-                    rule: quota.0.clone(),
-                    identity: quota.1.clone(),
-                    lease,
-                    unspent: units,
-                });
-                false
-            }
+            Some(h) => h.put_back(quota, lease, units, now_ms, &mut self.ledger),
+            None => Held::default().put_back(quota, lease, units, now_ms, &mut self.ledger),
         }
     }
 
@@ -480,54 +230,16 @@ impl LeaseBook {
     /// their spending rate) and the units to give back (leases about to end). Marks the
     /// grants as asked until [`LeaseBook::granted`] or [`LeaseBook::failed`].
     pub fn due(&mut self, now_ms: u64) -> (Vec<LeaseAsk>, Vec<LeaseReturn>) {
-        let c = self.config;
+        let max = self.config.max_items_per_call.max(1);
         let mut asks = Vec::new();
-        for ((rule, identity), h) in &mut self.held {
-            if h.drain
-                .is_some_and(|d| now_ms + c.return_margin_ms >= d.ends_ms || d.units == 0)
-            {
-                let quota = (rule.clone(), identity.clone());
-                end_drain(&mut self.returns, &mut self.tally, &quota, h.drain.take(), now_ms);
-            }
-            let held = h.live(now_ms) && h.granted_units > 0;
-            let ending = h.live(now_ms) && now_ms + c.return_margin_ms >= h.ends_ms;
-            if ending || (h.id.is_some() && !h.live(now_ms)) {
-                end_lease(
-                    &mut self.returns,
-                    &mut self.tally,
-                    &(rule.clone(), identity.clone()),
-                    h,
-                    now_ms,
-                );
-                (h.id, h.units) = (None, 0);
-            }
-            // Only a quota in use (or kept warm) asks: an idle one lets its lease end and give
-            // its units back.
-            let rate = h.rate_at(now_ms).max(h.handed_rate_at(now_ms));
-            let warm = c.keep_warm_ms > 0 && now_ms.saturating_sub(h.used_ms) <= c.keep_warm_ms;
-            let ahead_ms = c.renew_ahead_ms.min(h.last_ttl_ms / 2);
-            let runs_out = h.units.saturating_mul(1_000) <= rate.saturating_mul(ahead_ms);
-            let ends_soon = h.id.is_some() && now_ms + ahead_ms >= h.ends_ms;
-            // A spent quota asks again only shortly before the service said it may grant.
-            let spent = now_ms.saturating_add(ahead_ms) < h.spent_until_ms;
-            let needed = (rate > 0 || warm) && !spent && (h.id.is_none() || runs_out || ends_soon);
+        for (quota, h) in &mut self.held {
             // One call carries at most `max_items_per_call` asks; the rest wait for the next.
-            if needed && !h.asked && asks.len() < c.max_items_per_call.max(1) {
-                h.asked = true;
-                h.renewing = held;
-                let horizon_ms = c.horizon_ms.max(h.last_ttl_ms);
-                let want = lease_size(rate, Micros::from_ms(horizon_ms), u64::MAX).max(c.min_lease_units);
-                asks.push(LeaseAsk {
-                    rule: rule.clone(),
-                    identity: identity.clone(),
-                    want: want.min(super::wire::MAX_WANT),
-                });
-            }
+            let room = asks.len() < max;
+            asks.extend(h.due(quota, &self.config, room, now_ms, &mut self.ledger));
         }
-        let later = self
-            .returns
-            .split_off(self.returns.len().min(c.max_items_per_call.max(1)));
-        (asks, std::mem::replace(&mut self.returns, later))
+        let returns = &mut self.ledger.returns;
+        let later = returns.split_off(returns.len().min(max));
+        (asks, std::mem::replace(returns, later))
     }
 
     /// The answer to the grants asked for, `asked_at_ms` being when the call went out: the
@@ -536,47 +248,16 @@ impl LeaseBook {
     /// end.
     pub fn granted(&mut self, asks: &[LeaseAsk], grants: &[LeaseGranted], asked_at_ms: u64, now_ms: u64) {
         for (ask, g) in asks.iter().zip(grants) {
-            let quota = (ask.rule.clone(), ask.identity.clone());
-            let Some(h) = self.held.get_mut(&quota) else {
+            match self.held.get_mut(&(ask.rule.clone(), ask.identity.clone())) {
+                Some(h) => h.granted(ask, g, &self.config, (asked_at_ms, now_ms), &mut self.ledger),
                 // Forgotten meanwhile: give the units straight back.
-                self.returns.push(LeaseReturn {
+                None => self.ledger.returns.push(LeaseReturn {
                     rule: ask.rule.clone(),
                     identity: ask.identity.clone(),
                     lease: g.lease,
                     unspent: g.units,
-                });
-                continue;
-            };
-            h.asked = false;
-            h.spent_until_ms = spent_until(&self.config, ask, g, asked_at_ms);
-            if g.units == 0 && h.live(now_ms) && h.units > 0 {
-                // A renewal that brought nothing: the lease in hand is kept, and spent first.
-                h.renewing = false;
-                continue;
+                }),
             }
-            end_drain(&mut self.returns, &mut self.tally, &quota, h.drain.take(), now_ms);
-            match h.id {
-                // A renewal: the replaced lease's units are spent first, until it ends.
-                Some(id) if g.units > 0 && h.live(now_ms) && h.units > 0 => {
-                    h.drain = Some(Drain {
-                        id,
-                        units: h.units,
-                        ends_ms: h.ends_ms,
-                    });
-                }
-                _ => end_lease(&mut self.returns, &mut self.tally, &quota, h, now_ms),
-            }
-            if g.units > 0 && std::mem::take(&mut h.renewing) {
-                self.tally.renewed += 1;
-            }
-            h.id = Some(g.lease);
-            (h.units, h.granted_units) = (g.units, g.units);
-            h.remaining = g.remaining.saturating_add(g.units);
-            (h.limit, h.window_ms) = (g.limit, g.window_ms);
-            h.reset_at_ms = now_ms.saturating_add(g.reset_after_ms);
-            h.ends_ms = asked_at_ms.saturating_add(g.expires_in_ms);
-            h.last_ttl_ms = g.expires_in_ms;
-            (h.handed, h.granted_at_ms) = (0, now_ms);
         }
     }
 
@@ -584,7 +265,7 @@ impl LeaseBook {
     pub fn failed(&mut self, asks: &[LeaseAsk]) {
         for ask in asks {
             if let Some(h) = self.held.get_mut(&(ask.rule.clone(), ask.identity.clone())) {
-                h.asked = false;
+                h.failed();
             }
         }
     }
@@ -593,8 +274,7 @@ impl LeaseBook {
     /// with the next call.
     pub fn forget_all(&mut self, now_ms: u64) {
         for (quota, h) in self.held.drain() {
-            end_drain(&mut self.returns, &mut self.tally, &quota, h.drain, now_ms);
-            end_lease(&mut self.returns, &mut self.tally, &quota, &h, now_ms);
+            h.end(&quota, now_ms, &mut self.ledger);
         }
     }
 
@@ -606,86 +286,21 @@ impl LeaseBook {
             return;
         }
         let count = (self.config.max_quotas / EVICT_SHARE).max(1);
-        let (returns, tally) = (&mut self.returns, &mut self.tally);
+        let ledger = &mut self.ledger;
         evict_lowest(
             &mut self.held,
             count,
             None,
             |h| h.used_ms,
-            |quota, h| {
-                end_drain(returns, tally, quota, h.drain, now_ms);
-                end_lease(returns, tally, quota, h, now_ms);
-            },
+            |quota, h| h.end(quota, now_ms, ledger),
         );
-    }
-}
-
-/// Until when a quota granted `g` for `ask` (asked at `asked_at_ms`) is spent: 0 when the
-/// grant brought all that was asked. A grant takes all the quota holds up to the ask, so a
-/// short one leaves it empty: then no grant is asked for, and once the units in hand are
-/// spent requests are refused without a call, for [`spent_for`]. Counted from when the
-/// call went out, the earliest moment the service's answer could count from.
-fn spent_until(config: &BookConfig, ask: &LeaseAsk, g: &LeaseGranted, asked_at_ms: u64) -> u64 {
-    if !config.remember_spent || g.units >= ask.want {
-        return 0;
-    }
-    asked_at_ms.saturating_add(spent_for(g.retry_after_ms, g.reset_after_ms, g.expires_in_ms))
-}
-
-/// How long an empty quota stays spent: until the service may grant one unit again
-/// (`retry_after_ms`), and no sooner than it is whole again (`reset_after_ms`) or a lease's
-/// length (`lease_ms`) has passed, whichever comes first. Asking for every unit as it comes
-/// back would cost a call a unit (a token bucket refills one at a time); what comes back
-/// meanwhile waits for the next grant, which takes up to all the quota holds, so the rate
-/// the quota admits is kept.
-fn spent_for(retry_after_ms: u64, reset_after_ms: u64, lease_ms: u64) -> u64 {
-    retry_after_ms.max(reset_after_ms.min(lease_ms))
-}
-
-/// Ends `h`'s lease: what it did not spend goes back with the next call if it is still
-/// live, and is tallied as expired if it is not.
-fn end_lease(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, quota: &QuotaKey, h: &Held, now_ms: u64) {
-    if let Some(id) = h.id {
-        end_units(returns, tally, quota, (id, h.units), h.live(now_ms));
-    }
-}
-
-/// Ends `drain`, a lease a renewal replaced, as [`end_lease`] ends a lease.
-fn end_drain(returns: &mut Vec<LeaseReturn>, tally: &mut Tally, quota: &QuotaKey, drain: Option<Drain>, now_ms: u64) {
-    if let Some(d) = drain {
-        end_units(returns, tally, quota, (d.id, d.units), now_ms < d.ends_ms);
-    }
-}
-
-/// Lease `id`'s `units` left at its end: given back with the next call when it still runs
-/// (`live`), tallied as expired when not.
-fn end_units(
-    returns: &mut Vec<LeaseReturn>,
-    tally: &mut Tally,
-    (rule, identity): &QuotaKey,
-    (id, units): (u64, u64),
-    live: bool,
-) {
-    if units == 0 {
-        return;
-    }
-    if live {
-        returns.push(LeaseReturn {
-            rule: rule.clone(),
-            identity: identity.clone(),
-            lease: id,
-            unspent: units,
-        });
-    } else {
-        tally.expired += 1;
-        tally.units_expired += units;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::wire::MAX_WANT;
+    use crate::lease::wire::{MAX_LEASE_ITEMS, MAX_WANT};
 
     fn q(rule: &str, id: &str) -> QuotaKey {
         (rule.into(), id.into())
