@@ -243,7 +243,7 @@ impl Flow {
         if !answer.allowed {
             p.count(metrics.denied_global, 1);
             if let (Some(rule), Some(leasing)) = (&answer.policy, s.leasing.as_mut()) {
-                leasing.refused(&self.leased, rule, &answer, now.instant_ms());
+                leasing.refused(p, &self.leased, rule, &answer, now.instant_ms());
             }
             deny(s, p, &quota);
             return false;

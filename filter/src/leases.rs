@@ -5,14 +5,15 @@
 
 use std::collections::BTreeMap;
 
-use sluice_core::lease::book::{BookConfig, LeaseBook, Left, QuotaKey, Spend};
+use sluice_core::lease::book::{Left, QuotaKey, Spend};
 use sluice_core::lease::wire::{LeaseAsk, LeaseRequest, LeaseResponse};
 use sluice_core::rules::RuleSet;
 use sluice_core::wire::CheckResponse;
 
+use crate::book::Book;
 use crate::config::Lease;
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{Proxy, SharedData};
 
 /// Bytes of a rules or lease answer read at most.
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -67,19 +68,21 @@ pub struct Leasing {
     metrics: Metrics,
     rules: Option<RuleSet>,
     etag: Option<String>,
-    book: LeaseBook,
+    book: Book,
     calls: Vec<(u32, Pending)>,
     polled_ms: Option<u64>,
 }
 
 impl Leasing {
-    pub fn new(config: Lease, metrics: Metrics) -> Leasing {
+    /// Leasing as `config` says, counting into `metrics`; its book the process's, in
+    /// `shared` slots under that key prefix, or the worker's own when `None`.
+    pub fn new(config: Lease, metrics: Metrics, shared: Option<(String, u64)>) -> Leasing {
         Leasing {
             config,
             metrics,
             rules: None,
             etag: None,
-            book: LeaseBook::new(BookConfig::default()),
+            book: Book::new(shared),
             calls: Vec::new(),
             polled_ms: None,
         }
@@ -110,7 +113,7 @@ impl Leasing {
         if !all_leased {
             return ByLease::Check(quotas);
         }
-        let spent = self.book.spend(&quotas, now_ms);
+        let spent = self.book.spend(proxy, &quotas, now_ms);
         self.report(proxy);
         match spent {
             Spend::Spent(left) => ByLease::Allowed(quotas.into_iter().zip(left).collect()),
@@ -131,11 +134,24 @@ impl Leasing {
     /// (`answer` says when to retry and when it is whole): that quota is spent, so the
     /// requests after it are refused here, without a call, and its lease is not asked for
     /// meanwhile (see `LeaseBook::refused`).
-    pub fn refused(&mut self, quotas: &[QuotaKey], rule: &str, answer: &CheckResponse, now_ms: u64) {
+    pub fn refused(
+        &mut self,
+        p: &mut impl SharedData,
+        quotas: &[QuotaKey],
+        rule: &str,
+        answer: &CheckResponse,
+        now_ms: u64,
+    ) {
         if let Some(quota) = quotas.iter().find(|(r, _)| r == rule) {
-            self.book
-                .refused(quota, answer.retry_after_ms, answer.reset_after_ms, now_ms);
+            let after = (answer.retry_after_ms, answer.reset_after_ms);
+            self.book.refused(p, quota, after, now_ms);
         }
+    }
+
+    /// Makes the process's book in shared data before traffic; how many slots the host
+    /// would not make.
+    pub fn create(&self, p: &mut impl SharedData) -> u64 {
+        self.book.create(p)
     }
 
     /// Counts what befell the book's leases (see `sluice_core::lease::book::Tally`).
@@ -179,7 +195,7 @@ impl Leasing {
             });
         }
         if !in_flight(&self.calls, false) {
-            let (grants, returns) = self.book.due(now_ms);
+            let (grants, returns) = self.book.due(proxy, now_ms);
             self.report(proxy);
             let unspent = returns.iter().fold(0, |n: u64, r| n.saturating_add(r.unspent));
             let given = (returns.len() as u64, unspent);
@@ -207,9 +223,9 @@ impl Leasing {
     }
 
     /// A call could not go out.
-    pub fn not_sent(&mut self, proxy: &mut impl Proxy, pending: &Pending) {
+    pub fn not_sent(&mut self, proxy: &mut impl Proxy, pending: &Pending, now_ms: u64) {
         if let Pending::Lease { asks, returns, .. } = pending {
-            self.book.failed(asks);
+            self.book.failed(proxy, asks, now_ms);
             self.gave_back(proxy, *returns, false);
         }
     }
@@ -240,13 +256,13 @@ impl Leasing {
                         proxy.count(self.metrics.leases_granted, held.len() as u64);
                         let units = held.iter().fold(0, |n: u64, u| n.saturating_add(*u));
                         proxy.count(self.metrics.lease_units_granted, units);
-                        self.book.granted(&asks, &answer.grants, sent_ms, now_ms);
+                        self.book.granted(proxy, &asks, &answer.grants, (sent_ms, now_ms));
                         self.report(proxy);
                         if self.etag.as_deref() != Some(&format!("\"{}\"", answer.rules_version)) {
                             self.polled_ms = None; // the rules changed: ask for them now
                         }
                     }
-                    _ => self.book.failed(&asks),
+                    _ => self.book.failed(proxy, &asks, now_ms),
                 }
             }
         }
@@ -262,7 +278,7 @@ impl Leasing {
             return; // keep the rules we have
         };
         if self.rules.is_some() {
-            self.book.forget_all(now_ms);
+            self.book.forget_all(proxy, now_ms);
             self.report(proxy);
         }
         self.rules = Some(rules);

@@ -13,12 +13,14 @@
 //! request's `flow`: the decisions, over a `proxy::Proxy` (the ABI's in `host`, a fake in
 //! the unit tests). The modules depend one way: `root` → `stream` → `flow` → `answer`,
 //! `proxy`, `metrics`, `shared`, `buckets`, `identity`, `config`, `leases`, `debits`;
+//! `leases` → `book` → `lease_table` → `slots` (the process's leases in shared data);
 //! `root`, `stream` → `host`, `clock` (the ABI, only they call it); `exports` → `root`,
 //! `stream`, `host`.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod answer;
+mod book;
 mod breaker;
 pub mod buckets;
 mod clock;
@@ -33,6 +35,7 @@ mod flow;
 #[allow(unsafe_code)]
 mod host;
 pub mod identity;
+mod lease_table;
 mod leases;
 mod metrics;
 mod proxy;

@@ -67,7 +67,7 @@ fn debit_answered(s: &mut Shared, p: &mut impl Proxy, quotas: &[QuotaKey], now: 
         return;
     };
     if let (false, Some(rule), Some(leasing)) = (answer.allowed, &answer.policy, s.leasing.as_mut()) {
-        leasing.refused(quotas, rule, &answer, now.instant_ms());
+        leasing.refused(p, quotas, rule, &answer, now.instant_ms());
     }
 }
 
@@ -99,7 +99,7 @@ fn send_lease_calls(s: &mut Shared, p: &mut impl Proxy, now: Micros) {
             Ok(token) => leasing.sent(token, out.pending),
             Err(why) => {
                 p.log(LogLevel::Debug, &format!("sluice-filter: lease call not sent ({why})"));
-                leasing.not_sent(p, &out.pending);
+                leasing.not_sent(p, &out.pending, now.instant_ms());
             }
         }
     }

@@ -1,6 +1,7 @@
 //! State shared by the root context and every stream of one VM: the configuration, the
-//! local and fallback buckets, the breaker over the check service, the metric ids. With
-//! `share: process` (the default) the buckets and the breaker are kept in the host's shared
+//! local and fallback buckets, the breaker over the check service, the leases, the metric
+//! ids. With `share: process` (the default) the buckets, the breaker and the leases are kept
+//! in the host's shared
 //! data, under keys of this configuration's own (`sluice/<hash of the configuration>/…`),
 //! so that every worker of the process decides on the same ones.
 
@@ -72,7 +73,7 @@ impl Shared {
             Breaker::new(settings.failures, cooldown),
             process.then(|| (format!("{scope}breaker"), probe_deadline)),
         );
-        let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics));
+        let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics, table("lease/")));
         let debits = config.debit.clone().map(Debits::new);
         Ok(Shared {
             config,
@@ -89,6 +90,7 @@ impl Shared {
     /// made (0 when every one is there, or the state is the worker's).
     pub fn create(&self, p: &mut impl SharedData) -> u64 {
         let local = self.local.as_ref().map_or(0, |l| l.create(p));
-        local + self.fallback.create(p) + u64::from(!self.breaker.create(p))
+        let leases = self.leasing.as_ref().map_or(0, |l| l.create(p));
+        local + self.fallback.create(p) + leases + u64::from(!self.breaker.create(p))
     }
 }

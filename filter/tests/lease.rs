@@ -221,20 +221,6 @@ fn malformed_rules_and_lease_answers_leave_exact_checks(flavor: Flavor) {
 
 /// A lease answer granting `units` to each ask of the lease call `call` (`lease` the first
 /// id), lasting `expires_in_ms`.
-fn grant_each(call: &PendingCall, lease: u64, units: u64, expires_in_ms: u64) -> CallResponse {
-    let body: Value = serde_json::from_slice(&call.body).expect("JSON");
-    let asks = body["grants"].as_array().map_or(0, Vec::len);
-    let returns = body["returns"].as_array().map_or(0, Vec::len);
-    let grants: Vec<Value> = (0..asks as u64)
-        .map(|i| {
-            json!({"lease": lease + i, "units": units, "expires_in_ms": expires_in_ms, "limit": 100,
-                   "remaining": 50, "reset_after_ms": 50_000, "window_ms": 60_000})
-        })
-        .collect();
-    let answer = json!({"rules_version": 1, "grants": grants, "returned": vec![0; returns]});
-    CallResponse::new(200, answer.to_string())
-}
-
 /// Ticks until a lease call goes out; it and its body.
 fn next_lease_call(host: &mut Host) -> (PendingCall, Value) {
     for _ in 0..100 {

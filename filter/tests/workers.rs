@@ -5,9 +5,11 @@
 #[macro_use]
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::{json, Value};
-use sluice_harness::{Flavor, Host, HostOptions, Outcome};
+use sluice_harness::{CallResponse, Flavor, Host, HostOptions, Outcome};
 
 /// `n` started workers of one process running the filter with `config`.
 fn workers(config: &Value, flavor: Flavor, n: usize) -> Vec<Host> {
@@ -124,10 +126,70 @@ fn failing_open_one_client_over_four_workers_gets_one_fallback_burst(flavor: Fla
     assert_eq!(admitted("worker"), 12, "share: worker, a burst each");
 }
 
+/// Leases of one client's quota over four workers: the lease calls their timers make, and
+/// how many of 12 requests spread over them a lease of 8 units decided (the rest checked).
+fn leases_over_four_workers(flavor: Flavor, share: &str) -> (usize, usize) {
+    const RULES: &str = r#"{"rule": [{"name": "per-ip", "by": "ip", "algorithm": "fixed_window",
+                                      "limit": 100, "window": "1m", "lease": true}]}"#;
+    let mut config = config_in(flavor);
+    config["local"] = json!(null);
+    config["share"] = share.into();
+    config["lease"] = json!({"tick_ms": 50, "poll_ms": 60_000});
+    let mut hosts = workers(&config, flavor, 4);
+    let tick = |host: &mut Host| host.advance(Duration::from_millis(50)).expect("tick");
+    let calls_to = |host: &Host, path: &str| {
+        let calls = host.pending_calls().into_iter();
+        calls.filter(|c| c.header(":path") == Some(path)).collect::<Vec<_>>()
+    };
+    for host in &mut hosts {
+        tick(host);
+        for call in calls_to(host, "/v1/rules") {
+            host.respond_call(call.token, CallResponse::new(200, RULES))
+                .expect("rules");
+        }
+    }
+    // Every worker meets the client before any lease: checked exactly, the demand noted.
+    let ip = "9.9.9.9, 203.0.113.9";
+    let send = |host: &mut Host| {
+        let (s, outcome) = request(host, ip, "/", &[]);
+        for call in calls_to(host, "/v1/check") {
+            host.respond_call(call.token, answer(true, 50, 60_000, 0))
+                .expect("answered");
+        }
+        host.finish_stream(s).expect("ended");
+        outcome == Outcome::Continue
+    };
+    for host in &mut hosts {
+        assert!(!send(host), "no lease yet");
+    }
+    // Every timer runs before any lease call is answered.
+    for host in &mut hosts {
+        tick(host);
+    }
+    let mut lease_calls = 0;
+    for host in &mut hosts {
+        for call in calls_to(host, "/v1/lease") {
+            lease_calls += 1;
+            host.respond_call(call.token, grant_each(&call, 7, 8, 10_000))
+                .expect("granted");
+        }
+    }
+    let leased = (0..12).filter(|i| send(&mut hosts[i % 4])).count();
+    (lease_calls, leased)
+}
+
+/// One lease call for the process, whose units every worker spends; with `share: worker`
+/// each worker leases, and spends, its own.
+fn one_lease_serves_every_worker(flavor: Flavor) {
+    assert_eq!(leases_over_four_workers(flavor, "process"), (1, 8));
+    assert_eq!(leases_over_four_workers(flavor, "worker"), (4, 12));
+}
+
 on_both_hosts!(
     one_client_over_four_workers_gets_one_burst,
     a_stalled_service_costs_the_process_failures_calls,
-    failing_open_one_client_over_four_workers_gets_one_fallback_burst
+    failing_open_one_client_over_four_workers_gets_one_fallback_burst,
+    one_lease_serves_every_worker
 );
 
 /// ngx_wasm_module traps on shared data of no declared `shm_kv` zone: the filter touches

@@ -128,3 +128,19 @@ pub fn answer(allowed: bool, remaining: u64, reset_ms: u64, delay_ms: u64) -> Ca
     });
     CallResponse::new(200, body.to_string())
 }
+
+/// The answer to lease call `call`: each grant it asks for, `units` of lease `lease` on (the
+/// first's id), lasting `expires_in_ms`; each return taken.
+pub fn grant_each(call: &PendingCall, lease: u64, units: u64, expires_in_ms: u64) -> CallResponse {
+    let body: Value = serde_json::from_slice(&call.body).expect("JSON");
+    let asks = body["grants"].as_array().map_or(0, Vec::len);
+    let returns = body["returns"].as_array().map_or(0, Vec::len);
+    let grants: Vec<Value> = (0..asks as u64)
+        .map(|i| {
+            json!({"lease": lease + i, "units": units, "expires_in_ms": expires_in_ms, "limit": 100,
+                   "remaining": 50, "reset_after_ms": 50_000, "window_ms": 60_000})
+        })
+        .collect();
+    let answer = json!({"rules_version": 1, "grants": grants, "returned": vec![0; returns]});
+    CallResponse::new(200, answer.to_string())
+}
