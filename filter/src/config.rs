@@ -35,7 +35,7 @@ pub struct Config {
     /// Who keeps the local and fallback buckets and the breaker: the process (every worker
     /// of one Envoy or Nginx together) or each worker.
     pub share: Share,
-    /// Slots of each shared table of buckets (`share: process`).
+    /// Slots of each shared table of buckets or leases (`share: process`).
     pub slots: u64,
 }
 
