@@ -6,9 +6,11 @@
 #[macro_use]
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::{json, Value};
-use sluice_harness::{Flavor, Host, Outcome};
+use sluice_harness::{CallResponse, Flavor, Host, Outcome};
 
 /// One request from `ip` through `host` to its end, the check (if any) answered as
 /// admitted: the host calls it cost, and how it went.
@@ -48,7 +50,42 @@ fn count(flavor: Flavor, share: &str) -> [(&'static str, u64); 2] {
     [("check", checked), ("local deny", local)]
 }
 
+/// The host calls of a request decided by a lease (`share`), no local prefilter.
+fn leased(flavor: Flavor, share: &str) -> u64 {
+    const RULES: &str = r#"{"rule": [{"name": "per-ip", "by": "ip", "algorithm": "fixed_window",
+                                      "limit": 1000, "window": "1m", "lease": true}]}"#;
+    let mut config = config_in(flavor);
+    config["share"] = share.into();
+    config["local"] = json!(null);
+    config["lease"] = json!({"tick_ms": 50, "poll_ms": 60_000});
+    let mut host = host_with(&config, flavor);
+    let tick_and_answer = |host: &mut Host, answer: &dyn Fn(&sluice_harness::PendingCall) -> CallResponse| {
+        host.advance(Duration::from_millis(50)).expect("tick");
+        for call in host.pending_calls() {
+            host.respond_call(call.token, answer(&call)).expect("answered");
+        }
+    };
+    tick_and_answer(&mut host, &|_| CallResponse::new(200, RULES));
+    let ip = "198.51.100.9";
+    assert_eq!(one_request(&mut host, ip).1, Outcome::Pause, "checked: no lease yet");
+    tick_and_answer(&mut host, &|call| grant_each(call, 7, 100, 10_000));
+    one_request(&mut host, ip); // warm
+    let (calls, outcome) = one_request(&mut host, ip);
+    assert_eq!(outcome, Outcome::Continue, "decided by the lease");
+    calls
+}
+
 fn host_calls_per_request(flavor: Flavor) {
+    let (process, worker) = (leased(flavor, "process"), leased(flavor, "worker"));
+    println!("{flavor:?}: leased, share process {process}, share worker {worker}");
+    // The process's book costs the quota's slot read and written.
+    assert_eq!(
+        process,
+        worker + 2,
+        "leased: {process} calls with share: process, {worker} with worker"
+    );
+    assert!(worker <= 18, "share: worker: leased {worker}");
+
     let process = count(flavor, "process");
     let worker = count(flavor, "worker");
     println!("{flavor:?}: share process {process:?}, share worker {worker:?}");
