@@ -189,8 +189,23 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     let mut limits: Vec<&mut Matched<'a>> = limits.into_iter().collect();
     let targets: Vec<&Target> = limits.iter().map(|m| &m.target).collect();
     let items: Vec<Item<'_>> = targets.iter().map(|t| t.item()).collect();
+    let now = node.clock.now();
+    if let Some((refused, d)) = node.refusals.settles(&items, now) {
+        // The store refused this limit and would still: the request is refused here, the
+        // others not counted (a refused request consumes nothing).
+        node.metrics.refused_from_memory(node.refusals.len());
+        for (i, m) in limits.iter_mut().enumerate() {
+            m.decision = (i == refused).then_some(d);
+        }
+        return false;
+    }
     let (mut decisions, degraded) = match store_decide(node, &items).await {
-        Ok(stamps) => (stamps.iter().map(|s| s.decision).collect(), false),
+        Ok(stamps) => {
+            let decisions: Vec<Decision> = stamps.iter().map(|s| s.decision).collect();
+            node.refusals.remember(&items, &decisions, now);
+            node.metrics.refusals_remembered(node.refusals.len());
+            (decisions, false)
+        }
         Err(e) => {
             tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
             node.metrics.degraded();

@@ -20,8 +20,12 @@ pub async fn lease(node: &Node, req: &LeaseRequest) -> Result<LeaseResponse, Lea
         Some(region) => through_region(node, region, &rules, now_ms, &req).await?,
         None => exchange(&node.store, &rules, now_ms, &req, timeout, |r| r.lease_ttl).await?,
     };
-    for back in &returned {
+    for (r, back) in req.returns.iter().zip(&returned) {
         node.metrics.lease_returned(*back);
+        if *back > 0 {
+            // Units came back: a refusal of the quota this node remembers may pass now.
+            node.refusals.forget(&node.store.keys().limit(&r.rule, &r.identity));
+        }
     }
     for g in &grants {
         node.metrics.lease_granted(g.units);

@@ -30,6 +30,7 @@ pub mod listen;
 pub mod metrics;
 pub mod node;
 pub mod quota;
+pub mod refusals;
 pub mod region;
 pub mod rules_source;
 pub mod store;

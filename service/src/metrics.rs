@@ -28,7 +28,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
@@ -79,6 +79,8 @@ pub struct Metrics {
     reloads_error: Counter,
     unauthenticated: Counter,
     waits_refused: Counter,
+    refused_from_memory: Counter,
+    refusals_remembered: Gauge,
     /// The rate limit quota service's counters.
     pub rlqs: Arc<RlqsStats>,
 }
@@ -145,6 +147,20 @@ impl Default for Metrics {
                 "waits_refused",
                 "GET /v1/wait calls refused at once: the node held --max-waits already",
             ),
+            refused_from_memory: counter(
+                r,
+                "checks_refused_from_memory",
+                "Limits refused by a refusal the node remembered, without a store call (the store's retry_after not over)",
+            ),
+            refusals_remembered: {
+                let gauge = Gauge::default();
+                r.register(
+                    "refusals_remembered",
+                    "Refusals the node remembers, each until its retry_after (bounded by --max-refusals)",
+                    gauge.clone(),
+                );
+                gauge
+            },
             registry,
             checks,
             check_latency,
@@ -237,6 +253,18 @@ impl Metrics {
     /// Counts a decision taken by the local fallback.
     pub fn degraded(&self) {
         self.degraded.inc();
+    }
+
+    /// Counts a limit refused by a remembered refusal, and how many are remembered.
+    pub fn refused_from_memory(&self, remembered: usize) {
+        self.refused_from_memory.inc();
+        self.refusals_remembered(remembered);
+    }
+
+    /// How many refusals the node remembers now.
+    pub fn refusals_remembered(&self, remembered: usize) {
+        self.refusals_remembered
+            .set(i64::try_from(remembered).unwrap_or(i64::MAX));
     }
 
     /// Counts a lease call answered (`POST /v1/lease`, 200): decisions by leases, beside
@@ -580,6 +608,8 @@ mod tests {
             "sluice_lease_units_returned_total",
             "sluice_unauthenticated_total",
             "sluice_waits_refused_total",
+            "sluice_checks_refused_from_memory_total",
+            "sluice_refusals_remembered",
             "sluice_rlqs_usages_total",
             "sluice_rlqs_usages_ignored_total",
             "sluice_rlqs_assignments_total",

@@ -12,6 +12,7 @@ use crate::breaker::Breaker;
 use crate::clock::Clock;
 use crate::console::Console;
 use crate::metrics::Metrics;
+use crate::refusals::Refusals;
 use crate::region::Region;
 use crate::store::memory::MemoryStore;
 use crate::store::Store;
@@ -54,6 +55,8 @@ pub struct NodeConfig {
     /// Whether a rules file that holds no rule may put its emptiness in force (every limit
     /// off); by default such a reload is refused and the rules in force stay.
     pub allow_empty_rules: bool,
+    /// Most refusals the node remembers ([`crate::refusals`]); 0 asks the store every time.
+    pub max_refusals: usize,
 }
 
 impl Default for NodeConfig {
@@ -73,6 +76,7 @@ impl Default for NodeConfig {
             violations_capacity: 10_000,
             rules_poll: Duration::from_millis(250),
             allow_empty_rules: false,
+            max_refusals: 100_000,
         }
     }
 }
@@ -85,6 +89,8 @@ pub struct Node {
     pub fallback: MemoryStore,
     /// Guards the store.
     pub breaker: Breaker,
+    /// Refusals the store made, remembered until its `retry_after`.
+    pub refusals: Refusals,
     /// Counters for `/metrics`.
     pub metrics: Metrics,
     /// The denials log.
@@ -135,6 +141,7 @@ impl Node {
             started_at_ms: crate::console::now_ms(),
             fallback: MemoryStore::new(config.max_keys),
             breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
+            refusals: Refusals::new(config.max_refusals),
             metrics,
             clock: Clock::default(),
             rules: RwLock::new((Arc::new(rules), 0)),

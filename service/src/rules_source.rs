@@ -233,7 +233,9 @@ async fn watch(node: Arc<Node>, kind: Kind, paths: Vec<PathBuf>, mut seen: u64) 
 /// `node.config.rules_poll`.
 pub async fn follow_published(node: Arc<Node>) {
     let changed = Arc::new(Notify::new());
-    node.store.notify_rule_changes(changed.clone());
+    let forget = node.clone();
+    node.store
+        .notify_rule_changes(changed.clone(), Arc::new(move |key: &str| forget.refusals.forget(key)));
     let mut tick = tokio::time::interval(node.config.rules_poll.max(Duration::from_millis(1)));
     loop {
         tokio::select! {

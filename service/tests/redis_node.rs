@@ -433,3 +433,75 @@ failure = "open"
         "an unseen key starts whole"
     );
 }
+
+/// A node's counter of `series` (0 when absent), from its `/metrics`.
+async fn node_metric(node: &TestNode, series: &str) -> f64 {
+    let text = node.admin_get("/metrics").await.text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// POSTs `body` to the admin API's `path`; whether it succeeded.
+async fn admin_post(node: &TestNode, path: &str, body: serde_json::Value) -> bool {
+    let r = node
+        .client
+        .post(node.url(path))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await;
+    r.unwrap().status().is_success()
+}
+
+/// Issue 51: a node refuses a limit the store refused, without a store call, until the
+/// store's `retry_after`; a reset or an override made at another node ends that at once
+/// (announced over pub/sub: the nodes' rules poll is 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_refusal_costs_no_store_call_and_a_reset_or_an_override_ends_it_everywhere() {
+    let server = RedisServer::start();
+    let a = node_without_poll(&server.url()).await;
+    let b = node_without_poll(&server.url()).await;
+    eventually("the nodes never subscribed to the rules channel", async || {
+        rules_subscribers(server.port()).await == 2
+    })
+    .await;
+    assert_eq!(a.put_rules(one_rule("tiny", 2), None).await.status(), 200);
+    eventually("b never took the new rules", async || policy(&b).await == "tiny").await;
+    let ip = json!({"ip": "203.0.113.50"});
+    let allowed = async |n: &TestNode| n.check(ip.clone(), "/").await["allowed"] == true;
+    assert!(allowed(&a).await && allowed(&a).await, "the first two pass");
+    assert!(!allowed(&b).await, "the store refuses the third, at b");
+    let store_calls = "sluice_store_latency_seconds_count";
+    let (calls, remembered) = (
+        node_metric(&b, store_calls).await,
+        "sluice_checks_refused_from_memory_total",
+    );
+    for _ in 0..20 {
+        assert!(!allowed(&b).await, "refused while the store would refuse");
+    }
+    assert_eq!(
+        node_metric(&b, store_calls).await,
+        calls,
+        "no store call for a remembered refusal"
+    );
+    assert_eq!(node_metric(&b, remembered).await, 20.0);
+    // A reset at a: b asks the store again, which admits.
+    let reset = json!({"rule": "tiny", "identity": "203.0.113.50"});
+    assert!(admin_post(&a, "/v1/admin/reset", reset).await);
+    eventually("b still refuses after a reset at a", async || allowed(&b).await).await;
+    assert!(allowed(&b).await, "the second of the two after the reset");
+    assert!(!allowed(&b).await, "spent again, remembered again");
+    assert!(!allowed(&b).await);
+    // An override at a: b decides by the new limit, from the store (which may still
+    // refuse: the remembered refusal was the old limit's).
+    let until = "2999-01-01T00:00:00Z";
+    let lift = json!({"rule": "tiny", "identity": "203.0.113.50", "limit": 10, "until": until});
+    assert!(admin_post(&a, "/v1/admin/overrides", lift).await);
+    let calls = node_metric(&b, store_calls).await;
+    eventually("b still answers by the old limit after an override at a", async || {
+        b.check(ip.clone(), "/").await["limit"] == 10
+    })
+    .await;
+    assert!(node_metric(&b, store_calls).await > calls, "decided by the store");
+}

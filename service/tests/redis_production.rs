@@ -418,8 +418,15 @@ async fn a_failover_hands_out_no_second_limit_to_a_rule_failing_open() {
         let store = RedisStore::connect(&sentinel.url(), RedisOptions::new(Duration::from_millis(500)))
             .await
             .unwrap();
+        // Refusals not remembered: a spent quota's checks must reach the store, and then
+        // the fallback, to show what the fallback admits (remembered, they are refused
+        // without either until the day ends).
+        let config = NodeConfig {
+            max_refusals: 0,
+            ..config()
+        };
         nodes.push(Arc::new(
-            TestNode::start(Store::Redis(Box::new(store)), OPEN, config()).await,
+            TestNode::start(Store::Redis(Box::new(store)), OPEN, config).await,
         ));
     }
     let who = json!({"user": "spender"});

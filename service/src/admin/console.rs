@@ -313,6 +313,7 @@ pub async fn reset(
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("nothing reset: {e}")))?;
     node.fallback.reset(&key);
+    node.refusals.forget(&key);
     let operator = headers
         .get("x-sluice-operator")
         .and_then(|v| v.to_str().ok())

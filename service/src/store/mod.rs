@@ -184,12 +184,17 @@ impl Store {
         }
     }
 
-    /// Wakes `notify` whenever another node publishes rules (Redis pub/sub, resubscribing
-    /// after a disconnect; a message can still be lost, so callers poll too). The memory
-    /// store has no other nodes: nothing to wait for.
-    pub fn notify_rule_changes(&self, notify: std::sync::Arc<tokio::sync::Notify>) {
+    /// Wakes `notify` whenever another node publishes rules, and calls `reset` with the key
+    /// of every reset (Redis pub/sub, resubscribing after a disconnect; a message can still
+    /// be lost, so callers poll the rules too). The memory store has no other nodes: nothing
+    /// to wait for.
+    pub fn notify_rule_changes(
+        &self,
+        notify: std::sync::Arc<tokio::sync::Notify>,
+        reset: std::sync::Arc<dyn Fn(&str) + Send + Sync>,
+    ) {
         if let Store::Redis(r) = self {
-            r.notify_rule_changes(notify);
+            r.notify_rule_changes(notify, reset);
         }
     }
 

@@ -219,6 +219,11 @@ pub struct StoreArgs {
     /// Most limit keys held in memory (memory store and fail-open fallback buckets).
     #[arg(long, default_value_t = 1_000_000, env = "SLUICE_MAX_KEYS")]
     pub max_keys: usize,
+    /// Most refusals the node remembers: a limit the store refused is refused here, without
+    /// a store call, until the store's retry_after (a reset, an override or a rules change
+    /// ends it sooner); 0 asks the store every time.
+    #[arg(long, default_value_t = 100_000, env = "SLUICE_MAX_REFUSALS")]
+    pub max_refusals: usize,
 }
 
 /// The admin API and the console.

@@ -199,6 +199,7 @@ fn node_config(args: &Args) -> anyhow::Result<NodeConfig> {
         breaker_failures: args.store.breaker_failures,
         breaker_cooldown: Duration::from_millis(args.store.breaker_cooldown_ms),
         max_keys: args.store.max_keys,
+        max_refusals: args.store.max_refusals,
         admin_token,
         admin_read_token,
         node_name: node_name(args),

@@ -53,6 +53,10 @@ use super::keys::{self, Keys};
 use super::{Item, Publish, Published, Stamped, StoreError, Violation};
 
 /// Publishes a rule set if the version is the expected one, and announces it.
+/// What a reset announces on the rules channel before the key it reset (a new rules
+/// version is announced as its number).
+const RESET_ANNOUNCED: &str = "reset:";
+
 /// KEYS: rules text, version. ARGV: text, expected version ("" for any), channel.
 /// Returns {1, new version} or {0, current version}.
 const PUBLISH_RULES: &str = r#"
@@ -444,6 +448,17 @@ impl RedisStore {
         let mut cmd = redis::cmd("DEL");
         cmd.arg(keys::every_state_key(key));
         let deleted: u64 = self.command(&cmd).await?;
+        // Every node forgets a refusal of the key it remembers (`crate::refusals`).
+        let mut announce = redis::cmd("PUBLISH");
+        announce
+            .arg(&self.keys.rules_channel)
+            .arg(format!("{RESET_ANNOUNCED}{key}"));
+        if let Err(e) = self.command::<u64>(&announce).await {
+            tracing::warn!(
+                key,
+                "reset, but not announced: other nodes may refuse it until their remembered retry_after: {e}"
+            );
+        }
         Ok(deleted > 0)
     }
 
@@ -486,9 +501,10 @@ impl RedisStore {
         Ok(total)
     }
 
-    /// Subscribes to the rules channel in the background and wakes `notify` on every
-    /// message; resubscribes after a lost connection.
-    pub fn notify_rule_changes(&self, notify: Arc<tokio::sync::Notify>) {
+    /// Subscribes to the rules channel in the background: wakes `notify` on every new rules
+    /// version announced, and calls `reset` with the key of every reset; resubscribes after
+    /// a lost connection.
+    pub fn notify_rule_changes(&self, notify: Arc<tokio::sync::Notify>, reset: Arc<dyn Fn(&str) + Send + Sync>) {
         let link = self.link.clone();
         let channel = self.keys.rules_channel.clone();
         tokio::spawn(async move {
@@ -497,8 +513,12 @@ impl RedisStore {
                     Ok(mut pubsub) => {
                         tracing::debug!(store = %link.address, "subscribed to rule changes");
                         let mut messages = pubsub.on_message();
-                        while messages.next().await.is_some() {
-                            notify.notify_one();
+                        while let Some(message) = messages.next().await {
+                            let payload: String = message.get_payload().unwrap_or_default();
+                            match payload.strip_prefix(RESET_ANNOUNCED) {
+                                Some(key) => reset(key),
+                                None => notify.notify_one(),
+                            }
                         }
                         tracing::debug!(store = %link.address, "rule change subscription lost; resubscribing");
                     }
