@@ -9,7 +9,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ScriptInvocation};
 use tokio::sync::oneshot;
 
-use super::library::Engine;
 use crate::store::StoreError;
 
 /// The connection itself: multiplexed, reconnecting on its own.
@@ -19,6 +18,15 @@ pub(super) enum Kind {
     Single(ConnectionManager),
     /// A Redis Cluster.
     Cluster(ClusterConnection),
+}
+
+/// How a connection runs the check (`super::library` loads it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// `FCALL <library>_<op>`.
+    Functions,
+    /// `EVALSHA` of the check script.
+    Script,
 }
 
 /// A connection, what a decision must wait for, and whom to tell when a call fails.

@@ -13,17 +13,8 @@ use std::sync::LazyLock;
 use redis::{Cmd, FromRedisValue, Script};
 
 use super::check_script::{check_library, library_name};
-use super::connection::Connection;
+use super::connection::{Connection, Engine};
 use crate::store::StoreError;
-
-/// How a connection runs the check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    /// `FCALL <library>_<op>`.
-    Functions,
-    /// `EVALSHA` of the check script.
-    Script,
-}
 
 static LIBRARY: LazyLock<String> = LazyLock::new(check_library);
 static LIBRARY_NAME: LazyLock<String> = LazyLock::new(library_name);

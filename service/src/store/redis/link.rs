@@ -28,8 +28,8 @@ use rustls::pki_types::CertificateDer;
 use sluice_core::backoff::{Backoff, BackoffPolicy, Jitter, SplitMix64};
 
 use super::address::{Address, Deployment};
-use super::connection::{Connection, Kind};
-use super::library::{self, Engine};
+use super::connection::{Connection, Engine, Kind};
+use super::library;
 use crate::store::keys::Keys;
 use crate::store::StoreError;
 

@@ -1,0 +1,2 @@
+use super::b::B;
+pub struct A(pub Option<B>);
