@@ -1,4 +1,4 @@
-//! The README's architecture and layout name files, folders and functions that exist.
+//! The design's request, step by step, names files, folders and functions that exist.
 
 use std::path::{Path, PathBuf};
 
@@ -16,14 +16,16 @@ fn exists(path: &str) -> bool {
 }
 
 #[test]
-fn the_readme_names_files_and_functions_that_exist() {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
-    let start = readme.find("## Architecture").expect("an Architecture section");
-    let end = readme[start..]
-        .find("\n## Algorithms")
-        .map_or(readme.len(), |e| start + e);
+fn the_request_step_by_step_names_files_and_functions_that_exist() {
+    let design = std::fs::read_to_string(root().join("docs/design.md")).expect("docs/design.md");
+    let start = design
+        .find("## A request, step by step")
+        .expect("a step-by-step section");
+    let end = design[start + 1..]
+        .find("\n## ")
+        .map_or(design.len(), |e| start + 1 + e);
     let mut checked = 0;
-    for line in readme[start..end].lines().filter(|l| l.starts_with('|')) {
+    for line in design[start..end].lines().filter(|l| l.starts_with('|')) {
         let mut file: Option<PathBuf> = None;
         for token in line.split('`').skip(1).step_by(2) {
             let token = token.trim_end_matches('/');
@@ -41,7 +43,7 @@ fn the_readme_names_files_and_functions_that_exist() {
                 };
                 assert!(
                     exists(&path.to_string_lossy()),
-                    "README names {} which does not exist",
+                    "design.md names {} which does not exist",
                     path.display()
                 );
                 file = Some(path);
@@ -52,7 +54,7 @@ fn the_readme_names_files_and_functions_that_exist() {
                     let text = std::fs::read_to_string(root().join(f)).expect("named file");
                     assert!(
                         text.contains(&format!("fn {name}")),
-                        "README: {} has no fn {name}",
+                        "design.md: {} has no fn {name}",
                         f.display()
                     );
                     checked += 1;
