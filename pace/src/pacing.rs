@@ -462,6 +462,13 @@ impl Pacer {
             reset_units: reset.2,
             reset_ticket: reset.3,
         });
+        // The spacing may have changed with this answer: the GCRA's credit is the new one's
+        // (a spacing read from an answer with little left would otherwise hold the next
+        // requests for seconds after the quota is whole again).
+        if let Some(k) = &self.known {
+            let (spread, tolerance) = self.spread(k);
+            self.tat_ms = self.tat_ms.min(now_ms.saturating_add(spread.time_for(tolerance)));
+        }
     }
 
     /// Whether the quota returns only at its reset, as a fixed window's: a refusal whose
@@ -533,13 +540,14 @@ impl Pacer {
     /// is guessed, the guess spread evenly, one at a time ([`learned`]).
     fn spread(&self, k: &Known) -> (Rate, u64) {
         match self.learner.spacing() {
-            Some((window, limit)) => (
-                Rate {
+            Some((window, limit)) => {
+                let guess = Rate {
                     every_ms: self.with_margin(window),
                     units: limit.max(1),
-                },
-                1,
-            ),
+                };
+                // Never slower than the answer's own spacing, what remains until its reset.
+                (if guess.slower_than(k.spread) { k.spread } else { guess }, 1)
+            }
             None => (k.spread, k.tolerance),
         }
     }

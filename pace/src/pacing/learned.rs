@@ -115,6 +115,7 @@ impl Learner {
         };
         let waiting = matches!(self.phase, Phase::Waiting);
         if a.denied
+            || remaining > limit
             || !info.reset_is_instant
             || info.window_ms.is_some()
             || !(1..=MAX_LOG).contains(&limit)
