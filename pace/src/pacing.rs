@@ -35,8 +35,15 @@
 //!   used at once and the rest follows at the refill rate, while a fixed window's quota is
 //!   spread over the window instead of being spent in the first second.
 //! * **Remaining 0**: wait for the refill (when the window is known) or for the reset.
-//!   Against a fixed window, the refill assumption is wrong: a busy client then sees at
-//!   most one 429 near the end of a window, whose `Retry-After` holds it until the reset.
+//!   Against a fixed window, the refill assumption is wrong: a busy client then sees one
+//!   429 near the end of a window, whose `Retry-After` holds it until the reset; as that
+//!   `Retry-After` reaches the reset, the quota is taken to return only at its resets from
+//!   then on (until an answer shows a refill a second or more before one), so a connection
+//!   sees that 429 once, not once a window.
+//! * **No window, an epoch reset** (slowapi, Flask-Limiter, express-rate-limit's legacy
+//!   headers, whose resets are late by up to a second): the window is learned from how the
+//!   reset instant moves from one window to the next, and then bounds the budget instead of
+//!   the advertised reset (`pacing/learned.rs`).
 //! * **Retry-After**: nothing is sent before it passes.
 //! * **Round trips**: a response does not say when within its round trip the server
 //!   decided, so the bound takes the latest moment, its arrival. With the budget spent, the
@@ -56,8 +63,10 @@ use std::collections::BTreeMap;
 use crate::headers::RateLimitInfo;
 
 mod bucket;
+mod learned;
 
 pub use bucket::{BucketPacer, Cost};
+use learned::{Answered, Learner};
 
 /// Tuning of a [`Pacer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +108,13 @@ pub struct Pacer {
     retry_at_ms: u64,
     /// Client-side GCRA theoretical arrival time.
     tat_ms: u64,
+    /// The window learned from the answers' reset instants when the headers give none.
+    learner: Learner,
+    /// A refusal said the quota returns only at its reset (a fixed window), though a window
+    /// was given: no refill is assumed until an answer shows one.
+    whole_at_reset: bool,
+    /// The last answer's remaining and its reset instant.
+    last_seen: Option<(u64, u64)>,
 }
 
 /// A request in flight.
@@ -111,6 +127,8 @@ struct Sent {
     cost: u64,
     /// [`Pacer::units`] once it was sent: what was sent after it is the difference.
     units_after: u64,
+    /// When it was sent.
+    at_ms: u64,
 }
 
 /// `units` per `every_ms` milliseconds: a refill or a spacing, kept as a ratio so that a
@@ -310,10 +328,11 @@ impl Pacer {
             overlapping,
             cost,
             units_after: self.units,
+            at_ms: now_ms,
         };
         self.outstanding.insert(ticket, sent);
         self.sends = self.sends.saturating_add(1);
-        let spacing = self.known.as_ref().map_or(0, |k| k.spread.time_for(cost));
+        let spacing = self.known.as_ref().map_or(0, |k| self.spread(k).0.time_for(cost));
         self.tat_ms = self.tat_ms.max(now_ms).saturating_add(spacing);
         ticket
     }
@@ -331,11 +350,18 @@ impl Pacer {
         // it was sent (over several connections a server may take them in any order), and
         // every one sent after it. A ticket never issued is taken as the latest; one
         // answered before, as the earliest.
-        let (overlapping, later, cost) = match self.outstanding.remove(&ticket) {
-            Some(s) => (s.overlapping, self.units.saturating_sub(s.units_after), s.cost),
-            None if ticket >= self.sends => (self.units_in_flight(), 0, 1),
-            None => (self.units_in_flight(), self.units, 1),
+        let (overlapping, later, cost, sent_ms) = match self.outstanding.remove(&ticket) {
+            Some(s) => (s.overlapping, self.units.saturating_sub(s.units_after), s.cost, s.at_ms),
+            None if ticket >= self.sends => (self.units_in_flight(), 0, 1, now_ms),
+            None => (self.units_in_flight(), self.units, 1, 0),
         };
+        // The earliest request the server may have counted before this one: itself, or one
+        // sent before it and unanswered still.
+        let first_ms = self
+            .outstanding
+            .first_key_value()
+            .filter(|(&t, _)| t < ticket)
+            .map_or(sent_ms, |(_, s)| s.at_ms.min(sent_ms));
         let pending = overlapping.saturating_add(later);
         self.answered = true;
         if let Some(retry) = info.retry_after_ms {
@@ -348,14 +374,33 @@ impl Pacer {
         // Same quota, no refusal: the old bounds still hold (a refusal starts over). The
         // request spent its cost, unless refused.
         let denied = info.retry_after_ms.is_some();
+        self.learner.observe(&Answered {
+            info,
+            now_ms,
+            sent_ms,
+            first_ms,
+            cost,
+            pending,
+            denied,
+        });
+        if let Some((window, limit)) = self.learner.spacing() {
+            // Spread from this request on, the first one included.
+            let spacing = u128::from(self.with_margin(window)) * u128::from(cost) / u128::from(limit.max(1));
+            let next = sent_ms.saturating_add(u64::try_from(spacing).unwrap_or(u64::MAX));
+            self.tat_ms = self.tat_ms.max(next);
+        }
         let kept = self.known.take().filter(|k| k.policy == info.policy && !denied);
         let own = if denied { cost.min(1) } else { cost };
         let capacity = kept
             .as_ref()
             .map_or(0, |k| k.capacity)
             .max(remaining.saturating_add(own));
+        self.whole_at_reset = self.refills_at_reset(info, now_ms, remaining, denied);
+        self.last_seen = reset_after.map(|r| (remaining, now_ms.saturating_add(r)));
         let refill = match (info.limit, info.window_ms) {
-            (Some(limit), Some(window)) if limit > 0 && window > 0 => Some(self.refill(limit, window, capacity)),
+            (Some(limit), Some(window)) if limit > 0 && window > 0 && !self.whole_at_reset => {
+                Some(self.refill(limit, window, capacity))
+            }
             _ => None,
         };
         // Until the reset, `remaining` spread evenly; never slower than the refill rate.
@@ -417,6 +462,30 @@ impl Pacer {
             reset_units: reset.2,
             reset_ticket: reset.3,
         });
+        // The spacing may have changed with this answer: the GCRA's credit is the new one's
+        // (a spacing read from an answer with little left would otherwise hold the next
+        // requests for seconds after the quota is whole again).
+        if let Some(k) = &self.known {
+            let (spread, tolerance) = self.spread(k);
+            self.tat_ms = self.tat_ms.min(now_ms.saturating_add(spread.time_for(tolerance)));
+        }
+    }
+
+    /// Whether the quota returns only at its reset, as a fixed window's: a refusal whose
+    /// `Retry-After` reaches its reset says so (a bucket's names the refill of one request,
+    /// sooner, though whole seconds may round both alike); an answer whose remaining rose a
+    /// second or more before the last answer's reset shows a refill, and says otherwise.
+    fn refills_at_reset(&self, info: &RateLimitInfo, now_ms: u64, remaining: u64, denied: bool) -> bool {
+        if denied {
+            let whole =
+                matches!((info.retry_after_ms, info.reset_after_ms), (Some(retry), Some(reset)) if retry >= reset);
+            return self.whole_at_reset || (whole && info.window_ms.is_some());
+        }
+        // A whole second before the reset, which rounding cannot explain.
+        let refilled = self
+            .last_seen
+            .is_some_and(|(before, reset_at)| remaining > before && now_ms.saturating_add(1_000) < reset_at);
+        self.whole_at_reset && !refilled
     }
 
     /// The refill of `limit` units per `window` ms in steps of at least [`MIN_STEP_MS`]
@@ -451,15 +520,35 @@ impl Pacer {
         let Some(k) = &self.known else {
             return (self.answered || self.outstanding.is_empty()).then_some(floor);
         };
-        let gcra = self
-            .tat_ms
-            .saturating_sub(k.spread.time_for(k.tolerance.saturating_sub(1)));
+        if self.learner.knows() {
+            // The learned window bounds the budget; nothing is spread.
+            return self.learner.time_for(floor, self.units_in_flight(), cost);
+        }
+        let (spread, tolerance) = self.spread(k);
+        let gcra = self.tat_ms.saturating_sub(spread.time_for(tolerance.saturating_sub(1)));
         let from = floor.max(gcra);
-        match self.budget_at(k, from, cost) {
+        let budget = self.budget_at(k, from, cost);
+        match budget {
             Some(t) => Some(t),
             // Nothing in flight to learn from: try at the reset, or now.
             None if self.outstanding.is_empty() => Some(k.reset_at_ms.map_or(from, |r| r.max(from))),
             None => None,
+        }
+    }
+
+    /// The GCRA spacing and how many may go back to back: the quota's, or while the window
+    /// is guessed, the guess spread evenly, one at a time ([`learned`]).
+    fn spread(&self, k: &Known) -> (Rate, u64) {
+        match self.learner.spacing() {
+            Some((window, limit)) => {
+                let guess = Rate {
+                    every_ms: self.with_margin(window),
+                    units: limit.max(1),
+                };
+                // Never slower than the answer's own spacing, what remains until its reset.
+                (if guess.slower_than(k.spread) { k.spread } else { guess }, 1)
+            }
+            None => (k.spread, k.tolerance),
         }
     }
 

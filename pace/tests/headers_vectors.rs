@@ -129,7 +129,9 @@ proptest! {
         for mode in [HeaderMode::All, HeaderMode::Legacy, HeaderMode::Ietf] {
             let mut out = Vec::new();
             format_headers(&quota, mode, &mut out);
-            let got = parse_headers(200, out.iter().map(|(n, v)| (*n, v.as_str())), now_s * 1000);
+            // A Retry-After comes with a refusal; a success's is not read.
+            let status = if retry_s.is_some() { 429 } else { 200 };
+            let got = parse_headers(status, out.iter().map(|(n, v)| (*n, v.as_str())), now_s * 1000);
             let ietf = mode != HeaderMode::Legacy;
             let want = RateLimitInfo {
                 limit: Some(limit),
@@ -139,6 +141,8 @@ proptest! {
                 // Controls and non-ASCII cannot travel in an sf-string: they are dropped.
                 policy: ietf.then(|| policy.chars().filter(|c| (' '..='~').contains(c)).collect()),
                 window_ms: ietf.then_some(window_s * 1000),
+                // Legacy's reset is an epoch; the others' IETF `t` a delay, which wins.
+                reset_is_instant: !ietf,
                 ..RateLimitInfo::default()
             };
             prop_assert_eq!(got, want);

@@ -1,6 +1,8 @@
 //! A client paced by [`Pacer`] against simulated servers: a token bucket (never refused)
 //! and a fixed window (at most one refusal per window and connection), with the quota
-//! passed exactly or through the real headers (whole seconds, rounded up).
+//! passed exactly or through the real headers (whole seconds, rounded up); and servers that
+//! give no window, only an epoch `X-RateLimit-Reset`, late as slowapi, Flask-Limiter and
+//! express-rate-limit send it: the pacer learns the window and is never refused.
 
 use std::collections::VecDeque;
 
@@ -19,7 +21,13 @@ struct Answer {
     remaining: u64,
     reset_after_ms: u64,
     retry_after_ms: u64,
+    /// Sent instead of the quota's headers: `X-RateLimit-Limit`, `-Remaining` and this
+    /// `X-RateLimit-Reset` (epoch seconds), and `Retry-After` on every answer.
+    epoch_reset: Option<String>,
 }
+
+/// The simulation's time 0 on the clock the headers' epochs count from (unix ms).
+const EPOCH_MS: u64 = 1_774_312_800_000;
 
 trait Server {
     /// Decides a request of `cost` units.
@@ -69,6 +77,7 @@ impl Server for TokenBucket {
             remaining: self.units / self.window_ms,
             reset_after_ms: (full - self.units).div_ceil(self.limit),
             retry_after_ms,
+            epoch_reset: None,
         }
     }
     fn window_ms(&self) -> u64 {
@@ -99,6 +108,7 @@ impl Server for FixedWindow {
             remaining: self.limit - self.count,
             reset_after_ms: reset,
             retry_after_ms: if allowed { 0 } else { reset },
+            epoch_reset: None,
         }
     }
     fn window_ms(&self) -> u64 {
@@ -106,8 +116,98 @@ impl Server for FixedWindow {
     }
 }
 
+/// How a server without a window writes its epoch reset.
+#[derive(Debug, Clone, Copy)]
+enum Epoch {
+    /// slowapi: the window's end plus 1 s, fractional seconds.
+    SlowapiLate,
+    /// Flask-Limiter: the end plus 1 s, rounded down to the second.
+    FlaskFloor,
+    /// express-rate-limit's legacy headers: the end rounded up to the second.
+    ExpressCeil,
+    /// Not an epoch: @fastify/rate-limit's delay to the end in seconds, rounded up.
+    FastifyDelay,
+}
+
+impl Epoch {
+    fn text(self, end_ms: u64) -> String {
+        let at = EPOCH_MS + end_ms;
+        match self {
+            Epoch::SlowapiLate => format!("{}.{:03}6986327", (at + 1_000) / 1_000, (at + 1_000) % 1_000),
+            Epoch::FlaskFloor => ((at + 1_000) / 1_000).to_string(),
+            Epoch::ExpressCeil => at.div_ceil(1_000).to_string(),
+            Epoch::FastifyDelay => unreachable!("a delay, not an instant"),
+        }
+    }
+}
+
+/// `limit` per window of `window_ms` that starts at the first request after the last one
+/// ended (`limits`' and express-rate-limit's memory stores), named as `epoch` says.
+struct FirstHitWindow {
+    limit: u64,
+    window_ms: u64,
+    end_ms: u64,
+    count: u64,
+    epoch: Epoch,
+}
+
+impl Server for FirstHitWindow {
+    fn decide(&mut self, now_ms: u64, _cost: u64) -> Answer {
+        if now_ms >= self.end_ms {
+            (self.end_ms, self.count) = (now_ms + self.window_ms, 0);
+        }
+        let allowed = self.count < self.limit;
+        self.count += u64::from(allowed);
+        Answer {
+            allowed,
+            limit: self.limit,
+            remaining: self.limit - self.count,
+            reset_after_ms: self.end_ms - now_ms,
+            retry_after_ms: (self.end_ms - now_ms).div_ceil(1_000),
+            epoch_reset: Some(match self.epoch {
+                Epoch::FastifyDelay => (self.end_ms - now_ms).div_ceil(1_000).to_string(),
+                epoch => epoch.text(self.end_ms),
+            }),
+        }
+    }
+    fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+}
+
+/// A token bucket that names when it is full as an epoch, with no window.
+struct EpochBucket(TokenBucket);
+
+impl Server for EpochBucket {
+    fn decide(&mut self, now_ms: u64, cost: u64) -> Answer {
+        let answer = self.0.decide(now_ms, cost);
+        let full_ms = EPOCH_MS + now_ms + answer.reset_after_ms;
+        Answer {
+            epoch_reset: Some(format!("{}.{:03}", full_ms / 1_000, full_ms % 1_000)),
+            retry_after_ms: answer.retry_after_ms.div_ceil(1_000),
+            ..answer
+        }
+    }
+    fn window_ms(&self) -> u64 {
+        self.0.window_ms
+    }
+}
+
 /// What the client reads from an answer decided at `decided_ms` and received at `now_ms`.
 fn read(answer: &Answer, server: &dyn Server, decided_ms: u64, now_ms: u64, via_headers: bool) -> RateLimitInfo {
+    let status = if answer.allowed { 200 } else { 429 };
+    if let Some(reset) = &answer.epoch_reset {
+        let (limit, remaining) = (answer.limit.to_string(), answer.remaining.to_string());
+        let retry = answer.retry_after_ms.to_string();
+        let headers = [
+            ("X-RateLimit-Limit", limit.as_str()),
+            ("X-RateLimit-Remaining", remaining.as_str()),
+            ("X-RateLimit-Reset", reset.as_str()),
+            ("Retry-After", retry.as_str()),
+        ];
+        return parse_headers(status, headers, EPOCH_MS + now_ms);
+        // (FastifyDelay's value is below 10^9: read as delta seconds.)
+    }
     let retry = (!answer.allowed).then_some(answer.retry_after_ms);
     if !via_headers {
         return RateLimitInfo {
@@ -131,7 +231,6 @@ fn read(answer: &Answer, server: &dyn Server, decided_ms: u64, now_ms: u64, via_
     };
     let mut headers = Vec::new();
     format_headers(&quota, HeaderMode::All, &mut headers);
-    let status = if answer.allowed { 200 } else { 429 };
     parse_headers(status, headers.iter().map(|(n, v)| (*n, v.as_str())), now_ms)
 }
 
@@ -260,6 +359,14 @@ fn hundred_requests_at_50_per_second_burst_10() {
     }
 }
 
+fn epoch() -> impl Strategy<Value = Epoch> {
+    prop_oneof![
+        Just(Epoch::SlowapiLate),
+        Just(Epoch::FlaskFloor),
+        Just(Epoch::ExpressCeil)
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -341,8 +448,10 @@ proptest! {
         }
     }
 
-    /// A fixed window refuses a paced client at most once per window and connection (the
-    /// pacer assumes a refill that a fixed window does not give, then honours Retry-After).
+    /// A fixed window refuses a paced client at most once per connection: the pacer assumes
+    /// the refill the given window suggests, which a fixed window does not give, until the
+    /// first refusal, whose `Retry-After` reaches the reset (express-rate-limit's IETF
+    /// headers); then it waits for the resets. (It was once per window and connection.)
     #[test]
     fn fixed_window_refuses_at_most_once_per_window_and_connection(
         limit in 1u64..100,
@@ -358,6 +467,79 @@ proptest! {
         let out = simulate(&mut server, &mut pacer, n, concurrency, (latency, 0), via_headers);
         let windows = out.admitted_ms.last().copied().unwrap_or(0) / window_ms + 1;
         prop_assert!(out.denials <= windows * concurrency, "{} refusals over {windows} windows", out.denials);
+        prop_assert!(out.denials <= concurrency, "{} refusals over {windows} windows", out.denials);
+    }
+
+    /// A window named by a delay in whole seconds (@fastify/rate-limit, express-rate-limit's
+    /// draft-6 and -7), many requests at once, answers out of order: never refused, and at
+    /// most two windows' quota lost over six to eight. (The spacing read from
+    /// an answer with little left used to hold the next window's requests for seconds.) A
+    /// quota within the reserve (10) goes at once: a larger one is spread over the window,
+    /// and the delay its last answer names, rounded up, can then cost most of a second a
+    /// window, which this does not cover.
+    #[test]
+    fn a_window_named_by_a_delay_is_used_whole_whatever_the_order_of_answers(
+        limit in 5u64..=10,
+        windows in 6u64..9,
+        concurrency in 4u64..60,
+        latency in 0u64..10,
+        jitter in 0u64..10,
+    ) {
+        let mut server = FirstHitWindow { limit, window_ms: 1_000, end_ms: 0, count: 0, epoch: Epoch::FastifyDelay };
+        let mut pacer = Pacer::new();
+        let n = limit * windows;
+        let out = simulate(&mut server, &mut pacer, n, concurrency, (latency, jitter), true);
+        prop_assert_eq!(out.denials, 0);
+        let span = out.admitted_ms.last().copied().unwrap_or(0) - out.admitted_ms.first().copied().unwrap_or(0);
+        let most = limit * (span / 1_000 + 1);
+        prop_assert!(most <= n + 2 * limit, "{n} in {span} ms, of {most}");
+    }
+
+    /// A window the headers do not give, named late by an epoch reset: the pacer learns it
+    /// and is never refused, and over six to eight windows it loses at most three windows'
+    /// quota against the most a client could have had admitted over the same span, whatever
+    /// the latency, concurrency and rounding. (A client that waits for slowapi's reset, 1 s
+    /// late, loses every other 1 s window.)
+    #[test]
+    fn a_window_learned_from_a_late_epoch_reset_is_never_refused(
+        limit in 5u64..40,
+        window_s in 1u64..4,
+        epoch in epoch(),
+        windows in 6u64..9,
+        concurrency in 4u64..60,
+        latency in 0u64..30,
+        jitter in 0u64..20,
+    ) {
+        let window_ms = window_s * 1_000;
+        let mut server = FirstHitWindow { limit, window_ms, end_ms: 0, count: 0, epoch };
+        let mut pacer = Pacer::new();
+        let n = limit * windows;
+        let out = simulate(&mut server, &mut pacer, n, concurrency, (latency, jitter), true);
+        prop_assert_eq!(out.denials, 0);
+        let span = out.admitted_ms.last().copied().unwrap_or(0) - out.admitted_ms.first().copied().unwrap_or(0);
+        // The most any client could have admitted over the span: a whole window's quota at
+        // its start, and each window after. Learning costs at most two windows' quota, the
+        // round trips (up to 80 ms a window here) at most one more.
+        let most = limit * (span / window_ms + 1);
+        prop_assert!(most <= n + 3 * limit, "{n} in {span} ms, of {most}");
+    }
+
+    /// A bucket whose epoch reset moves as it is spent, with no window: not taken for a
+    /// window, never refused.
+    #[test]
+    fn a_bucket_with_an_epoch_reset_is_not_taken_for_a_window(
+        limit in 1u64..100,
+        window_s in 1u64..4,
+        burst in 1u64..40,
+        n in 1u64..150,
+        concurrency in 1u64..20,
+        latency in 0u64..50,
+        jitter in 0u64..30,
+    ) {
+        let mut server = EpochBucket(TokenBucket::new(limit, window_s * 1_000, burst));
+        let mut pacer = Pacer::new();
+        let out = simulate(&mut server, &mut pacer, n, concurrency, (latency, jitter), true);
+        prop_assert_eq!(out.denials, 0);
     }
 }
 

@@ -17,7 +17,9 @@ pub struct RateLimitInfo {
     pub remaining: Option<u64>,
     /// Milliseconds until the quota resets.
     pub reset_after_ms: Option<u64>,
-    /// Milliseconds the server asked the client to wait (`Retry-After`).
+    /// Milliseconds the server asked the client to wait (`Retry-After`), on an answer that
+    /// is not a success: a 2xx's `Retry-After` asks for no wait (slowapi and Flask-Limiter
+    /// send one on every answer) and is not read.
     pub retry_after_ms: Option<u64>,
     /// The name the server gives the quota: the IETF policy, else Discord's
     /// `X-RateLimit-Bucket` or GitHub's `x-ratelimit-resource`. The SDKs key their buckets
@@ -32,6 +34,10 @@ pub struct RateLimitInfo {
     /// The IETF partition key (`pk`) of the reported policy, as sent (`:…:`). A server
     /// allocates quotas per partition, so the SDKs key their buckets by it as well.
     pub partition: Option<String>,
+    /// The reset was given as an instant (an epoch `X-RateLimit-Reset`), not as a delay:
+    /// every answer of one fixed window names the same one, so the pacer can learn the
+    /// window the headers leave out from how it moves ([`crate::pacing`]).
+    pub reset_is_instant: bool,
     /// The quotas counted in other units than requests (OpenAI's and Anthropic's tokens, an
     /// IETF policy's `qu`), one per unit: what a request spends of them depends on the
     /// request, so the SDKs pace each on the cost the caller expects. The fields above are
@@ -207,13 +213,12 @@ fn append_line<'a>(slot: &mut Option<Cow<'a, str>>, value: &'a str) {
 /// ignored as if absent. Precedence: the IETF fields win over the older draft's, which win
 /// over `X-RateLimit-*`, field by field, when valid; `X-RateLimit-Reset-After` wins over
 /// `X-RateLimit-Reset`, which is epoch seconds at or above 10⁹ and delta seconds below;
-/// `Retry-After` always sets `retry_after_ms` (a past date gives 0). Of several IETF
+/// `Retry-After` sets `retry_after_ms` (a past date gives 0) unless `status` is a success
+/// (2xx), whose `Retry-After` asks for no wait. Of several IETF
 /// policies the most restrictive (least remaining, then longest reset) is reported. A
 /// repeated single-value header keeps its last value; repeated `RateLimit` or
 /// `RateLimit-Policy` lines are joined as one list.
-///
-/// `status` is accepted for symmetry with callers; the headers alone decide today.
-pub fn parse_headers<'a, I>(_status: u16, headers: I, now_ms: u64) -> RateLimitInfo
+pub fn parse_headers<'a, I>(status: u16, headers: I, now_ms: u64) -> RateLimitInfo
 where
     I: IntoIterator<Item = (&'a str, &'a str)>,
 {
@@ -260,12 +265,17 @@ where
         _ => None,
     };
     let (shopify_limit, shopify_remaining) = raw.shopify.unzip();
+    let epoch_reset = raw
+        .x_reset
+        .filter(|_| raw.x_reset_after.is_none())
+        .and_then(|r| epoch_reset_ms(r, now_ms));
     let mut info = RateLimitInfo {
         limit: raw.x_limit.or(shopify_limit),
         remaining: raw.x_remaining.or(used_remaining).or(shopify_remaining),
         reset_after_ms: raw
             .x_reset_after
             .or_else(|| raw.x_reset.and_then(|r| reset_to_ms(r, now_ms))),
+        reset_is_instant: epoch_reset.is_some(),
         window_ms: raw.x_window_ms,
         policy: raw.named_bucket.map(str::to_owned),
         global: raw.global,
@@ -299,9 +309,11 @@ where
             read_combined(&mut info, value);
         }
     }
-    info.retry_after_ms = raw
-        .retry_after_ms
-        .or_else(|| raw.retry_after.and_then(|r| retry_after_ms(r, now_ms)));
+    if !(200..300).contains(&status) {
+        info.retry_after_ms = raw
+            .retry_after_ms
+            .or_else(|| raw.retry_after.and_then(|r| retry_after_ms(r, now_ms)));
+    }
     info
 }
 
@@ -371,7 +383,9 @@ fn read_named(raw: &mut Raw<'_>, lower: &[u8], value: &str, now_ms: u64) -> bool
 fn override_with(info: &mut RateLimitInfo, limit: Option<u64>, remaining: Option<u64>, reset_ms: Option<u64>) {
     info.limit = limit.or(info.limit);
     info.remaining = remaining.or(info.remaining);
-    info.reset_after_ms = reset_ms.or(info.reset_after_ms);
+    if reset_ms.is_some() {
+        (info.reset_after_ms, info.reset_is_instant) = (reset_ms, false);
+    }
 }
 
 /// `X-RateLimit-Reset`: epoch seconds or delta seconds, told apart by magnitude.
@@ -382,6 +396,13 @@ fn reset_to_ms(value: &str, now_ms: u64) -> Option<u64> {
     } else {
         ms
     })
+}
+
+/// `X-RateLimit-Reset` as milliseconds from now when it is an epoch (whole or fractional
+/// seconds); `None` when it is delta seconds or malformed.
+fn epoch_reset_ms(value: &str, now_ms: u64) -> Option<u64> {
+    let ms = parse_secs_ms(value)?;
+    (ms >= EPOCH_THRESHOLD_MS).then(|| ms.saturating_sub(now_ms))
 }
 
 /// `Retry-After`: delta seconds (fractions tolerated) or an HTTP-date; a date in the past
@@ -443,7 +464,9 @@ fn read_ietf(info: &mut RateLimitInfo, value: &str, policy: Option<&str>) {
         let window_ms = param("w").and_then(|w| w.checked_mul(1000));
         if unit == "requests" {
             info.remaining = Some(remaining);
-            info.reset_after_ms = reset_ms.or(info.reset_after_ms);
+            if reset_ms.is_some() {
+                (info.reset_after_ms, info.reset_is_instant) = (reset_ms, false);
+            }
             info.limit = param("q").or(info.limit);
             info.window_ms = window_ms;
             info.policy = Some(item.name.clone().into_owned());
@@ -471,6 +494,10 @@ mod tests {
 
     fn parse(headers: &[(&str, &str)]) -> RateLimitInfo {
         parse_headers(200, headers.iter().copied(), 1_774_312_800_000)
+    }
+
+    fn refused(headers: &[(&str, &str)]) -> RateLimitInfo {
+        parse_headers(429, headers.iter().copied(), 1_774_312_800_000)
     }
 
     #[test]
@@ -558,13 +585,38 @@ mod tests {
     }
 
     #[test]
+    fn an_epoch_reset_is_an_instant_a_delay_is_not() {
+        assert!(parse(&[("X-RateLimit-Reset", "1774312801.5")]).reset_is_instant);
+        assert!(parse(&[("X-RateLimit-Reset", "1774312801")]).reset_is_instant);
+        assert!(!parse(&[("X-RateLimit-Reset", "2")]).reset_is_instant);
+        assert!(!parse(&[("X-RateLimit-Reset", "1774312801"), ("X-RateLimit-Reset-After", "1")]).reset_is_instant);
+        // A reset the IETF field gives instead is a delay.
+        assert!(!parse(&[("X-RateLimit-Reset", "1774312801"), ("RateLimit", r#""p";r=1;t=5"#)]).reset_is_instant);
+    }
+
+    #[test]
+    fn retry_after_on_a_success_asks_for_no_wait() {
+        let headers = [("Retry-After", "5")];
+        for (status, wait) in [
+            (200, None),
+            (204, None),
+            (301, Some(5_000)),
+            (429, Some(5_000)),
+            (503, Some(5_000)),
+        ] {
+            let info = parse_headers(status, headers.iter().copied(), 1_774_312_800_000);
+            assert_eq!(info.retry_after_ms, wait, "{status}");
+        }
+    }
+
+    #[test]
     fn retry_after_tolerates_fractions_and_rejects_junk() {
-        assert_eq!(parse(&[("Retry-After", "1.5")]).retry_after_ms, Some(1_500));
-        assert_eq!(parse(&[("Retry-After", "-3")]).retry_after_ms, None);
+        assert_eq!(refused(&[("Retry-After", "1.5")]).retry_after_ms, Some(1_500));
+        assert_eq!(refused(&[("Retry-After", "-3")]).retry_after_ms, None);
         assert_eq!(
-            parse(&[("Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT")]).retry_after_ms,
+            refused(&[("Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT")]).retry_after_ms,
             Some(253_402_300_799_000 - 1_774_312_800_000)
         );
-        assert!(parse(&[("Retry-After", "Mon, 23 Mar 2026 23:40:00 UTC")]).is_empty());
+        assert!(refused(&[("Retry-After", "Mon, 23 Mar 2026 23:40:00 UTC")]).is_empty());
     }
 }
