@@ -569,8 +569,13 @@ impl Held {
         if !r.0.is_empty() {
             return None;
         }
+        Some(((rule, identity), Held::from_parts(n, *flags)))
+    }
+
+    /// The state [`Held::encode`] wrote as `n` (its twenty numbers, in order) and `flags`.
+    fn from_parts(n: [u64; 20], flags: u8) -> Held {
         let bit = |i: u8| flags & (1 << i) != 0;
-        let held = Held {
+        Held {
             id: bit(0).then_some(n[0]),
             units: n[1],
             ends_ms: n[2],
@@ -595,8 +600,7 @@ impl Held {
             used_ms: n[17],
             handed: n[18],
             granted_at_ms: n[19],
-        };
-        Some(((rule, identity), held))
+        }
     }
 }
 
@@ -653,29 +657,7 @@ mod tests {
             rule in "(?s).{0,20}",
             identity in "(?s).{0,40}",
         ) {
-            let bit = |i: u8| flags & (1 << i) != 0;
-            let held = Held {
-                id: bit(0).then_some(n[0]),
-                units: n[1],
-                ends_ms: n[2],
-                drain: bit(1).then_some(Drain { id: n[3], units: n[4], ends_ms: n[5] }),
-                remaining: n[6],
-                limit: n[7],
-                window_ms: n[8],
-                reset_at_ms: n[9],
-                last_ttl_ms: n[10],
-                granted_units: n[11],
-                spent_until_ms: n[12],
-                asked: bit(2),
-                asked_ms: n[13],
-                renewing: bit(3),
-                spent_this_s: n[14],
-                second: n[15],
-                rate_per_s: n[16],
-                used_ms: n[17],
-                handed: n[18],
-                granted_at_ms: n[19],
-            };
+            let held = Held::from_parts(n, flags);
             let quota = (rule, identity);
             let bytes = held.encode(&quota);
             prop_assert_eq!(Held::decode(&bytes), Some((quota, held)));
