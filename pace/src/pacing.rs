@@ -380,7 +380,6 @@ impl Pacer {
             sent_ms,
             first_ms,
             cost,
-            pending,
             denied,
         });
         if let Some((window, limit)) = self.learner.spacing() {

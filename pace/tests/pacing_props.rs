@@ -543,6 +543,20 @@ proptest! {
     }
 }
 
+/// The cases the bucket property above found (CI, 2026-11-28), kept whatever the seed: a
+/// bucket's reset drifting 111 ms a request until it looked moved, with requests in flight
+/// that could have been counted first (9/s); and a bucket full again 632 ms after it was
+/// last full, whose reset then drifted 500 ms a request (2/s).
+#[test]
+fn buckets_whose_reset_drifts_are_never_taken_for_windows() {
+    for (limit, burst, n, concurrency, latency) in [(9, 9, 11, 5, 40), (2, 2, 9, 1, 0)] {
+        let mut server = EpochBucket(TokenBucket::new(limit, 1_000, burst));
+        let mut pacer = Pacer::new();
+        let out = simulate(&mut server, &mut pacer, n, concurrency, (latency, 0), true);
+        assert_eq!(out.denials, 0, "{limit}/s: admitted at {:?}", out.admitted_ms);
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Send,
@@ -605,4 +619,12 @@ proptest! {
             let _ = pacer.delay_ms(now);
         }
     }
+}
+
+#[test]
+fn zz_repro() {
+    let mut server = EpochBucket(TokenBucket::new(9, 1_000, 9));
+    let mut pacer = Pacer::new();
+    let out = simulate(&mut server, &mut pacer, 11, 5, (40, 0), true);
+    assert_eq!(out.denials, 0, "{:?}", out.admitted_ms);
 }

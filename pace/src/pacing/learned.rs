@@ -5,11 +5,10 @@
 //! never the window itself, and their reset is late: slowapi names one second after the
 //! window's end, Flask-Limiter that rounded down to the second, express-rate-limit the end
 //! rounded up. A client that waits for it loses up to a window each time. What the answers
-//! do say: every answer of one window names the same instant, and the first answer of a new
-//! window finds the quota whole (its `remaining`, its own cost and the requests the server
-//! may have counted before it make the limit) at a reset that moved. For a client alone on
-//! the quota, a window began between the send of its first request and that answer's
-//! arrival, so:
+//! do say: every answer of one window names the same instant, and the request a new window
+//! counts first finds the quota whole (its `remaining` and its own cost make the limit) at
+//! a reset that moved. For a client alone on the quota, a window began between the send of
+//! that request and its answer's arrival, so:
 //!
 //! * a window is at most the time from the send of one window's first request to the
 //!   arrival of the next window's first answer (an upper bound, `upper`), whatever the
@@ -22,13 +21,24 @@
 //! then a new window begins before the quota is spent, and its first answer gives `upper`.
 //! From then on every unit spent counts, at the latest, `upper` after its answer arrived (a
 //! fixed window's unit leaves when its window ends, a moving window's one window after it
-//! was counted); a new window's first answer clears them all. So all but the last unit of a
+//! was counted); a new window's first answer clears them all but those counted in the new
+//! window whose answers came first (answers arrive in any order). So all but the last unit of a
 //! window go at once, and the last one goes halfway between the bounds: counted in the old
 //! window, it raises `lower`; the first of a new one, it lowers `upper`. It is never refused
 //! either way, and the bounds close in on the window in a few windows.
 //!
-//! A refusal, a window given by the headers, a reset given as a delay, or bounds that cross
-//! end the learning: the pacer then paces on the advertised reset, as before.
+//! A token bucket's epoch reset (when it will be full) looks like a window's at first but
+//! moves later with every unit spent, a little at a time: a reset that moves by less than a
+//! second, yet by more than the clocks' difference, names no window and ends the learning.
+//! And only the request counted first finds the quota whole. An answer naming a moved
+//! reset with less left is the new window's too, but does not start it: it could be its
+//! first only had the requests in flight been counted before it, which a bucket whose
+//! reset jumped with many answers at once also fits. (Taking either for a new window once
+//! admitted a request the bucket refused.)
+//!
+//! A refusal, a window given by the headers, a reset given as a delay, a reset that moved
+//! less than a window or later as the quota was spent, or bounds that cross end the
+//! learning: the pacer then paces on the advertised reset, as before.
 
 use std::collections::VecDeque;
 
@@ -39,9 +49,13 @@ const MAX_LOG: u64 = 100_000;
 
 /// How far two answers' reset instants may differ and still name the same one: an SDK
 /// reads the headers and tells the pacer a moment apart, on clocks of its own (a wall clock
-/// for the epoch, a monotonic one for the pacer), later on a busy machine; while an epoch
-/// reset moves by a whole window, at least a second, from one window to the next.
-const SAME_RESET_MS: u64 = 500;
+/// for the epoch, a monotonic one for the pacer), later on a busy machine.
+const SAME_RESET_MS: u64 = 250;
+
+/// How far an epoch reset moves from one window to the next, at least: a whole window, a
+/// second or more (a shorter window is not learned), less the clocks' difference. A reset
+/// that moves less, but more than [`SAME_RESET_MS`], names no window: a token bucket's.
+const MOVED_MS: u64 = 1_000 - SAME_RESET_MS;
 
 /// Added to the learned window: the SDKs' clocks count whole milliseconds, rounded down.
 const CLOCK_MS: u64 = 2;
@@ -71,8 +85,9 @@ pub(super) struct Learner {
     /// The current window's first request: sent no earlier than this, answered then.
     window_sent_ms: u64,
     window_arrived_ms: u64,
-    /// Units spent in the current window: (answer arrival, units), oldest first.
-    log: VecDeque<(u64, u64)>,
+    /// Units spent in the current window, or in the next one before its first answer came:
+    /// (answer arrival, units, the reset instant the answer named), oldest first.
+    log: VecDeque<(u64, u64, u64)>,
 }
 
 /// One answered request, as the learner reads it.
@@ -85,8 +100,6 @@ pub(super) struct Answered<'a> {
     /// server may have counted first).
     pub first_ms: u64,
     pub cost: u64,
-    /// Units the server may have counted before this request.
-    pub pending: u64,
     pub denied: bool,
 }
 
@@ -135,13 +148,17 @@ impl Learner {
                 .reset_at_ms
                 .is_some_and(|r| reset_at.saturating_add(SAME_RESET_MS) < r)
         {
-            self.log.push_back((a.now_ms, a.cost));
+            self.log.push_back((a.now_ms, a.cost, reset_at));
             return;
         }
-        let moved = self
-            .reset_at_ms
-            .is_some_and(|r| reset_at > r.saturating_add(SAME_RESET_MS));
-        let fresh = remaining.saturating_add(a.cost).saturating_add(a.pending) >= limit;
+        let drift = self.reset_at_ms.map_or(0, |r| reset_at.saturating_sub(r));
+        if drift > SAME_RESET_MS && drift < MOVED_MS {
+            self.off();
+            return;
+        }
+        let moved = drift >= MOVED_MS;
+        // Counted first in its window (more than the limit was dealt with above).
+        let fresh = remaining.saturating_add(a.cost) >= limit;
         if moved && remaining < self.remaining {
             // The reset moved later as the quota was spent: a bucket, not a window (whose
             // reset moves only as a new window finds the quota whole again).
@@ -167,7 +184,11 @@ impl Learner {
                 Phase::Off => Phase::Off,
             };
             (self.window_sent_ms, self.window_arrived_ms) = (a.first_ms, a.now_ms);
-            self.log.clear();
+            self.log.retain(|&(_, _, r)| r.abs_diff(reset_at) <= SAME_RESET_MS);
+        } else if moved {
+            // The next window's, counted after its first request, whose answer is to come.
+            self.log.push_back((a.now_ms, a.cost, reset_at));
+            return;
         } else if !moved && !waiting {
             // Counted in the current window: the window is longer than since its start.
             let since = a.sent_ms.saturating_sub(self.window_arrived_ms);
@@ -187,12 +208,12 @@ impl Learner {
             while self
                 .log
                 .front()
-                .is_some_and(|&(at, _)| at.saturating_add(upper_ms) <= a.now_ms)
+                .is_some_and(|&(at, _, _)| at.saturating_add(upper_ms) <= a.now_ms)
             {
                 self.log.pop_front();
             }
         }
-        self.log.push_back((a.now_ms, a.cost));
+        self.log.push_back((a.now_ms, a.cost, reset_at));
     }
 
     fn off(&mut self) {
@@ -212,8 +233,8 @@ impl Learner {
         let live = self
             .log
             .iter()
-            .filter(|&&(at, _)| counted(at))
-            .fold(0u64, |n, &(_, c)| n.saturating_add(c));
+            .filter(|&&(at, _, _)| counted(at))
+            .fold(0u64, |n, &(_, c, _)| n.saturating_add(c));
         let after = live.saturating_add(in_flight).saturating_add(cost);
         if after < self.limit {
             return Some(t);
@@ -227,7 +248,7 @@ impl Learner {
         }
         // Wait until enough units leave; those in flight leave only by an answer.
         let mut over = after - self.limit;
-        for &(at, n) in self.log.iter().filter(|&&(at, _)| counted(at)) {
+        for &(at, n, _) in self.log.iter().filter(|&&(at, _, _)| counted(at)) {
             if n >= over {
                 return Some(at.saturating_add(upper_ms));
             }
