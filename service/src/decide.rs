@@ -251,6 +251,9 @@ async fn store_decide(node: &Node, items: &[Item<'_>]) -> Result<Vec<Stamped>, S
     let call = node.store.decide_all(items);
     let result = within(node.config.store_timeout, call).await;
     node.metrics.store_latency(started.elapsed());
+    if node.config.traces.on() {
+        crate::trace::store_time(started.elapsed());
+    }
     match &result {
         Ok(_) => node.breaker.success(),
         Err(_) => {

@@ -26,6 +26,7 @@ use crate::check::check;
 use crate::exchange::LeaseError;
 use crate::lease;
 use crate::node::Node;
+use crate::trace;
 
 /// Largest request body of the data API (a check, a lease exchange).
 pub const BODY_LIMIT: usize = 16 * 1024;
@@ -126,7 +127,12 @@ pub(crate) fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiEr
     })
 }
 
-async fn check_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result<Bytes, BytesRejection>) -> Response {
+async fn check_handler(
+    State(node): State<Arc<Node>>,
+    _: Authorized,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
     let raw = match body(raw) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -134,7 +140,10 @@ async fn check_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result
     match CheckRequest::from_json(&raw) {
         Ok(req) => {
             let req = crate::check::canonical(req, node.config.ipv6_prefix);
-            json_body(check(&node, &req).await.to_json())
+            let span = node.config.traces.start("http", &trace::HttpHeaders(&headers));
+            let answer = trace::within(span.as_ref(), check(&node, &req)).await;
+            trace::finish(span, answer.policy.as_deref(), answer.allowed);
+            json_body(answer.to_json())
         }
         Err(e) => bad(e.0).into_response(),
     }

@@ -10,7 +10,8 @@
 //! [`store::memory`] fallback buckets keep answering when the store does not. A node in one
 //! of several regions decides global rules from quota it leases from a global store in the
 //! background ([`region`]). The operator's console reads [`console`] (this node's rates
-//! and top refused identities) and the admin API's [`admin`] endpoints.
+//! and top refused identities) and the admin API's [`admin`] endpoints. [`trace`] exports a span per check over OTLP
+//! when configured.
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -34,4 +35,5 @@ pub mod refusals;
 pub mod region;
 pub mod rules_source;
 pub mod store;
+pub mod trace;
 pub mod violations;

@@ -57,6 +57,8 @@ pub struct NodeConfig {
     pub allow_empty_rules: bool,
     /// Most refusals the node remembers ([`crate::refusals`]); 0 asks the store every time.
     pub max_refusals: usize,
+    /// Where the spans of checks go ([`crate::trace`]); off by default.
+    pub traces: crate::trace::Traces,
 }
 
 impl Default for NodeConfig {
@@ -77,6 +79,7 @@ impl Default for NodeConfig {
             rules_poll: Duration::from_millis(250),
             allow_empty_rules: false,
             max_refusals: 100_000,
+            traces: crate::trace::Traces::off(),
         }
     }
 }

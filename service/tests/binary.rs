@@ -68,6 +68,7 @@ fn help_explains_every_flag() {
     let help = String::from_utf8_lossy(&out.stdout);
     for flag in [
         "--listen",
+        "--otlp-endpoint",
         "--rules",
         "--store",
         "--admin-listen",

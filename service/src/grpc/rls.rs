@@ -21,6 +21,7 @@ use super::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::decide::{count, decide_limits, settle, verdict, Matched, Target};
 use crate::metrics::Api;
 use crate::node::Node;
+use crate::trace;
 
 /// Descriptors per request, and entries per descriptor, accepted at most.
 const MAX_DESCRIPTORS: usize = 64;
@@ -113,7 +114,33 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let req = request.into_inner();
+        let span = (self.node.config.traces).start("grpc", &trace::GrpcMetadata(request.metadata()));
+        let answer = trace::within(span.as_ref(), self.decide(request.into_inner())).await;
+        if let Ok(answer) = &answer {
+            let answer = answer.get_ref();
+            trace::finish(
+                span,
+                shown_rule(&answer.statuses),
+                answer.overall_code == Code::Ok as i32,
+            );
+        }
+        answer
+    }
+}
+
+/// The limit a traced answer names: the first that refused, else the one with the least
+/// left.
+fn shown_rule(statuses: &[DescriptorStatus]) -> Option<&str> {
+    let limited = || statuses.iter().filter(|s| s.current_limit.is_some());
+    limited()
+        .find(|s| s.code == Code::OverLimit as i32)
+        .or_else(|| limited().min_by_key(|s| s.limit_remaining))
+        .and_then(|s| Some(s.current_limit.as_ref()?.name.as_str()))
+}
+
+impl RateLimiter {
+    /// `ShouldRateLimit` itself.
+    async fn decide(&self, req: RateLimitRequest) -> Result<Response<RateLimitResponse>, Status> {
         let asked = validate(&req)?;
         let node = &*self.node;
         let _timer = node.metrics.time_check(Api::GrpcRls);

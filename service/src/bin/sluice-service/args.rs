@@ -23,6 +23,14 @@ pub struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "SLUICE_LOG_FORMAT")]
     pub log_format: LogFormat,
+    /// Export a span per check (the rule, the decision, the store's time; the caller's W3C
+    /// `traceparent` its parent, HTTP and gRPC alike) over OTLP/gRPC to this endpoint, e.g.
+    /// http://otel-collector:4317. Off by default. The SDK's variables tune it:
+    /// OTEL_TRACES_SAMPLER (default: follow the caller's sampled flag, else sample all),
+    /// OTEL_BSP_SCHEDULE_DELAY (ms between batches, default 5000), OTEL_BSP_MAX_QUEUE_SIZE
+    /// (spans held at most, default 2048; more are dropped, never waited for).
+    #[arg(long, value_name = "URL", env = "SLUICE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     #[command(flatten)]
     pub edge: EdgeArgs,
     #[command(flatten)]

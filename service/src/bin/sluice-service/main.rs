@@ -21,7 +21,7 @@ use sluice_service::store::keys::Keys;
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{redact, RedisStore};
 use sluice_service::store::Store;
-use sluice_service::{admin, grpc, housekeeping, http, region, rules_source};
+use sluice_service::{admin, grpc, housekeeping, http, region, rules_source, trace};
 
 mod args;
 mod commands;
@@ -61,7 +61,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (rules, fingerprint) = rules(&args)?;
     let edge = edge(&args)?;
     let store = store(&args)?;
-    let config = node_config(&args)?;
+    let mut config = node_config(&args)?;
+    let exporting = match &args.otlp_endpoint {
+        Some(endpoint) => {
+            let (traces, exporting) = trace::otlp(endpoint, &config.node_name)?;
+            tracing::info!(%endpoint, "a span per check, exported over OTLP");
+            config.traces = traces;
+            Some(exporting)
+        }
+        None => None,
+    };
     let region = region(&args, &rules).await?;
     let node = Node::in_region(store, rules, config, region);
     match args.rules.rules.as_deref().filter(|_| !rules_are_yaml(&args)) {
@@ -70,7 +79,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     node.set_descriptors(descriptors);
     start_tasks(&node, &args, fingerprint, yaml_fingerprint);
-    serve(node, &args, edge).await
+    let served = serve(node, &args, edge).await;
+    if let Some(exporting) = exporting {
+        // Blocks until the last spans are sent, which needs the runtime: off its threads.
+        tokio::task::spawn_blocking(move || exporting.shutdown()).await?;
+    }
+    served
 }
 
 /// Whether `--rules` names an envoyproxy/ratelimit YAML file rather than a TOML one.
