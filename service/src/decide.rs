@@ -23,6 +23,7 @@ use sluice_core::{Decision, Limit};
 use crate::console::Answer;
 use crate::metrics::Verdict;
 use crate::node::Node;
+use crate::refusals::Settled;
 use crate::store::{closed_decision, within, Item, Stamped, Store, StoreError};
 use crate::violations::Violation;
 
@@ -182,6 +183,10 @@ pub fn count(node: &Node, name: &str, identity: &str, verdict: Verdict, degraded
     node.console.record(name, identity, verdict, degraded);
 }
 
+/// Looks at the remembered refusals this many times at most, waiting for a probe between:
+/// an admitted probe is followed by one more.
+const MAX_PROBE_WAITS: usize = 4;
+
 /// Decides a request against every limit at once, each at its cost, all-or-nothing, in one
 /// store call; when the store fails, by each limit's failure policy. Fills in each limit's
 /// decision; whether they came from the fallback buckets (`degraded`).
@@ -189,15 +194,25 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     let mut limits: Vec<&mut Matched<'a>> = limits.into_iter().collect();
     let targets: Vec<&Target> = limits.iter().map(|m| &m.target).collect();
     let items: Vec<Item<'_>> = targets.iter().map(|t| t.item()).collect();
-    let now = node.clock.now();
-    if let Some((refused, d)) = node.refusals.settles(&items, now) {
-        // The store refused this limit and would still: the request is refused here, the
-        // others not counted (a refused request consumes nothing).
-        node.metrics.refused_from_memory(node.refusals.len());
-        for (i, m) in limits.iter_mut().enumerate() {
-            m.decision = (i == refused).then_some(d);
+    let mut now = node.clock.now();
+    // Waits for other requests' probes, then a look again each time; a few at most.
+    for waits_left in (0..MAX_PROBE_WAITS).rev() {
+        match node.refusals.settles(&items, now) {
+            Settled::Refused(refused, d) => {
+                // The store refused this limit and would still: the request is refused
+                // here, the others not counted (a refused request consumes nothing).
+                node.metrics.refused_from_memory(node.refusals.len());
+                for (i, m) in limits.iter_mut().enumerate() {
+                    m.decision = (i == refused).then_some(d);
+                }
+                return false;
+            }
+            Settled::Wait(mut answered) if waits_left > 0 => {
+                let _ = tokio::time::timeout(node.refusals.probe_window(), answered.changed()).await;
+                now = node.clock.now();
+            }
+            Settled::Wait(_) | Settled::Ask => break,
         }
-        return false;
     }
     let (mut decisions, degraded) = match store_decide(node, &items).await {
         Ok(stamps) => {
@@ -208,6 +223,7 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
         }
         Err(e) => {
             tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
+            node.refusals.unanswered(&items);
             node.metrics.degraded();
             (fail_over(node, &targets, &items), true)
         }

@@ -144,7 +144,7 @@ impl Node {
             started_at_ms: crate::console::now_ms(),
             fallback: MemoryStore::new(config.max_keys),
             breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
-            refusals: Refusals::new(config.max_refusals),
+            refusals: Refusals::new(config.max_refusals, config.store_timeout),
             metrics,
             clock: Clock::default(),
             rules: RwLock::new((Arc::new(rules), 0)),

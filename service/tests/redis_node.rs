@@ -505,3 +505,69 @@ async fn a_remembered_refusal_costs_no_store_call_and_a_reset_or_an_override_end
     .await;
     assert!(node_metric(&b, store_calls).await > calls, "decided by the store");
 }
+
+/// Issue 51: a flood on one spent identity at two nodes (16 callers each, as fast as they
+/// go) on a bucket of 10 a second, whose refusals name a 100 ms wait: when a wait ends one
+/// request per node asks the store (two when the first is admitted), the others wait for
+/// its answer. Without that every request in flight at the wait's end went to the store
+/// (3.5 to 4 calls a node a wait measured by scripts/bench-flood, 80 with nothing
+/// remembered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_on_a_spent_quota_costs_each_node_one_or_two_store_calls_a_wait() {
+    let server = RedisServer::start();
+    let nodes = [
+        node_without_poll(&server.url()).await,
+        node_without_poll(&server.url()).await,
+    ];
+    let rule = "[[rule]]\nname = \"bucket\"\nby = \"ip\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\n";
+    assert_eq!(nodes[0].put_rules(rule.to_owned(), None).await.status(), 200);
+    for n in &nodes {
+        eventually("a node never took the new rules", async || policy(n).await == "bucket").await;
+    }
+    let ip = json!({"ip": "203.0.113.60"});
+    while nodes[0].check(ip.clone(), "/").await["allowed"] == true {}
+    // Each node learns of the refusal first (else all 16 of a node's first calls ask).
+    while nodes[1].check(ip.clone(), "/").await["allowed"] == true {}
+    let store_calls = "sluice_store_latency_seconds_count";
+    let before = [
+        node_metric(&nodes[0], store_calls).await,
+        node_metric(&nodes[1], store_calls).await,
+    ];
+    let flood = Duration::from_millis(1_500);
+    let started = tokio::time::Instant::now();
+    let mut callers = tokio::task::JoinSet::new();
+    for n in 0..32 {
+        let (client, url) = (nodes[n % 2].client.clone(), nodes[n % 2].url("/v1/check"));
+        let body = json!({"identities": ip, "method": "GET", "path": "/"});
+        callers.spawn(async move {
+            let mut admitted = 0u64;
+            while started.elapsed() < flood {
+                let r: serde_json::Value = client
+                    .post(&url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                admitted += u64::from(r["allowed"] == true);
+            }
+            admitted
+        });
+    }
+    let admitted: u64 = callers.join_all().await.iter().sum();
+    let waits = started.elapsed().as_secs_f64() / 0.1;
+    // Exact still: the bucket refills 10 a second.
+    assert!(admitted <= 17, "{admitted} admitted in 1.5 s of a 10/s bucket");
+    for (n, node) in nodes.iter().enumerate() {
+        let calls = node_metric(node, store_calls).await - before[n];
+        let per_wait = calls / waits;
+        eprintln!("node {n}: {calls} store calls, {per_wait:.2} a 100 ms wait");
+        assert!(
+            per_wait <= 3.0,
+            "node {n}: {calls} store calls, {per_wait:.2} a 100 ms wait"
+        );
+        assert!(calls >= 1.0, "node {n} never asked the store");
+    }
+}
