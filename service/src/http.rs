@@ -112,6 +112,25 @@ impl FromRequestParts<Arc<Node>> for Authorized {
     }
 }
 
+/// A check's span, begun from the request's `traceparent` when the node traces
+/// ([`crate::trace`]); nothing is read or copied when it does not (axum's `HeaderMap`
+/// extractor would copy every header of every check).
+struct CheckSpan(Option<opentelemetry::Context>);
+
+impl FromRequestParts<Arc<Node>> for CheckSpan {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, node: &Arc<Node>) -> Result<Self, Self::Rejection> {
+        let traces = &node.config.traces;
+        Ok(CheckSpan(
+            traces
+                .on()
+                .then(|| traces.start("http", &trace::HttpHeaders(&parts.headers)))
+                .flatten(),
+        ))
+    }
+}
+
 /// A 200 answer of JSON written by a wire type's own codec (`sluice_core::json`).
 pub(crate) fn json_body(json: String) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], json).into_response()
@@ -130,7 +149,7 @@ pub(crate) fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiEr
 async fn check_handler(
     State(node): State<Arc<Node>>,
     _: Authorized,
-    headers: HeaderMap,
+    CheckSpan(span): CheckSpan,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let raw = match body(raw) {
@@ -140,7 +159,6 @@ async fn check_handler(
     match CheckRequest::from_json(&raw) {
         Ok(req) => {
             let req = crate::check::canonical(req, node.config.ipv6_prefix);
-            let span = node.config.traces.start("http", &trace::HttpHeaders(&headers));
             let answer = trace::within(span.as_ref(), check(&node, &req)).await;
             trace::finish(span, answer.policy.as_deref(), answer.allowed);
             json_body(answer.to_json())
