@@ -1,5 +1,36 @@
 //! Text helpers shared by the parts that bound what they send, store or log.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+/// Whether `c` would act on the text around it rather than show: a control character (C0,
+/// DEL, C1), a bidirectional control (which reorders what follows: `\u{202E}gnp.exe` reads
+/// `exe.png`), or an invisible format character (zero-width space, joiners, word joiner,
+/// byte order mark).
+pub fn is_hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// `s` with every [`is_hidden`] character written out as `\u{…}` (its code point in hex),
+/// for printing an identity or a rule name where a person reads it (logs, the command
+/// line; the console does the same in JavaScript): what a client sent shows as it is, and
+/// cannot reorder or hide what is printed after it.
+pub fn visible(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(is_hidden) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if is_hidden(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// The longest prefix of `s` of at most `max_bytes` bytes that ends on a character boundary
 /// (never splits a UTF-8 sequence, so never panics).
 pub fn truncate(s: &str, max_bytes: usize) -> &str {
@@ -38,7 +69,21 @@ pub fn push_u64(out: &mut String, mut n: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::truncate;
+    use super::{truncate, visible};
+
+    #[test]
+    fn hidden_characters_are_written_out_and_the_rest_kept() {
+        assert_eq!(visible("\u{202E}gnp.exe"), "\\u{202e}gnp.exe");
+        assert_eq!(visible("a\nb\tc\u{7f}\u{85}"), "a\\u{a}b\\u{9}c\\u{7f}\\u{85}");
+        assert_eq!(visible("x\u{200B}y\u{2066}z\u{FEFF}"), "x\\u{200b}y\\u{2066}z\\u{feff}");
+        // Plain text, other scripts, emoji and a backslash are kept, without a copy.
+        for kept in ["198.51.100.7", "user-42", "Łódź ☃ 名前 🦀", "DOMAIN\\user", ""] {
+            assert!(
+                matches!(visible(kept), std::borrow::Cow::Borrowed(k) if k == kept),
+                "{kept:?}"
+            );
+        }
+    }
 
     #[test]
     fn writes_every_width_of_number() {

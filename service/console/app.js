@@ -30,8 +30,15 @@
     if (text !== undefined && text !== null) e.textContent = String(text);
     return e;
   }
+  // Text as sluice-core's text::visible shows it: control, bidirectional and invisible
+  // format characters written out as \u{…}, so an identity like '\u202Egnp.exe' cannot
+  // pass for 'exe.png' nor reorder what follows it.
+  const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+  function shown(text) {
+    return String(text).replace(HIDDEN, (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+  }
   function td(text, cls) {
-    return el('td', cls, text);
+    return el('td', cls, text === undefined || text === null ? text : shown(text));
   }
   function clear(node) {
     while (node.firstChild) node.removeChild(node.firstChild);
@@ -186,6 +193,7 @@
     $('node').hidden = false;
     $('node-name').textContent = `${node.node} (v${node.version})`;
     $('node-store').textContent = node.store;
+    $('node-refusals').textContent = String(node.refusals_remembered ?? 0);
     $('rules-version').textContent = `version ${rules.version}`;
     const src = rules.source || {};
     const what = src.kind === 'file' ? `file ${src.detail}` : src.kind === 'admin' ? 'admin API' :
@@ -595,7 +603,7 @@
     $('reset-done').textContent = '';
     pending = { rule: rsForm.elements.rule.value, identity: rsForm.elements.identity.value };
     $('reset-confirm-rule').textContent = pending.rule;
-    $('reset-confirm-identity').textContent = pending.identity;
+    $('reset-confirm-identity').textContent = shown(pending.identity);
     $('reset-confirm').hidden = false;
     $('reset-yes').disabled = state.access !== 'admin';
     $('reset-yes').focus();
@@ -611,7 +619,7 @@
     $('reset-confirm').hidden = true;
     try {
       await api('POST', '/v1/admin/reset', what);
-      $('reset-done').textContent = `Reset: rule ${what.rule}, identity ${what.identity}.`;
+      $('reset-done').textContent = `Reset: rule ${shown(what.rule)}, identity ${shown(what.identity)}.`;
       refresh();
     } catch (err) {
       formErrors(rsForm, err);

@@ -448,3 +448,23 @@ fn a_store_password_never_reaches_the_logs_or_the_errors() {
     assert!(!out.status.success() && stderr.contains("is not HOST:PORT"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
+
+/// `explain` prints what a client sent with its hidden characters written out: an identity
+/// ending in a right-to-left override cannot read as another file name, nor reorder the
+/// line after it (issue 53).
+#[test]
+fn explain_writes_out_hidden_characters() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
+    let out = Command::new(BIN)
+        .args(["explain", "--rules", rules, "--path", "/search", "--ip", "198.51.100.7"])
+        .args(["--identity", "user=\u{202E}gnp.exe"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(printed.contains("identity user: \\u{202e}gnp.exe"), "{printed}");
+    assert!(
+        !printed.contains('\u{202E}'),
+        "the override itself is never printed: {printed}"
+    );
+}

@@ -20,6 +20,7 @@ const SHOTS = process.env.SLUICE_CONSOLE_SCREENSHOTS === 'docs'
   : join(ROOT, 'target/console-screenshots');
 const HOSTILE_RULE = '<img src=x onerror=alert(1)>';
 const HOSTILE_ID = '<script>window.__pwned=1</script><b>mallory</b>';
+const BIDI_ID = '\u202Egnp.exe';
 
 const RULES = `
 [[rule]]
@@ -115,6 +116,9 @@ test('an operator sees, explains and steers the limits; hostile names stay text;
   // A hostile identity refused by the hostile rule (1 an hour).
   assert.equal((await node.check({ ip: '10.0.2.1', user: HOSTILE_ID }, '/hostile')).allowed, true);
   assert.equal((await node.check({ ip: '10.0.2.1', user: HOSTILE_ID }, '/hostile')).allowed, false);
+  // An identity that would reorder what follows it is shown with its control written out.
+  assert.equal((await node.check({ ip: '10.0.2.2', user: BIDI_ID }, '/hostile')).allowed, true);
+  assert.equal((await node.check({ ip: '10.0.2.2', user: BIDI_ID }, '/hostile')).allowed, false);
   const perIp = page.locator('#rules-body tr[data-rule="per-ip"]');
   await perIp.and(page.locator('tr.refusing')).waitFor({ timeout: 10_000 });
   assert.equal(await page.locator('#rules-body tr').first().getAttribute('data-rule'), 'per-ip', 'the refusing rule comes first');
@@ -125,6 +129,8 @@ test('an operator sees, explains and steers the limits; hostile names stay text;
   await topRow.locator('td.identity').filter({ hasText: /^10\.0\.0\.7$/ }).waitFor({ timeout: 10_000 });
   assert.match(await topRow.locator('td.num').textContent(), /^9( ± \d+)?$/);
   await page.locator('#violations-body td.identity').filter({ hasText: '10.0.0.7' }).first().waitFor();
+  // The node remembers the store's refusals of 10.0.0.7 and of the hostile identity.
+  await page.locator('#node-refusals').filter({ hasText: /^[1-9]\d*$/ }).waitFor({ timeout: 10_000 });
   await shot(page, 'console');
 
   // Violations filtered by rule and identity.
@@ -190,6 +196,9 @@ test('an operator sees, explains and steers the limits; hostile names stay text;
   // Hostile names are shown as their characters: nothing was injected, nothing ran.
   await page.locator('#rules-body td.name').filter({ hasText: HOSTILE_RULE }).waitFor();
   await page.locator('#top-body td.identity').filter({ hasText: HOSTILE_ID }).waitFor({ timeout: 10_000 });
+  const bidi = page.locator('#top-body td.identity').filter({ hasText: 'gnp.exe' }).first();
+  await bidi.waitFor({ timeout: 10_000 });
+  assert.equal(await bidi.textContent(), '\\u{202e}gnp.exe', 'the bidirectional override is written out');
   await page.locator('#violations-body td.identity').filter({ hasText: HOSTILE_ID }).first().waitFor();
   assert.equal(await page.locator('#top-body .top-rule .name').filter({ hasText: HOSTILE_RULE }).count(), 1);
   const injected = await page.evaluate(() => ({

@@ -2,7 +2,8 @@
 //! admin API's own ([`crate::admin::router`] routes them, behind the token), its page
 //! compiled into the binary, and the security headers of every admin answer.
 //!
-//! - `GET /v1/admin/node`: which node answers, its store, and the caller's access;
+//! - `GET /v1/admin/node`: which node answers, its store, the caller's access, and how many
+//!   refusals it remembers ([`crate::refusals`]);
 //! - `GET /v1/admin/rules/status`: the rules in force, where they came from, each rule's
 //!   rates on this node ([`crate::console`]);
 //! - `GET /v1/admin/top`: each rule's most refused identities;
@@ -90,6 +91,7 @@ pub async fn node_info(State(node): State<Arc<Node>>, Extension(access): Extensi
         "started_at_ms": node.started_at_ms,
         "now_ms": console::now_ms(),
         "access": access.name(),
+        "refusals_remembered": node.refusals.len(),
     }))
     .into_response()
 }
@@ -320,7 +322,8 @@ pub async fn reset(
         .map(|v| sluice_core::text::truncate(v, 64).to_owned())
         .unwrap_or_else(|| "(not given)".into());
     let peer = peer.map_or_else(|| "(unknown)".to_owned(), |Extension(Peer(p))| p);
-    tracing::warn!(rule = %rule.name, identity = %identity, operator = %operator, peer = %peer, existed,
-        "counter reset from the admin API");
+    let shown = sluice_core::text::visible;
+    tracing::warn!(rule = %shown(&rule.name), identity = %shown(&identity), operator = %shown(&operator), peer = %peer,
+        existed, "counter reset from the admin API");
     Ok(Json(json!({"status": "ok", "rule": rule.name, "identity": identity})).into_response())
 }

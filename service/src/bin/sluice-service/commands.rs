@@ -1,6 +1,7 @@
 //! The subcommands besides serving: `check-rules` and `explain`.
 
 use sluice_core::rules::check_toml;
+use sluice_core::text::visible as shown;
 use sluice_service::{admin, grpc, rules_source};
 
 use crate::args::{Args, Command};
@@ -80,19 +81,21 @@ pub fn explain(args: &Args) -> i32 {
             return 1;
         }
     };
-    println!("path: {}", req.path);
+    // What a client sent is printed with its hidden characters written out (text::visible).
+    println!("path: {}", shown(&req.path));
     if let Some(host) = &req.host {
-        println!("host: {host}");
+        println!("host: {}", shown(host));
     }
     for (key, value) in &req.identities {
-        println!("identity {key}: {value}");
+        println!("identity {}: {}", shown(key), shown(value));
     }
     for (rule, found) in admin::console::explain_matching(&set, &req) {
         match found {
             Ok(identity) => println!(
-                "rule {:?}: matches ({}), identity {identity}",
+                "rule {:?}: matches ({}), identity {}",
                 rule.name,
-                rule.conditions()
+                rule.conditions(),
+                shown(identity)
             ),
             Err(why) => println!("rule {:?}: no match: {why}", rule.name),
         }
