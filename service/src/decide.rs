@@ -219,6 +219,7 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
             let decisions: Vec<Decision> = stamps.iter().map(|s| s.decision).collect();
             node.refusals.remember(&items, &decisions, now);
             node.metrics.refusals_remembered(node.refusals.len());
+            node.owed.store_answered();
             (decisions, false)
         }
         Err(e) => {
@@ -231,13 +232,16 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     // A refused request took nothing: the limits that would have admitted it still hold
     // what they held, and say so.
     let parts: Vec<Part<'_>> = items.iter().map(|i| i.part).collect();
-    if !passes(&parts, &decisions) {
+    let passed = passes(&parts, &decisions);
+    if !passed {
         for (d, t) in decisions.iter_mut().zip(&targets).filter(|(d, _)| d.allowed) {
             d.remaining = d.remaining.saturating_add(t.cost.max(1));
         }
     }
     if !degraded {
         remember(node, &targets, &decisions);
+    } else if passed {
+        owe(node, &targets, &decisions);
     }
     for (m, d) in limits.iter_mut().zip(decisions) {
         m.decision = Some(d);
@@ -245,15 +249,28 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     degraded
 }
 
-/// Seeds the fallback bucket of every target that fails open with what the store said is
-/// left of it, so a failover starts each from there, not from a whole quota.
+/// Seeds the fallback bucket of every target that fails open with this node's share of
+/// what the store said is left of it (the live nodes share it evenly), so a failover starts
+/// each from there, not from a whole quota, and the nodes' fallbacks together admit at most
+/// what was left.
 fn remember(node: &Node, targets: &[&Target], decisions: &[Decision]) {
     if matches!(*node.store, Store::Memory(_)) {
         return; // never fails over
     }
+    let nodes = node.nodes();
     for (t, d) in targets.iter().zip(decisions) {
         if t.failure == FailureMode::Open {
-            node.fallback.seed(&t.key, &t.limit, d.remaining);
+            node.fallback.seed(&t.key, &t.limit, d.remaining / nodes);
+        }
+    }
+}
+
+/// Keeps what the fallback admitted of each target failing open, to spend it in the store
+/// when it answers again ([`crate::owed`]).
+fn owe(node: &Node, targets: &[&Target], decisions: &[Decision]) {
+    for (t, d) in targets.iter().zip(decisions) {
+        if t.failure == FailureMode::Open && d.allowed && t.cost > 0 && !node.owed.add(&t.key, &t.limit, t.cost) {
+            node.metrics.fallback_unsettled(t.cost);
         }
     }
 }

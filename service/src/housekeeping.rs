@@ -8,12 +8,24 @@ use crate::node::Node;
 use crate::rules_source;
 use crate::store::Store;
 
+/// How long a node's presence lasts unless renewed (every second, by [`sweep`]).
+const PRESENCE_MS: u64 = 3_000;
+
 /// Every second: samples the rules' counts for the console, drops expired state from the
-/// memory store and the fallback buckets, and removes the overrides that have ended.
+/// memory store and the fallback buckets, removes the overrides that have ended, and renews
+/// the node's presence in the store, reading how many nodes share it ([`Node::nodes`]: the
+/// fallback buckets start from their share of a quota).
 pub async fn sweep(node: Arc<Node>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
+        let presence = node
+            .store
+            .share_demand(&node.store.keys().nodes, &node.instance, 1, PRESENCE_MS);
+        match crate::store::within(node.config.store_timeout, presence).await {
+            Ok(nodes) => node.set_nodes(nodes),
+            Err(e) => tracing::debug!(error = %e, "presence not renewed"),
+        }
         node.console.sample(&node.metrics.rule_counts(), console::now_ms());
         if let Store::Memory(m) = &*node.store {
             m.sweep();

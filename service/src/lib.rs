@@ -30,6 +30,7 @@ pub mod lease;
 pub mod listen;
 pub mod metrics;
 pub mod node;
+pub mod owed;
 pub mod quota;
 pub mod refusals;
 pub mod region;

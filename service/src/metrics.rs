@@ -81,6 +81,8 @@ pub struct Metrics {
     waits_refused: Counter,
     refused_from_memory: Counter,
     refusals_remembered: Gauge,
+    fallback_settled: Counter,
+    fallback_unsettled: Counter,
     /// The rate limit quota service's counters.
     pub rlqs: Arc<RlqsStats>,
 }
@@ -151,6 +153,16 @@ impl Default for Metrics {
                 r,
                 "checks_refused_from_memory",
                 "Limits refused by a refusal the node remembered, without a store call (the store's retry_after not over)",
+            ),
+            fallback_settled: counter(
+                r,
+                "fallback_settled_units",
+                "Units the fallback admitted while the store was away, spent in the store once it answered",
+            ),
+            fallback_unsettled: counter(
+                r,
+                "fallback_unsettled_units",
+                "Units the fallback admitted that were not kept to be spent in the store (--max-keys reached)",
             ),
             refusals_remembered: {
                 let gauge = Gauge::default();
@@ -253,6 +265,16 @@ impl Metrics {
     /// Counts a decision taken by the local fallback.
     pub fn degraded(&self) {
         self.degraded.inc();
+    }
+
+    /// Counts units the fallback admitted that were spent in the store once it answered.
+    pub fn fallback_settled(&self, units: u64) {
+        self.fallback_settled.inc_by(units);
+    }
+
+    /// Counts units the fallback admitted that could not be kept to be spent in the store.
+    pub fn fallback_unsettled(&self, units: u64) {
+        self.fallback_unsettled.inc_by(units);
     }
 
     /// Counts a limit refused by a remembered refusal, and how many are remembered.
@@ -610,6 +632,8 @@ mod tests {
             "sluice_waits_refused_total",
             "sluice_checks_refused_from_memory_total",
             "sluice_refusals_remembered",
+            "sluice_fallback_settled_units_total",
+            "sluice_fallback_unsettled_units_total",
             "sluice_rlqs_usages_total",
             "sluice_rlqs_usages_ignored_total",
             "sluice_rlqs_assignments_total",

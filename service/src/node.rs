@@ -12,6 +12,7 @@ use crate::breaker::Breaker;
 use crate::clock::Clock;
 use crate::console::Console;
 use crate::metrics::Metrics;
+use crate::owed::Owed;
 use crate::refusals::Refusals;
 use crate::region::Region;
 use crate::store::memory::MemoryStore;
@@ -94,6 +95,13 @@ pub struct Node {
     pub breaker: Breaker,
     /// Refusals the store made, remembered until its `retry_after`.
     pub refusals: Refusals,
+    /// What the fallback admitted while the store was away, to spend in it when it answers.
+    pub owed: Owed,
+    /// The nodes over this store that renewed their presence lately, this one included
+    /// ([`Node::nodes`]).
+    nodes: AtomicU64,
+    /// This node among them: random, so two nodes of one name are two.
+    pub instance: String,
     /// Counters for `/metrics`.
     pub metrics: Metrics,
     /// The denials log.
@@ -145,6 +153,13 @@ impl Node {
             fallback: MemoryStore::new(config.max_keys),
             breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
             refusals: Refusals::new(config.max_refusals, config.store_timeout),
+            owed: Owed::new(config.max_keys),
+            nodes: AtomicU64::new(1),
+            instance: format!(
+                "{}#{:016x}",
+                config.node_name,
+                std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id())
+            ),
             metrics,
             clock: Clock::default(),
             rules: RwLock::new((Arc::new(rules), 0)),
@@ -155,6 +170,17 @@ impl Node {
             config,
             region,
         })
+    }
+
+    /// How many nodes share the store, this one included: those that renewed their presence
+    /// within the last seconds ([`crate::housekeeping`]); 1 over the memory store.
+    pub fn nodes(&self) -> u64 {
+        self.nodes.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Records how many nodes share the store.
+    pub fn set_nodes(&self, n: u64) {
+        self.nodes.store(n.max(1), Ordering::Relaxed);
     }
 
     /// The rules in force.

@@ -466,3 +466,103 @@ async fn a_failover_hands_out_no_second_limit_to_a_rule_failing_open() {
         "the fallback admitted {admitted_degraded} of {degraded} checks on a spent quota"
     );
 }
+
+/// The `open-day` rule: 3,000 a day, failing open.
+const OPEN_DAY: &str = "[[rule]]\nname = \"open-day\"\nby = \"user\"\nalgorithm = \"fixed_window\"\n\
+                        limit = 3000\nwindow = \"1d\"\nfailure = \"open\"\n";
+
+/// `count` nodes over one Sentinel deployment spend half of `open-day`, then its master is
+/// killed under load (4 callers a node) until every node has decided from the new master
+/// for 2 s, then the rest is spent. All admissions, the fallbacks' included, and those the
+/// fallbacks made.
+async fn half_way_failover(count: usize) -> (usize, usize) {
+    let mut sentinel = RedisSentinel::start_lagging(&ServerOptions::default(), Some(LAG));
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut nodes = Vec::new();
+    for _ in 0..count {
+        let store = RedisStore::connect(&sentinel.url(), RedisOptions::new(Duration::from_millis(500)))
+            .await
+            .unwrap();
+        // A held noon of today: no run crosses the day's end (see failover_under_load).
+        store.set_clock(Some(Micros::from_secs(now_s - now_s % 86_400 + 43_200)));
+        nodes.push(Arc::new(
+            TestNode::start(Store::Redis(Box::new(store)), OPEN_DAY, config()).await,
+        ));
+    }
+    eventually("the nodes never counted each other", async || {
+        nodes.iter().all(|n| n.node.nodes() == count as u64)
+    })
+    .await;
+    let who = json!({"user": format!("half-{count}")});
+    let mut admitted = 0;
+    for i in 0..1_500 {
+        admitted += usize::from(nodes[i % count].check(who.clone(), "/").await["allowed"] == true);
+    }
+    assert_eq!(admitted, 1_500, "the store admits half the limit");
+    tokio::time::sleep(LAG * 10).await; // the replica has it all
+    let old = sentinel.kill_master();
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..4 * count)
+        .map(|i| {
+            let (n, stop, who) = (nodes[i % count].clone(), stop.clone(), who.clone());
+            tokio::spawn(async move {
+                let (mut admitted, mut by_fallback) = (0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    let r = n.check(who.clone(), "/").await;
+                    let allowed = usize::from(r["allowed"] == true);
+                    admitted += allowed;
+                    by_fallback += allowed * usize::from(r["degraded"] == true);
+                }
+                (admitted, by_fallback)
+            })
+        })
+        .collect();
+    let new = tokio::task::block_in_place(|| sentinel.wait_for_new_master(old, Duration::from_secs(30)));
+    assert_ne!(new, old);
+    for n in &nodes {
+        eventually("a node never decided from the new master", async || {
+            n.check(json!({"user": "probe"}), "/").await["degraded"] == false
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut by_fallback = 0;
+    for c in callers {
+        let (a, f) = c.await.unwrap();
+        admitted += a;
+        by_fallback += f;
+    }
+    // What is left, if anything, until the store refuses.
+    for i in 0.. {
+        let r = nodes[i % count].check(who.clone(), "/").await;
+        assert_eq!(r["degraded"], false, "{r}");
+        if r["allowed"] != true {
+            break;
+        }
+        admitted += 1;
+    }
+    (admitted, by_fallback)
+}
+
+/// Issue 53: a Sentinel failover half-way through a day's quota that fails open does not
+/// hand out most of a second limit. The nodes' fallbacks start from their share of what the
+/// store last said was left, and what they admitted is spent in the store once it answers
+/// again: before, one node's fallback admitted the 1,500 left and the promoted replica then
+/// admitted its own 1,500 (4,452 of 3,000 tried by hand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_half_way_through_a_quota_admits_at_most_the_limit() {
+    for (count, bound) in [(1, 1.01), (2, 1.1)] {
+        let (admitted, by_fallback) = half_way_failover(count).await;
+        eprintln!("{count} node(s): {admitted} of 3,000 admitted, {by_fallback} by the fallback during the failover");
+        assert!(by_fallback > 0, "{count} node(s): the fallback answered the failover");
+        assert!(
+            admitted as f64 <= 3_000.0 * bound,
+            "{count} node(s): {admitted} admitted of 3,000 ({by_fallback} by the fallback)"
+        );
+        assert!(admitted >= 2_900, "{count} node(s): only {admitted} of 3,000 admitted");
+    }
+}

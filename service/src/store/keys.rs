@@ -50,6 +50,9 @@ pub struct Keys {
     /// Written before each `WAIT` of `--store-wait-replicas` (see `redis::connection`):
     /// `<prefix>:wait-barrier`.
     pub wait_barrier: String,
+    /// The live nodes, each renewing its presence (`Store::share_demand` on this name, so
+    /// `<prefix>:nodes:demand`; no braces, so never a limit's name): `<prefix>:nodes`.
+    pub nodes: String,
 }
 
 impl Keys {
@@ -82,6 +85,7 @@ impl Keys {
             rules_channel: format!("{prefix}:rules:changed"),
             violations: format!("{prefix}:violations"),
             wait_barrier: format!("{prefix}:wait-barrier"),
+            nodes: format!("{prefix}:nodes"),
             prefix: prefix.to_owned(),
         }
     }

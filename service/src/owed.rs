@@ -1,0 +1,104 @@
+//! What the fallback admitted while the store could not answer, spent in the store once it
+//! answers again.
+//!
+//! A rule that fails open is decided by the node's fallback buckets while the store is away
+//! (seeded with the store's last answer, shared among the live nodes: [`crate::decide`]).
+//! Those admissions happened; the store, or the replica promoted in its place, never saw
+//! them. So the node keeps what each key's fallback admitted and, when a store call succeeds
+//! again, takes it from the store ([`settle`], `Store::take`: whatever is left, never a
+//! refusal), so the quota goes on from what was really admitted rather than handing out its
+//! remainder a second time. Bounded by `--max-keys`: past it, admissions are not kept (and
+//! counted in `sluice_fallback_unsettled_units_total`; those spent in
+//! `sluice_fallback_settled_units_total`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sluice_core::Limit;
+use tokio::sync::Notify;
+
+use crate::node::Node;
+
+/// Units admitted by the fallback, by limit key, not yet spent in the store.
+pub struct Owed {
+    units: Mutex<HashMap<String, (Limit, u64)>>,
+    max: usize,
+    /// Whether anything is owed (read on every store answer, without the lock).
+    any: AtomicBool,
+    /// Wakes [`settle`] when the store answers with something owed.
+    due: Notify,
+}
+
+impl Owed {
+    /// Remembers at most `max` keys.
+    pub fn new(max: usize) -> Owed {
+        Owed {
+            units: Mutex::new(HashMap::new()),
+            max,
+            any: AtomicBool::new(false),
+            due: Notify::new(),
+        }
+    }
+
+    /// The fallback admitted `units` of `limit` under `key`. False when the memory is full
+    /// and they are not kept.
+    pub fn add(&self, key: &str, limit: &Limit, units: u64) -> bool {
+        let mut owed = self.units.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((l, n)) = owed.get_mut(key) {
+            (*l, *n) = (*limit, n.saturating_add(units));
+        } else if owed.len() < self.max {
+            owed.insert(key.to_owned(), (*limit, units));
+        } else {
+            return false;
+        }
+        self.any.store(true, Ordering::Release);
+        true
+    }
+
+    /// The store answered: if anything is owed, [`settle`] spends it now.
+    pub fn store_answered(&self) {
+        if self.any.load(Ordering::Acquire) {
+            self.due.notify_one();
+        }
+    }
+
+    /// Everything owed, taken out.
+    fn take_all(&self) -> Vec<(String, Limit, u64)> {
+        let mut owed = self.units.lock().unwrap_or_else(|p| p.into_inner());
+        self.any.store(false, Ordering::Release);
+        owed.drain().map(|(key, (limit, units))| (key, limit, units)).collect()
+    }
+
+    /// How many keys are owed for.
+    pub fn len(&self) -> usize {
+        self.units.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether nothing is owed.
+    pub fn is_empty(&self) -> bool {
+        !self.any.load(Ordering::Acquire)
+    }
+}
+
+/// Runs beside a node: whenever a store call succeeds with admissions owed, spends them in
+/// the store, each key in one call; what the store cannot take now (it failed again) stays
+/// owed for its next answer.
+pub async fn settle(node: Arc<Node>) {
+    loop {
+        node.owed.due.notified().await;
+        for (key, limit, units) in node.owed.take_all() {
+            match node.store.take(&key, &limit, units).await {
+                Ok(taken) => {
+                    tracing::debug!(key = %sluice_core::text::visible(&key), units, taken = taken.units,
+                        "fallback admissions spent in the store");
+                    node.metrics.fallback_settled(units);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "fallback admissions not spent yet; kept for the store's next answer");
+                    node.owed.add(&key, &limit, units);
+                }
+            }
+        }
+    }
+}
