@@ -133,7 +133,12 @@ impl Book {
         let now_ms = self.now_ms();
         let (rules, _) = self.node.rules_in_force();
         let mut state = self.state();
-        let State { streams, buckets, .. } = &mut *state;
+        let State {
+            streams,
+            buckets,
+            shares,
+            ..
+        } = &mut *state;
         let Some(stream) = streams.get_mut(&id) else { return 0 };
         let mut ignored = 0;
         for usage in usages {
@@ -152,14 +157,18 @@ impl Book {
                 continue;
             }
             let quota = bucket::resolve(&usage.key, &stream.domain, &rules, self.node.config.ipv6_prefix);
+            let quota_key = quota_key(&quota, self.node.store.keys());
             let first = match &quota {
-                Resolved::Of { rule, .. } => rules.rule(rule).map_or(0, walk::first_demand),
+                Resolved::Of { rule, .. } => {
+                    let contended = shares.contains_key(&quota_key);
+                    rules.rule(rule).map_or(0, |r| walk::first_demand(r, contended))
+                }
                 _ => 0,
             };
             stream.buckets.insert(
                 usage.key,
                 Bucket {
-                    quota_key: quota_key(&quota, self.node.store.keys()),
+                    quota_key,
                     quota,
                     demand_per_s: demand_per_s.max(first),
                     used_at_ms: now_ms,

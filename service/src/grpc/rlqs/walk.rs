@@ -223,11 +223,20 @@ pub(super) fn assignment_ttl(rule: &Rule) -> Micros {
     (ttl / Micros::SECOND).max(1) * Micros::SECOND
 }
 
-/// The demand a bucket's first assignment is sized for: an eighth of the rule's rate, so a
-/// new client is not held to one request a second until its next report (Envoy reports
-/// every few seconds), and eight clients starting together still share.
-pub(super) fn first_demand(rule: &Rule) -> u64 {
-    room(rule).per_s / 8
+/// The demand a bucket's first assignment is sized for, before Envoy's first report (every
+/// few seconds) shows its own: the rule's rate when no other bucket is known to share the
+/// quota, so a client alone is served at its rule's rate from its first second; an eighth
+/// of it on a quota already contended (a grant fell short lately), so eight clients
+/// starting together still share. Either way a bucket has only what its lease took from the
+/// shared state: a second bucket of a quota the first holds whole gets what is left, its
+/// grant falls short, and from then on the quota is shared by demand.
+pub(super) fn first_demand(rule: &Rule, contended: bool) -> u64 {
+    let per_s = room(rule).per_s;
+    if contended {
+        per_s / 8
+    } else {
+        per_s
+    }
 }
 
 /// What `rule`'s quota can give a bucket.
