@@ -36,3 +36,25 @@ pub async fn sweep(node: Arc<Node>) {
         }
     }
 }
+
+/// Runs beside a node: whenever a store call succeeds with admissions owed, spends them in
+/// the store, each key in one call; what the store cannot take now (it failed again) stays
+/// owed for its next answer.
+pub async fn settle_owed(node: Arc<Node>) {
+    loop {
+        node.owed.due().await;
+        for (key, limit, units) in node.owed.take_all() {
+            match node.store.take(&key, &limit, units).await {
+                Ok(taken) => {
+                    tracing::debug!(key = %sluice_core::text::visible(&key), units, taken = taken.units,
+                        "fallback admissions spent in the store");
+                    node.metrics.fallback_settled(units);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "fallback admissions not spent yet; kept for the store's next answer");
+                    node.owed.add(&key, &limit, units);
+                }
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! (seeded with the store's last answer, shared among the live nodes: [`crate::decide`]).
 //! Those admissions happened; the store, or the replica promoted in its place, never saw
 //! them. So the node keeps what each key's fallback admitted and, when a store call succeeds
-//! again, takes it from the store ([`settle`], `Store::take`: whatever is left, never a
+//! again, takes it from the store ([`crate::housekeeping::settle_owed`], `Store::take`: whatever is left, never a
 //! refusal), so the quota goes on from what was really admitted rather than handing out its
 //! remainder a second time. Bounded by `--max-keys`: past it, admissions are not kept (and
 //! counted in `sluice_fallback_unsettled_units_total`; those spent in
@@ -13,12 +13,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use sluice_core::Limit;
 use tokio::sync::Notify;
-
-use crate::node::Node;
 
 /// Units admitted by the fallback, by limit key, not yet spent in the store.
 pub struct Owed {
@@ -26,7 +24,7 @@ pub struct Owed {
     max: usize,
     /// Whether anything is owed (read on every store answer, without the lock).
     any: AtomicBool,
-    /// Wakes [`settle`] when the store answers with something owed.
+    /// Wakes [`crate::housekeeping::settle_owed`] when the store answers with something owed.
     due: Notify,
 }
 
@@ -56,15 +54,21 @@ impl Owed {
         true
     }
 
-    /// The store answered: if anything is owed, [`settle`] spends it now.
+    /// The store answered: if anything is owed, [`crate::housekeeping::settle_owed`] spends
+    /// it now.
     pub fn store_answered(&self) {
         if self.any.load(Ordering::Acquire) {
             self.due.notify_one();
         }
     }
 
+    /// Waits until a store answer finds something owed.
+    pub async fn due(&self) {
+        self.due.notified().await;
+    }
+
     /// Everything owed, taken out.
-    fn take_all(&self) -> Vec<(String, Limit, u64)> {
+    pub fn take_all(&self) -> Vec<(String, Limit, u64)> {
         let mut owed = self.units.lock().unwrap_or_else(|p| p.into_inner());
         self.any.store(false, Ordering::Release);
         owed.drain().map(|(key, (limit, units))| (key, limit, units)).collect()
@@ -78,27 +82,5 @@ impl Owed {
     /// Whether nothing is owed.
     pub fn is_empty(&self) -> bool {
         !self.any.load(Ordering::Acquire)
-    }
-}
-
-/// Runs beside a node: whenever a store call succeeds with admissions owed, spends them in
-/// the store, each key in one call; what the store cannot take now (it failed again) stays
-/// owed for its next answer.
-pub async fn settle(node: Arc<Node>) {
-    loop {
-        node.owed.due.notified().await;
-        for (key, limit, units) in node.owed.take_all() {
-            match node.store.take(&key, &limit, units).await {
-                Ok(taken) => {
-                    tracing::debug!(key = %sluice_core::text::visible(&key), units, taken = taken.units,
-                        "fallback admissions spent in the store");
-                    node.metrics.fallback_settled(units);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "fallback admissions not spent yet; kept for the store's next answer");
-                    node.owed.add(&key, &limit, units);
-                }
-            }
-        }
     }
 }

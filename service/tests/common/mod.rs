@@ -67,7 +67,7 @@ impl TestNode {
         let _ = rules_source::adopt_published(&node).await;
         tokio::spawn(rules_source::follow_published(node.clone()));
         tokio::spawn(housekeeping::sweep(node.clone()));
-        tokio::spawn(sluice_service::owed::settle(node.clone()));
+        tokio::spawn(housekeeping::settle_owed(node.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = http::router(node.clone());

@@ -21,7 +21,7 @@ use sluice_service::store::keys::Keys;
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{redact, RedisStore};
 use sluice_service::store::Store;
-use sluice_service::{admin, grpc, housekeeping, http, owed, region, rules_source, trace};
+use sluice_service::{admin, grpc, housekeeping, http, region, rules_source, trace};
 
 mod args;
 mod commands;
@@ -288,7 +288,7 @@ fn start_tasks(node: &Arc<Node>, args: &Args, fingerprint: u64, yaml_fingerprint
     }
     tokio::spawn(rules_source::follow_published(node.clone()));
     tokio::spawn(housekeeping::sweep(node.clone()));
-    tokio::spawn(owed::settle(node.clone()));
+    tokio::spawn(housekeeping::settle_owed(node.clone()));
     tokio::spawn(probe_store(node.clone()));
     tokio::spawn(region::refill::run(node.clone()));
 }
