@@ -19,3 +19,8 @@ pub mod retry;
 pub use headers::{parse_headers, RateLimitInfo};
 pub use pacing::{Pacer, PacerConfig};
 pub use retry::{BudgetConfig, RetryBudget};
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

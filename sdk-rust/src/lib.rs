@@ -59,3 +59,8 @@ pub use sluice_core::backoff::{BackoffPolicy, Jitter};
 pub use sluice_pace::headers::{RateLimitInfo, UnitQuota};
 pub use sluice_pace::pacing::{Cost, PacerConfig};
 pub use sluice_pace::retry::BudgetConfig;
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
