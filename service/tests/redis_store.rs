@@ -561,8 +561,25 @@ fn every_key_gets_a_ttl_and_a_function_flush_is_survived() {
                     .allowed
             );
         }
+        // A key's later admissions keep the TTL its first set (a window's), or set a new one;
+        // checks batched together on a fresh key write it once, with the TTL it needs.
+        for a in Algorithm::ALL {
+            let limit = Limit::builder(a, 50, Micros::from_secs(60)).build().unwrap();
+            let key = format!("sluice:{{later:{a}}}");
+            for _ in 0..3 {
+                assert!(store.decide(&key, &limit, 1).await.unwrap().decision.allowed);
+            }
+            // The first call goes alone; the 16 on the fresh key wait for it and go as one batch.
+            let (lead, key) = (format!("sluice:{{lead:{a}}}"), format!("sluice:{{batched:{a}}}"));
+            let together = std::iter::once(&lead)
+                .chain(std::iter::repeat_n(&key, 16))
+                .map(|key| store.decide(key, &limit, 1));
+            for answer in futures_util::future::join_all(together).await {
+                assert!(answer.unwrap().decision.allowed, "{a}");
+            }
+        }
         let keys = server.cli(&["--scan", "--pattern", "sluice:*"]);
-        assert!(keys.lines().count() >= 6, "{keys}");
+        assert!(keys.lines().count() >= 24, "{keys}");
         for key in keys.lines() {
             let ttl: i64 = server.cli(&["pttl", key]).trim().parse().unwrap();
             assert!(ttl > 0 && ttl <= 120_000, "{key} has pttl {ttl}");

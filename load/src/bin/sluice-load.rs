@@ -495,8 +495,8 @@ fn redis_ceiling(port: u16, connections: usize) -> anyhow::Result<()> {
         bail!("FUNCTION LOAD failed: {library}");
     }
     // The driver's arguments (lua/check.lua): the clock (Redis's), the unused `at`, then one
-    // rule: token_bucket, not a shadow, cost 1, 1,000,000 a second.
-    let args = ["", "0", "token_bucket", "0", "1", "1000000", "1000000", "1", "1"];
+    // rule's value: token_bucket, not a shadow, cost 1, 1,000,000 a second.
+    let args = ["", "0", "token_bucket:0:1:1000000:1000000:1:1"];
     let key = "sluice:{__rand_int__}:bench:tb";
     let sample = cli(&[&["EVALSHA", &sha, "1", "sluice:{0}:bench:tb", "decide"][..], &args[..]].concat())?;
     if sample.lines().nth(1).is_none_or(|allowed| allowed != "1") {

@@ -3,12 +3,12 @@
 -- then does each rule that admitted it (shadow rules too) keep its new state.
 -- `run(op, KEYS, ARGV, base)`: op 'decide' | 'peek' | 'refund' | 'grant' | 'take' |
 -- 'giveback'; ARGV[base] the clock (see common); ARGV[base + 1] for a refund the time the
--- admissions were made at, for a grant the lease's length (otherwise unused); then seven
--- values per rule: algorithm, shadow (1/0), the request's cost to it (a grant: what is
--- asked; a giveback: what is returned), limit and its three derived numbers. KEYS: each
--- rule's state keys in turn, then for a grant or giveback the lease's record
--- ("<units>:<granted at>:<end>"). The script calls it with the op first in ARGV (base 2);
--- the Function library has an entry point per op (base 1).
+-- admissions were made at, for a grant the lease's length (otherwise unused); then one
+-- value per rule, "<algorithm>:<shadow 1/0>:<cost>:<limit>:<a>:<b>:<c>": the request's cost
+-- to it (a grant: what is asked; a giveback: what is returned), the limit and its three
+-- derived numbers. KEYS: each rule's state keys in turn, then for a grant or giveback the
+-- lease's record ("<units>:<granted at>:<end>"). The script calls it with the op first in
+-- ARGV (base 2); the Function library has an entry point per op (base 1).
 -- 'decide' returns {now, then allowed, remaining, reset, retry, delay per rule}; 'peek' the
 -- same, keeping nothing; 'take' is a grant with no lease record (a cost learnt afterwards),
 -- answering the decision a next request of cost 1 would get.
@@ -23,18 +23,42 @@ local function algorithm_of(name)
   end
   return algorithm
 end
--- One check: decides the rules of ARGV[first..last] (seven values each) on their keys from
+-- A rule's value read: {algorithm, shadow, cost, limit, a, b, c}. A node sends the same few
+-- values again and again, so a library keeps what it read (a few thousand at most).
+local rules, rules_read = {}, 0
+local function rule_of(value)
+  local rule = rules[value]
+  if rule then return rule end
+  local name, shadow, cost, limit, a, b, c = string.match(value, '^([%a_]+):([01]):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if not name then error('bad rule value ' .. value) end
+  rule = {algorithm_of(name), shadow == '1', tonumber(cost), tonumber(limit), tonumber(a), tonumber(b), tonumber(c)}
+  if rules_read >= 4096 then rules, rules_read = {}, 0 end
+  rules[value], rules_read = rule, rules_read + 1
+  return rule
+end
+-- Reads at once (one MGET) the one-key states of the rules of ARGV[first..last], whose keys
+-- start at KEYS[1].
+local function prefetch_rules(KEYS, ARGV, first, last)
+  local keys, key = {}, 1
+  for i = first, last do
+    local algorithm = rule_of(ARGV[i])[1]
+    if algorithm.keys == 1 then keys[#keys + 1] = KEYS[key] end
+    key = key + algorithm.keys
+  end
+  prefetch(keys)
+end
+-- One check: decides the rules of ARGV[first..last] (one value each) on their keys from
 -- KEYS[key] on, appends five numbers per rule to `out`, and when every enforced rule admits
 -- it keeps their new states ('decide'; 'peek' keeps nothing). The next check's first key.
 local function decide_check(op, KEYS, key, ARGV, first, last, out)
   local commits, passes = {}, true
-  for i = first, last, 7 do
-    local algorithm = algorithm_of(ARGV[i])
+  for i = first, last do
+    local rule = rule_of(ARGV[i])
+    local algorithm = rule[1]
     local k1, k2 = KEYS[key], KEYS[key + 1]
     key = key + algorithm.keys
-    local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, tonumber(ARGV[i + 2]))
-    if not allowed and ARGV[i + 1] ~= '1' then passes = false end
+    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, rule[4], rule[5], rule[6], rule[7], rule[3])
+    if not allowed and not rule[2] then passes = false end
     if commit then commits[#commits + 1] = commit end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed and 1 or 0, remaining, reset, retry, delay
@@ -46,35 +70,36 @@ local function decide_check(op, KEYS, key, ARGV, first, last, out)
 end
 -- 'batch' (the library only): several checks that reached a node together, each decided
 -- in turn and each all-or-nothing. ARGV[1] the clock, ARGV[2] the number of checks n,
--- ARGV[3 .. 2 + n] each check's number of rules, then every rule's seven values in order;
--- KEYS each check's keys in turn. Returns {now, then five numbers per rule}.
+-- ARGV[3 .. 2 + n] each check's number of rules, then every rule's value in order; KEYS
+-- each check's keys in turn. Returns {now, then five numbers per rule}.
 local function batch(KEYS, ARGV)
-  set_clock(ARGV[1])
+  begin(ARGV[1])
   local n = tonumber(ARGV[2])
   local out, key, first = {now}, 1, 3 + n
+  prefetch_rules(KEYS, ARGV, first, #ARGV)
   for check = 1, n do
-    local last = first + 7 * tonumber(ARGV[2 + check]) - 1
+    local last = first + tonumber(ARGV[2 + check]) - 1
     key = decide_check('decide', KEYS, key, ARGV, first, last, out)
     first = last + 1
   end
+  finish()
   return out
 end
-local function run(op, KEYS, ARGV, base)
-  set_clock(ARGV[base])
+local function run_op(op, KEYS, ARGV, base)
   if op == 'decide' or op == 'peek' then
     local out = {now}
+    prefetch_rules(KEYS, ARGV, base + 2, #ARGV)
     decide_check(op, KEYS, 1, ARGV, base + 2, #ARGV, out)
     return out
   end
   local at = tonumber(ARGV[base + 1])
   local next_key = 1
-  for i = base + 2, #ARGV, 7 do
-    local name = ARGV[i]
-    local algorithm = algorithm_of(name)
+  for i = base + 2, #ARGV do
+    local rule = rule_of(ARGV[i])
+    local algorithm = rule[1]
     local k1, k2 = KEYS[next_key], KEYS[next_key + 1]
     next_key = next_key + algorithm.keys
-    local cost = tonumber(ARGV[i + 2])
-    local limit, a, b, c = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
+    local cost, limit, a, b, c = rule[3], rule[4], rule[5], rule[6], rule[7]
     if op == 'grant' or op == 'take' then
       -- Mirrors sluice-core's lease::grant and lease_end: the most the rule admits now, up to
       -- what is asked, taken at once; a windowed rule's lease ends with its window.
@@ -92,7 +117,7 @@ local function run(op, KEYS, ARGV, base)
         allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, n)
       end
       local ends = now + at
-      if name == 'fixed_window' or name == 'sliding_window_counter' then
+      if algorithm.windowed then
         local window_end = (idiv(now, a) + 1) * a
         if window_end < ends then ends = window_end end
       end
@@ -128,4 +153,10 @@ local function run(op, KEYS, ARGV, base)
     end
   end
   return 0
+end
+local function run(op, KEYS, ARGV, base)
+  begin(ARGV[base])
+  local answer = run_op(op, KEYS, ARGV, base)
+  finish()
+  return answer
 end

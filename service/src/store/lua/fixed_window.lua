@@ -2,8 +2,9 @@
 algorithms.fixed_window = function()
   return {
     keys = 1,
+    windowed = true,
     decide = function(k1, _, limit, window, _, _, cost)
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       local id = idiv(now, window)
       local count = 0
       if stored then
@@ -14,16 +15,17 @@ algorithms.fixed_window = function()
       local used = count; if used > limit then used = limit end
       if cost > limit - used then return false, limit - used, reset, reset, 0 end
       return true, limit - count - cost, reset, 0, 0, function()
-        redis.call('SET', k1, int(id) .. ':' .. int(count + cost), 'PX', ttl_ms(reset))
+        -- A key already counting this window expires with it (its first admission said so).
+        store(k1, string.format('%d:%d', id, count + cost), count == 0 and reset or nil)
       end
     end,
     refund = function(k1, _, limit, window, _, _, at, cost)
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       if not stored then return end
       local id, count = string.match(stored, '^(%d+):(%d+)$')
       if tonumber(id) == idiv(at, window) then
         local c = tonumber(count) - cost; if c < 0 then c = 0 end
-        redis.call('SET', k1, id .. ':' .. int(c), 'KEEPTTL')
+        store(k1, id .. ':' .. int(c))
       end
     end,
   }

@@ -5,7 +5,7 @@ algorithms.gcra = function()
     keys = 1,
     decide = function(k1, _, limit, capacity, interval, max_delay, cost)
       local tat = now
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       if stored then tat = tonumber(stored); if tat < now then tat = now end end
       local tau = capacity * interval
       local waited = tat - now; if waited > tau then waited = tau end
@@ -16,16 +16,16 @@ algorithms.gcra = function()
       if over > max_delay then return false, remaining_before, tat - now, over - max_delay, 0 end
       local left = tau - (new_tat - now); if left < 0 then left = 0 end
       return true, idiv(left, interval), new_tat - now, 0, over, function()
-        redis.call('SET', k1, int(new_tat), 'PX', ttl_ms(new_tat - now))
+        store(k1, int(new_tat), new_tat - now)
       end
     end,
     refund = function(k1, _, limit, capacity, interval, max_delay, at, cost)
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       if stored then
         local tat = tonumber(stored) - cost * interval
         if tat < 0 then tat = 0 end
         if tat < at then tat = at end
-        redis.call('SET', k1, int(tat), 'KEEPTTL')
+        store(k1, int(tat))
       end
     end,
   }

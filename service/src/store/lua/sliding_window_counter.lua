@@ -3,9 +3,10 @@
 algorithms.sliding_window_counter = function()
   return {
     keys = 1,
+    windowed = true,
     decide = function(k1, _, limit, window, _, _, cost)
       local w = idiv(window, 1000)
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       local id = idiv(now, window)
       local start = id * window
       local elapsed = idiv(now - start, 1000)
@@ -40,17 +41,18 @@ algorithms.sliding_window_counter = function()
         return false, idiv(room_now, w), reset, retry, 0
       end
       return true, idiv(room_now - cost * w, w), reset, 0, 0, function()
-        redis.call('SET', k1, int(id) .. ':' .. int(cur + cost) .. ':' .. int(prev), 'PX', ttl_ms((id + 2) * window - now))
+        -- A key already counting this window expires with the next (its first admission said so).
+        store(k1, string.format('%d:%d:%d', id, cur + cost, prev), cur == 0 and (id + 2) * window - now or nil)
       end
     end,
     refund = function(k1, _, limit, window, _, _, at, cost)
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       if not stored then return end
       local id, cur, prev = string.match(stored, '^(%d+):(%d+):(%d+)$')
       local admitted = idiv(at, window)
       local function less(v) v = tonumber(v) - cost; if v < 0 then v = 0 end; return int(v) end
       if tonumber(id) == admitted then cur = less(cur) elseif tonumber(id) == admitted + 1 then prev = less(prev) else return end
-      redis.call('SET', k1, id .. ':' .. cur .. ':' .. prev, 'KEEPTTL')
+      store(k1, id .. ':' .. cur .. ':' .. prev)
     end,
   }
 end

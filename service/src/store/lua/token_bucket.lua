@@ -6,7 +6,7 @@ algorithms.token_bucket = function()
     keys = 1,
     decide = function(k1, _, limit, capacity, unit, rate, cost)
       local full = capacity * unit
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       local tokens = full
       if stored then
         local t, last = string.match(stored, '^(%d+):(%d+)$')
@@ -25,16 +25,16 @@ algorithms.token_bucket = function()
       local left = tokens - need
       local to_full = time_to_full(full, rate, left)
       return true, idiv(left, unit), to_full, 0, 0, function()
-        redis.call('SET', k1, int(left) .. ':' .. int(now), 'PX', ttl_ms(to_full))
+        store(k1, string.format('%d:%d', left, now), to_full)
       end
     end,
     refund = function(k1, _, limit, capacity, unit, rate, at, cost)
-      local stored = redis.call('GET', k1)
+      local stored = load(k1)
       if stored then
         local t, last = string.match(stored, '^(%d+):(%d+)$')
         local c = cost; if c > capacity then c = capacity end
         t = tonumber(t) + c * unit; if t > capacity * unit then t = capacity * unit end
-        redis.call('SET', k1, int(t) .. ':' .. last, 'KEEPTTL')
+        store(k1, int(t) .. ':' .. last)
       end
     end,
   }

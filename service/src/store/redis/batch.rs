@@ -97,9 +97,9 @@ impl Batcher {
     }
 }
 
-/// The `batch` call of `checks` (each a `decide`: the clock, the unused `at`, then seven
-/// values a rule): the clock, how many checks, each one's number of rules, then every
-/// rule's values; their keys in turn.
+/// The `batch` call of `checks` (each a `decide`: the clock, the unused `at`, then a value
+/// a rule): the clock, how many checks, each one's number of rules, then every rule's
+/// value; their keys in turn.
 fn together(checks: &[Waiting]) -> CheckCall {
     let mut keys = Vec::with_capacity(checks.iter().map(|w| w.call.keys.len()).sum());
     let mut args = vec![String::new(), checks.len().to_string()];

@@ -599,7 +599,7 @@ async fn refund_all(script: Script, connection: Arc<Connection>, refunds: Vec<Re
 /// refund's time or the grant's length.
 fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Micros) -> CheckCall {
     let mut keys = Vec::with_capacity(group.len() * 2 + 1);
-    let mut args = Vec::with_capacity(2 + group.len() * 7);
+    let mut args = Vec::with_capacity(2 + group.len());
     // The scripts count in microseconds.
     args.push(now.map_or(String::new(), |n| n.as_u64().to_string()));
     args.push(at.as_u64().to_string());
@@ -621,11 +621,10 @@ fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Mic
             Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window().as_u64(), 0, 0]),
             Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window().as_u64(), 0, 0]),
         };
-        args.push(name.to_owned());
-        args.push(u8::from(item.part.shadow).to_string());
-        args.push(item.part.cost.max(1).to_string()); // as core's `Limit::decide` takes it
-        args.push(limit.limit().to_string());
-        args.extend(params.iter().map(u64::to_string));
+        let [a, b, c] = params;
+        let shadow = u8::from(item.part.shadow);
+        let cost = item.part.cost.max(1); // as core's `Limit::decide` takes it
+        args.push(format!("{name}:{shadow}:{cost}:{}:{a}:{b}:{c}", limit.limit()));
     }
     CheckCall { op, keys, args }
 }
