@@ -602,6 +602,38 @@ fn a_call_that_finds_no_node_is_retried_once(flavor: Flavor) {
     assert_eq!(host.metric("sluice_filter_check_retries"), Some(2));
 }
 
+/// Trusting hops of `x-forwarded-for` in Envoy (which appends the peer itself) is warned of
+/// at configuration; the same in Nginx, or `"ip": {}` in Envoy, is not.
+fn trusting_forwarded_hops_in_envoy_is_warned_of_at_configuration(flavor: Flavor) {
+    let warnings = |config: &serde_json::Value| {
+        let host = host_with(config, flavor);
+        let said: Vec<String> = host
+            .logs()
+            .iter()
+            .filter(|l| l.message.contains("appends the peer"))
+            .map(|l| l.message.clone())
+            .collect();
+        said
+    };
+    let trusting = config_in(flavor); // "ip": {"header": "x-forwarded-for", "trusted_hops": 1}
+    let said = warnings(&trusting);
+    match flavor {
+        Flavor::Envoy => {
+            assert_eq!(said.len(), 1, "{said:?}");
+            assert!(said[0].contains("x-forwarded-for with trusted_hops 1"), "{}", said[0]);
+            assert!(
+                said[0].contains("xff_num_trusted_hops"),
+                "says what to set: {}",
+                said[0]
+            );
+        }
+        Flavor::Nginx => assert!(said.is_empty(), "Nginx hands the header as it came: {said:?}"),
+    }
+    let mut from_the_host = trusting;
+    from_the_host["identities"]["ip"] = json!({});
+    assert!(warnings(&from_the_host).is_empty());
+}
+
 // Each behaviour above, on both hosts: `name::envoy` and `name::nginx`.
 on_both_hosts!(
     an_allowed_request_is_checked_resumed_and_gets_the_headers,
@@ -621,4 +653,5 @@ on_both_hosts!(
     an_answer_without_a_verdict_is_a_failure_never_an_allow,
     a_probe_whose_stream_ends_first_lets_the_next_request_probe,
     a_call_that_finds_no_node_is_retried_once,
+    trusting_forwarded_hops_in_envoy_is_warned_of_at_configuration,
 );

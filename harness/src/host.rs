@@ -81,6 +81,12 @@ impl Host {
         imports::register(&mut linker).map_err(HarnessError::load)?;
         imports::stub_missing(&mut linker, module).map_err(HarnessError::load)?;
         imports::refuse(&mut linker, module, &options.refused_calls).map_err(HarnessError::load)?;
+        // Envoy names itself in its node (a real Envoy answers `xds.node.user_agent_name`
+        // with "envoy" from configuration on); ngx_wasm_module has no `xds` properties.
+        let root_properties = match options.flavor {
+            Flavor::Envoy => [("xds.node.user_agent_name".to_owned(), b"envoy".to_vec())].into(),
+            Flavor::Nginx => Default::default(),
+        };
         let state = HostState {
             wasi: WasiCtxBuilder::new().inherit_stderr().build_p1(),
             clock_ns: options.start_time_ns,
@@ -100,7 +106,7 @@ impl Host {
             queues: Vec::new(),
             logs: Vec::new(),
             unimplemented: Vec::new(),
-            root_properties: Default::default(),
+            root_properties,
             nginx_trap: None,
             memory: None,
             allocate: None,

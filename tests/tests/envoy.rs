@@ -94,7 +94,34 @@ fn clients_behind_one_and_two_trusted_proxies_are_each_limited_as_themselves() {
         assert_eq!(r.status, 429, "{hops} hops: a forged left entry made a new client");
         assert_eq!(r.header("ratelimit-policy"), Some("\"per-ip\";q=2;w=3600"));
         chain.assert_proxies_up();
+        let log = chain.envoys[0].log();
+        assert!(!log.contains("appends the peer"), "\"ip\": {{}} warned of:\n{log}");
     }
+}
+
+/// The filter told to count hops of `x-forwarded-for` itself in Envoy, which appends the
+/// peer to it, says so at configuration (once a worker, and for the main thread's VM).
+#[test]
+fn trusting_forwarded_hops_in_envoy_is_warned_of_at_configuration() {
+    let mut chain = real_envoy_with(
+        PER_IP,
+        1,
+        vec![(
+            r#""ip": {},"#,
+            r#""ip": {"header": "x-forwarded-for", "trusted_hops": 1},"#,
+        )],
+    );
+    chain.assert_proxies_up();
+    // Envoy writes its log file every few seconds: wait for the filter's own line.
+    let started = Instant::now();
+    let mut log = chain.envoys[0].log();
+    while !log.contains("sluice-filter: configured") && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+        log = chain.envoys[0].log();
+    }
+    let warned = log.lines().filter(|l| l.contains("appends the peer")).count();
+    assert!(warned >= 1, "no warning in Envoy's log:\n{log}");
+    assert!(log.contains("xff_num_trusted_hops"), "{log}");
 }
 
 const PER_USER: &str = r#"
