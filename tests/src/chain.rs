@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use sluice_testkit::{free_port, wait_for_port, Child, RedisCluster, RedisServer};
+use sluice_testkit::{free_port, wait_for_port, Child, RedisCluster, RedisOptions, RedisSentinel, RedisServer};
 
 pub use crate::build::{binary, filter_wasm};
 use crate::envoy::{sluice_example, Envoy};
@@ -70,6 +70,28 @@ pub fn node_command(listen: &str, rules: &Path, store_url: &str, store_timeout_m
     c
 }
 
+/// How a service node of a chain is started.
+struct NodeSpec {
+    listen: String,
+    store_url: String,
+    store_timeout_ms: u64,
+    /// Its flags past [`node_command`]'s.
+    args: Vec<String>,
+}
+
+impl NodeSpec {
+    fn spawn(&self, dir: &Path) -> Child {
+        let mut c = node_command(
+            &self.listen,
+            &dir.join("rules.toml"),
+            &self.store_url,
+            self.store_timeout_ms,
+        );
+        c.args(&self.args);
+        Child::spawn("sluice-service", &mut c)
+    }
+}
+
 /// `sluice-harness proxy` on `port` running the filter with the configuration in `config`,
 /// in front of the upstream on `upstream`, its check cluster `sluice_check` = `checks`.
 /// (No `--cluster` when `checks` is empty: the filter calls a `host:port`, as on Nginx.)
@@ -108,6 +130,8 @@ pub enum Store {
     Redis(RedisServer),
     /// A Redis Cluster.
     Cluster(RedisCluster),
+    /// A master, its replica and three sentinels.
+    Sentinel(RedisSentinel),
 }
 
 /// The host the proxies play, as `sluice-harness proxy --host-flavor`.
@@ -157,6 +181,8 @@ pub struct Options {
     pub node_args: Vec<&'static str>,
     /// With [`ProxyHost::RealEnvoy`]: each Envoy's worker threads (`--concurrency`).
     pub envoy_workers: u32,
+    /// The store is a master, a replica and three sentinels (not with `cluster_masters`).
+    pub sentinel: bool,
 }
 
 impl Default for Options {
@@ -172,6 +198,7 @@ impl Default for Options {
             envoy_edits: Vec::new(),
             node_args: Vec::new(),
             envoy_workers: 2,
+            sentinel: false,
         }
     }
 }
@@ -211,6 +238,8 @@ pub struct Chain {
     pub envoys: Vec<Envoy>,
     /// The counter store.
     pub store: Store,
+    /// How each node was started ([`Chain::restart_node`]).
+    node_specs: Vec<NodeSpec>,
     dir: PathBuf,
     _upstream: Child,
 }
@@ -226,12 +255,15 @@ impl Chain {
     pub fn with(options: Options) -> Chain {
         let store = if options.cluster_masters > 0 {
             Store::Cluster(RedisCluster::start(options.cluster_masters, 1))
+        } else if options.sentinel {
+            Store::Sentinel(RedisSentinel::start(&RedisOptions::default()))
         } else {
             Store::Redis(RedisServer::start())
         };
         let store_url = match &store {
             Store::Redis(r) => r.url(),
             Store::Cluster(c) => c.url(),
+            Store::Sentinel(s) => s.url(),
         };
         let dir = std::env::temp_dir().join(format!("sluice-chain-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -254,7 +286,10 @@ impl Chain {
         let upstream_child = Child::spawn("demo upstream", &mut upstream_command(upstream));
         let node_ports = [free_port(), free_port()];
         let admin_ports = [free_port(), free_port()];
-        let nodes = node_ports
+        if let Some(token) = &data_token {
+            std::fs::write(dir.join("data-token"), token).expect("token file");
+        }
+        let node_specs: Vec<NodeSpec> = node_ports
             .iter()
             .zip(&admin_ports)
             .map(|(port, admin)| {
@@ -262,18 +297,28 @@ impl Chain {
                     ProxyHost::NginxUnixSocket => format!("unix:{}", node_socket(&dir, *port).display()),
                     _ => format!("127.0.0.1:{port}"),
                 };
-                let mut c = node_command(&listen, &dir.join("rules.toml"), &store_url, options.store_timeout_ms);
-                c.args(&options.node_args)
-                    .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-                    .arg("--admin-token-file")
-                    .arg(dir.join("admin-token"));
-                if let Some(token) = &data_token {
-                    std::fs::write(dir.join("data-token"), token).expect("token file");
-                    c.arg("--data-token-file").arg(dir.join("data-token"));
+                let mut args = vec![
+                    "--admin-listen".to_owned(),
+                    format!("127.0.0.1:{admin}"),
+                    "--admin-token-file".to_owned(),
+                    dir.join("admin-token").display().to_string(),
+                ];
+                if data_token.is_some() {
+                    args.extend([
+                        "--data-token-file".to_owned(),
+                        dir.join("data-token").display().to_string(),
+                    ]);
                 }
-                Child::spawn("sluice-service", &mut c)
+                args.extend(options.node_args.iter().map(|a| (*a).to_owned()));
+                NodeSpec {
+                    listen,
+                    store_url: store_url.clone(),
+                    store_timeout_ms: options.store_timeout_ms,
+                    args,
+                }
             })
             .collect();
+        let nodes = node_specs.iter().map(|spec| spec.spawn(&dir)).collect();
         let proxies = [free_port(), free_port()];
         let proxy_admins = [free_port(), free_port()];
         let proxy_children = (0..2)
@@ -345,6 +390,7 @@ impl Chain {
             node_ports,
             admin_ports,
             nodes,
+            node_specs,
             proxy_children,
             envoys,
             store,
@@ -372,15 +418,31 @@ impl Chain {
     pub fn redis(&mut self) -> &mut RedisServer {
         match &mut self.store {
             Store::Redis(r) => r,
-            Store::Cluster(_) => panic!("this chain runs a Redis Cluster"),
+            _ => panic!("this chain runs no single Redis"),
         }
+    }
+
+    /// The Sentinel-watched store; panics on another chain.
+    pub fn sentinel(&mut self) -> &mut RedisSentinel {
+        match &mut self.store {
+            Store::Sentinel(s) => s,
+            _ => panic!("this chain runs no Sentinel"),
+        }
+    }
+
+    /// Kills service node `i` (a crash) and starts it again as it was; returns once it
+    /// listens again.
+    pub fn restart_node(&mut self, i: usize) {
+        self.nodes[i].kill();
+        self.nodes[i] = self.node_specs[i].spawn(&self.dir);
+        wait_for_port(self.admin_ports[i], Duration::from_secs(30));
     }
 
     /// The Redis Cluster; panics on a single-Redis chain.
     pub fn cluster(&mut self) -> &mut RedisCluster {
         match &mut self.store {
             Store::Cluster(c) => c,
-            Store::Redis(_) => panic!("this chain runs a single Redis"),
+            _ => panic!("this chain runs no Redis Cluster"),
         }
     }
 

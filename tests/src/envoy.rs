@@ -126,6 +126,11 @@ impl Envoy {
         envoy
     }
 
+    /// Envoy's process.
+    pub fn process(&self) -> &Child {
+        &self.child
+    }
+
     /// Envoy's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
