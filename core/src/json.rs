@@ -339,14 +339,17 @@ impl<'a> Parser<'a> {
 
     /// The code point of a `\u` escape (after the `u`), joining a surrogate pair.
     fn unicode(&mut self) -> Result<char, JsonError> {
+        // Past the four digits only when they are there: an error is at the first of them,
+        // never past the end of the text (a `\u` cut short by it).
         let hex = |p: &mut Parser<'a>| {
             let digits = p
                 .text
                 .get(p.at..p.at + 4)
                 .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
             let v = digits.and_then(|h| u32::from_str_radix(h, 16).ok());
+            let v = v.ok_or_else(|| p.fail("invalid \\u escape"))?;
             p.at += 4;
-            v.ok_or_else(|| p.fail("invalid \\u escape"))
+            Ok(v)
         };
         let first = hex(self)?;
         let code = if (0xD800..0xDC00).contains(&first) {

@@ -94,6 +94,8 @@ fn refuses_what_is_not_json() {
         (b"\"a", "unterminated string, found the end at byte 2"),
         (b"\"\\x\"", "invalid escape at byte 3"),
         (b"\"\\ud800\"", "unpaired surrogate at byte 7"),
+        (b"\"\\u12", "invalid \\u escape at byte 3"),
+        (b"[\"\\u5{\"]", "invalid \\u escape at byte 4"),
         (b"\"\x01\"", "control character in a string at byte 1"),
         (br#"{"a": 1, "a": 2}"#, "member \"a\" repeated at byte 12"),
         (b"\xff", "not UTF-8 at byte 0"),

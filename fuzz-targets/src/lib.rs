@@ -1,0 +1,228 @@
+//! The fuzz targets of Sluice's readers of outside bytes (docs/testing.md, "Fuzzing").
+//!
+//! Each target is a function of the input's bytes that feeds them to the real reader and
+//! asserts what must hold of any input: it never panics, and where a writer exists, what is
+//! read and written back reads again the same. cargo-fuzz drives them from `fuzz/`
+//! (`bash scripts/fuzz`); this crate's test `tests/corpus.rs` replays every file of
+//! `fuzz/corpus/<target>/` through them on stable Rust, as part of the workspace's tests.
+//! A target that needs text skips input that is not UTF-8.
+
+mod differential;
+
+use std::borrow::Cow;
+
+use sluice_core::json::{self, Json, JsonError};
+use sluice_core::lease::wire::{LeaseRequest, LeaseResponse};
+use sluice_core::rules::RuleSet;
+use sluice_core::wire::{CheckRequest, CheckResponse, MAX_IDENTITY_BYTES};
+
+pub use differential::json_differential;
+
+/// A fuzz target: the input's bytes in, a panic on what must not happen.
+pub type Target = fn(&[u8]);
+
+/// Every target by name: `fuzz/fuzz_targets/<name>.rs` calls it, `fuzz/corpus/<name>/` is
+/// its corpus.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("json", json),
+    ("json_differential", json_differential),
+    ("wire", wire),
+    ("rules_toml", rules_toml),
+    ("rules_yaml", rules_yaml),
+    ("canonical", canonical),
+    ("pace_headers", pace_headers),
+];
+
+/// Core's JSON reader (`sluice_core::json::parse`), every value walked through its
+/// accessors. A document read is within the depth bound, its objects' names are unique, an
+/// error's offset lies within the text, and the value written back with core's writers
+/// (`json::Object`, `write_each`, `write_str`) reads again the same.
+pub fn json(data: &[u8]) {
+    match json::parse(data) {
+        Ok(doc) => {
+            walk(&doc, 0);
+            let mut out = String::new();
+            write_value(&mut out, &doc);
+            let again = json::parse(out.as_bytes());
+            assert_eq!(again.as_ref(), Ok(&doc), "written back as {out}");
+        }
+        Err(e) => {
+            // Formatting must not panic; a syntax error's offset is a place in the text.
+            let _ = e.to_string();
+            if let Some(at) = e.offset() {
+                assert!(
+                    at <= data.len(),
+                    "error offset {at} past the end ({} bytes): {e}",
+                    data.len()
+                );
+            }
+        }
+    }
+}
+
+/// Every accessor on every value of `value`, `depth` containers deep.
+fn walk(value: &Json<'_>, depth: usize) {
+    assert!(depth <= json::MAX_DEPTH, "a value {depth} containers deep");
+    let _ = value.bool();
+    let _ = value.str();
+    let _ = value.uint::<u32>();
+    let _ = value.uint::<u8>();
+    if let (Json::Number(text), Ok(n)) = (value, value.u64()) {
+        // The JSON grammar allows no sign and no leading zero: an integer reads as itself.
+        let mut again = String::new();
+        sluice_core::text::push_u64(&mut again, n);
+        assert_eq!(*text, again);
+    }
+    match value {
+        Json::Array(items) => {
+            let read = value.each(|item| Ok::<_, JsonError>(item.clone()));
+            assert_eq!(read.as_deref().ok(), Some(&items[..]));
+            for item in items {
+                walk(item, depth + 1);
+            }
+        }
+        Json::Object(members) => {
+            let mut names: Vec<&str> = members.iter().map(|(k, _)| k.as_ref()).collect();
+            names.sort_unstable();
+            assert!(names.windows(2).all(|w| w.first() != w.last()), "a repeated name");
+            // `Fields` reads objects of up to MAX_FIELDS members; nothing taken, a
+            // non-empty one is refused by `finish` and accepted by `finish_lenient`.
+            match value.object() {
+                Ok(fields) => assert_eq!(fields.finish().is_ok(), members.is_empty()),
+                Err(_) => assert!(members.len() > json::MAX_FIELDS),
+            }
+            if let Ok(fields) = value.object() {
+                assert!(fields.finish_lenient().is_ok());
+            }
+            for (_, member) in members {
+                walk(member, depth + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `value` as JSON, with core's writers.
+fn write_value(out: &mut String, value: &Json<'_>) {
+    match value {
+        Json::Null => out.push_str("null"),
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Number(text) => out.push_str(text),
+        Json::String(s) => json::write_str(out, s),
+        Json::Array(items) => json::write_each(out, items, write_value),
+        Json::Object(members) => {
+            let mut o = json::Object::new(out);
+            for (name, member) in members {
+                o.key(name);
+                write_value(o.out(), member);
+            }
+            o.end();
+        }
+    }
+}
+
+/// Every reader of the check and lease calls' bodies (`CheckRequest`, `CheckResponse`,
+/// `LeaseRequest`, `LeaseResponse`): what one reads, its `to_json` writes so that it reads
+/// back the same.
+pub fn wire(data: &[u8]) {
+    if let Ok(req) = CheckRequest::from_json(data) {
+        assert_eq!(CheckRequest::from_json(req.to_json().as_bytes()), Ok(req));
+    }
+    if let Ok(answer) = CheckResponse::from_json(data) {
+        assert_eq!(CheckResponse::from_json(answer.to_json().as_bytes()), Ok(answer));
+    }
+    if let Ok(req) = LeaseRequest::from_json(data) {
+        assert_eq!(LeaseRequest::from_json(req.to_json().as_bytes()), Ok(req));
+    }
+    if let Ok(answer) = LeaseResponse::from_json(data) {
+        assert_eq!(LeaseResponse::from_json(answer.to_json().as_bytes()), Ok(answer));
+    }
+}
+
+/// The rules file readers of `RuleSet`: TOML (`from_toml`) and its JSON form
+/// (`from_json`). A set read is written by `to_toml` and `to_json` as files that read back
+/// to the same set (compared by what `to_toml` writes of it).
+pub fn rules_toml(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    for set in [RuleSet::from_toml(text), RuleSet::from_json(text)] {
+        match set {
+            Ok(set) => {
+                let toml = set.to_toml();
+                let from_toml = RuleSet::from_toml(&toml).map(|s| s.to_toml());
+                assert_eq!(from_toml.as_ref(), Ok(&toml), "written as TOML:\n{toml}");
+                let json = set.to_json();
+                let from_json = RuleSet::from_json(&json).map(|s| s.to_toml());
+                assert_eq!(from_json.as_ref(), Ok(&toml), "written as JSON: {json}");
+            }
+            Err(e) => {
+                let _ = e.to_string();
+            }
+        }
+    }
+}
+
+/// The service's reader of envoyproxy/ratelimit YAML files (`grpc::config`): `parse`, and
+/// `check`, which validates the descriptor tree and finds each problem's line.
+pub fn rules_yaml(data: &[u8]) {
+    use sluice_service::grpc::config;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let parsed = config::parse(text);
+    let checked = config::check(text);
+    // What `check` counts, `parse` has read (a blank file is no domain, and no error).
+    if checked.is_ok() && !config::is_blank(text) {
+        assert!(parsed.is_ok(), "checked but not parsed: {checked:?}");
+    }
+}
+
+/// The canonical forms of request paths and identities (`path::canonical`,
+/// `identity::bounded`, `identity::ip_identity`): each is idempotent, as its documentation
+/// says; a path starts with `/`; a bounded identity fits [`MAX_IDENTITY_BYTES`] and is the
+/// value itself when that fits.
+pub fn canonical(data: &[u8]) {
+    use sluice_core::identity::{bounded, ip_identity, DEFAULT_IPV6_PREFIX};
+    use sluice_core::path;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let once = path::canonical(text);
+    assert!(once.starts_with('/'), "{once:?}");
+    assert_eq!(path::canonical(&once), once, "canonical twice");
+
+    let id = bounded(text);
+    assert!(id.len() <= MAX_IDENTITY_BYTES, "{} bytes", id.len());
+    if text.len() <= MAX_IDENTITY_BYTES {
+        assert!(matches!(id, Cow::Borrowed(b) if b == text));
+    }
+    assert_eq!(bounded(&id), id, "bounded twice");
+
+    for prefix in [DEFAULT_IPV6_PREFIX, 48, 128, 0] {
+        let ip = ip_identity(text, prefix);
+        assert_eq!(ip_identity(&ip, prefix), ip, "ip_identity twice, prefix {prefix}");
+    }
+}
+
+/// sluice-pace's reader of rate-limit response headers (`parse_headers`), which never
+/// fails and never panics. The input is text: a first line `<status> <now_ms>` (either
+/// may be missing or malformed: 429 and a fixed clock then), then one `name: value` header
+/// a line.
+pub fn pace_headers(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut lines = text.split('\n');
+    let mut first = lines.next().unwrap_or("").split(' ');
+    let status = first.next().and_then(|s| s.parse().ok()).unwrap_or(429);
+    let now_ms = first.next().and_then(|s| s.parse().ok()).unwrap_or(1_800_000_000_000);
+    let headers: Vec<(&str, &str)> = lines.filter_map(|l| l.split_once(':')).collect();
+    let info = sluice_pace::parse_headers(status, headers, now_ms);
+    let _ = info.is_empty();
+    let _ = info.bucket_name();
+    for quota in &info.quotas {
+        let _ = info.quota(&quota.unit);
+        let _ = quota.to_info();
+    }
+}
