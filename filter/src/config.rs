@@ -300,11 +300,11 @@ fn header_name(field: &str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// An endpoint's path: from `/`, without a query.
+/// An endpoint's path: from `/`, without a query, printable ASCII (the `:path` of a call).
 fn endpoint(field: &str, path: &str) -> Result<(), ConfigError> {
-    if !path.starts_with('/') || path.contains('?') {
+    if !path.starts_with('/') || path.contains('?') || !path.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ConfigError(format!(
-            "{field}: {path:?} must start with / and have no query"
+            "{field}: {path:?} must start with / and have no query, space or control character"
         )));
     }
     Ok(())
@@ -356,6 +356,16 @@ impl Config {
             return Err(ConfigError(
                 "check.cluster: must name the check service's cluster (or host:port)".into(),
             ));
+        }
+        for (field, value) in [
+            ("check.cluster", &self.check.cluster),
+            ("check.authority", &self.check.authority),
+        ] {
+            if !value.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError(format!(
+                    "{field}: {value:?} must be printable ASCII, no spaces"
+                )));
+            }
         }
         endpoint("check.path", &self.check.path)?;
         endpoint("check.wait_path", &self.check.wait_path)?;
@@ -433,6 +443,25 @@ mod read;
 #[cfg(test)]
 mod tests {
     use super::Config;
+
+    #[test]
+    fn what_the_calls_send_as_headers_is_printable() {
+        let e = Config::parse(br#"{"check": {"cluster": "c", "path": "/v1/check\r\nx: y"}}"#)
+            .expect_err("refused")
+            .0;
+        assert_eq!(
+            e,
+            r#"check.path: "/v1/check\r\nx: y" must start with / and have no query, space or control character"#
+        );
+        let e = Config::parse(br#"{"check": {"cluster": "c", "authority": "a b"}}"#)
+            .expect_err("refused")
+            .0;
+        assert_eq!(e, r#"check.authority: "a b" must be printable ASCII, no spaces"#);
+        let every_field = include_bytes!("../../fuzz/corpus/filter_config/every-field.json");
+        let config = Config::parse(every_field).expect("the fuzz corpus's every-field seed is valid");
+        assert_eq!(config.tick_ms(), Some(10));
+        assert!(config.debit.is_some() && config.check.token.is_some());
+    }
 
     #[test]
     fn a_value_of_the_wrong_type_is_named_by_its_whole_path() {

@@ -8,6 +8,7 @@
 //! A target that needs text skips input that is not UTF-8.
 
 mod differential;
+mod host_events;
 
 use std::borrow::Cow;
 
@@ -17,6 +18,7 @@ use sluice_core::rules::RuleSet;
 use sluice_core::wire::{CheckRequest, CheckResponse, MAX_IDENTITY_BYTES};
 
 pub use differential::json_differential;
+pub use host_events::host_events;
 
 /// A fuzz target: the input's bytes in, a panic on what must not happen.
 pub type Target = fn(&[u8]);
@@ -31,6 +33,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("rules_yaml", rules_yaml),
     ("canonical", canonical),
     ("pace_headers", pace_headers),
+    ("filter_config", filter_config),
+    ("host_events", host_events),
 ];
 
 /// Core's JSON reader (`sluice_core::json::parse`), every value walked through its
@@ -225,4 +229,35 @@ pub fn pace_headers(data: &[u8]) {
         let _ = info.quota(&quota.unit);
         let _ = quota.to_info();
     }
+}
+
+/// The filter's configuration reader (`sluice_filter::config::Config::parse`), which the
+/// module runs on whatever `proxy_on_configure` hands it. A configuration it accepts is
+/// within the bounds its validation promises; one it refuses is refused with a message
+/// that says so (the module logs it and refuses to start).
+pub fn filter_config(data: &[u8]) {
+    use sluice_filter::config::Config;
+    let config = match Config::parse(data) {
+        Ok(config) => config,
+        Err(e) => {
+            assert!(!e.0.is_empty(), "an empty refusal");
+            return;
+        }
+    };
+    assert!(!config.check.cluster.trim().is_empty(), "no cluster: {config:?}");
+    assert!((1..=60_000).contains(&config.check.timeout_ms), "timeout: {config:?}");
+    for value in [&config.check.cluster, &config.check.authority] {
+        assert!(
+            value.bytes().all(|b| b.is_ascii_graphic()),
+            "a header value unsendable: {value:?}"
+        );
+    }
+    for path in [&config.check.path, &config.check.wait_path] {
+        let printable = path.bytes().all(|b| b.is_ascii_graphic());
+        assert!(path.starts_with('/') && printable, "an endpoint not a path: {path:?}");
+    }
+    if let Some(tick) = config.tick_ms() {
+        assert!((10..=1_000).contains(&tick), "tick: {config:?}");
+    }
+    let _ = config.check.credential();
 }

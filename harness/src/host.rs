@@ -424,6 +424,28 @@ impl Host {
         result.map(drop)
     }
 
+    /// Calls export `name` as context `context` with raw arguments, checking nothing: what a
+    /// host that races or misbehaves does (a context never created or already deleted, a
+    /// token never issued or answered twice, a size beyond the buffer). Meanwhile a call
+    /// response's maps and body are `reply`'s, when given. `Ok(None)`: no such export. The
+    /// host's own state (its streams, its pending calls) is left as it was.
+    pub fn call_export(
+        &mut self,
+        context: u32,
+        name: &'static str,
+        args: &[i32],
+        reply: Option<CallResponse>,
+    ) -> Result<Option<i32>, HarnessError> {
+        self.store.data_mut().call_reply = reply.map(|r| CallReply {
+            headers: owned_map(&r.headers),
+            body: r.body,
+            trailers: Vec::new(),
+        });
+        let result = self.with_context(context, |h| h.call(name, args));
+        self.store.data_mut().call_reply = None;
+        result
+    }
+
     /// The host this one plays.
     pub fn flavor(&self) -> Flavor {
         self.store.data().options.flavor
