@@ -24,6 +24,8 @@ use crate::stream::{with_shared, Stream};
 #[derive(Default)]
 pub struct Root {
     shared: Option<Rc<RefCell<Shared>>>,
+    /// The tick period asked of the host, once asked.
+    tick: Option<Duration>,
 }
 
 /// Envoy appends the peer to `x-forwarded-for` before filters run and hands them the client
@@ -172,11 +174,32 @@ impl Root {
         );
         warn_of_trust_in_envoy(&shared.config);
         if let Some(tick_ms) = shared.config.tick_ms() {
-            // The root context is where every host allows a timer (ngx_wasm_module included).
-            host::set_tick_period(Duration::from_millis(tick_ms));
+            self.tick_every(Duration::from_millis(tick_ms));
         }
         self.shared = Some(Rc::new(RefCell::new(shared)));
         true
+    }
+
+    /// Asks the host for a tick every `period`, from the root context (the only one
+    /// ngx_wasm_module allows) and once: ngx_wasm_module traps on a second period, so a root
+    /// configured again keeps its first and says so.
+    fn tick_every(&mut self, period: Duration) {
+        match self.tick {
+            None => {
+                host::set_tick_period(period);
+                self.tick = Some(period);
+            }
+            Some(first) if first != period => log(
+                LogLevel::Warn,
+                &format!(
+                    "sluice-filter: configured again with a tick of {} ms; keeping the first, \
+                     {} ms (a host sets a root's tick once)",
+                    period.as_millis(),
+                    first.as_millis()
+                ),
+            ),
+            Some(_) => {}
+        }
     }
 
     /// Sends the debits the streams queued, asks for the rules and for leases, and gives

@@ -182,7 +182,27 @@ fn a_refused_answer_leaves_the_filter_deciding(flavor: Flavor) {
     host.finish_stream(s).expect("no trap");
 }
 
+/// A root configured again keeps the tick it asked for first (ngx_wasm_module traps on a
+/// second period; found by the `host_events` fuzz target), says so when the new one
+/// differs, and goes on deciding with the new configuration.
+fn a_root_configured_again_keeps_its_tick(flavor: Flavor) {
+    let mut host = refusing_host(flavor, &[]).expect("started");
+    host.configure(configuration(flavor).to_string().as_bytes())
+        .expect("the same configuration again: no trap");
+    let mut faster = configuration(flavor);
+    faster["lease"]["tick_ms"] = json!(20);
+    host.configure(faster.to_string().as_bytes())
+        .expect("a new tick: no trap");
+    let said = host
+        .logs()
+        .iter()
+        .filter(|l| l.message.contains("keeping the first, 50 ms"));
+    assert_eq!(said.count(), 1, "{:#?}", host.logs());
+    traffic(&mut host).expect("the traffic still takes every path");
+}
+
 on_both_hosts!(
+    a_root_configured_again_keeps_its_tick,
     the_traffic_takes_every_path,
     refused_host_calls_never_trap_the_filter,
     a_refused_answer_leaves_the_filter_deciding,

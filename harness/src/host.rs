@@ -177,7 +177,6 @@ impl Host {
         }
         let root = self.store.data().root_id as i32;
         self.store.data_mut().vm_config = vm_config.to_vec();
-        self.store.data_mut().plugin_config = plugin_config.to_vec();
         self.with_context(root as u32, |h| h.call("proxy_on_context_create", &[root, 0]))?;
         if self.with_context(root as u32, |h| {
             h.call("proxy_on_vm_start", &[root, vm_config.len() as i32])
@@ -185,6 +184,14 @@ impl Host {
         {
             return Err(HarnessError::StartRefused("proxy_on_vm_start"));
         }
+        self.configure(plugin_config)
+    }
+
+    /// Hands the root `plugin_config` (`proxy_on_configure`), as [`Host::start`] does and
+    /// as a host may again later; a `false` is [`HarnessError::StartRefused`].
+    pub fn configure(&mut self, plugin_config: &[u8]) -> Result<(), HarnessError> {
+        let root = self.store.data().root_id as i32;
+        self.store.data_mut().plugin_config = plugin_config.to_vec();
         if self.with_context(root as u32, |h| {
             h.call("proxy_on_configure", &[root, plugin_config.len() as i32])
         })? == Some(0)
