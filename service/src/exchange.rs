@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use sluice_core::lease::wire::{LeaseGranted, LeaseRequest};
+use sluice_core::lease::Grant;
 use sluice_core::rules::{Rule, RuleSet};
 use sluice_core::Micros;
 use thiserror::Error;
@@ -53,25 +54,30 @@ pub async fn exchange(
         let key = store.keys().limit(&rule.name, &ask.identity);
         let id = next_id();
         let g = within(timeout, store.grant(&key, &limit, ask.want, ttl, id)).await?;
-        Ok::<_, LeaseError>(LeaseGranted {
-            lease: id,
-            units: g.units,
-            // Rounded down: the lease holder ends it no later than the store does.
-            expires_in_ms: g.expires_at.saturating_sub(g.granted_at).instant_ms(),
-            limit: g.decision.limit,
-            remaining: g.decision.remaining,
-            reset_after_ms: g.decision.reset_after.wait_ms(),
-            window_ms: rule.window_ms,
-            // With nothing granted, when one unit could be: the proxy refuses until then.
-            retry_after_ms: if g.units == 0 {
-                g.decision.retry_after.wait_ms()
-            } else {
-                0
-            },
-        })
+        Ok::<_, LeaseError>(answer(rule, id, &g))
     });
     let grants = join_all(grants).await.into_iter().collect::<Result<Vec<_>, _>>()?;
     Ok((grants, returned))
+}
+
+/// What a proxy is told of grant `g` of `rule`, lease `id`.
+pub(crate) fn answer(rule: &Rule, id: u64, g: &Grant) -> LeaseGranted {
+    LeaseGranted {
+        lease: id,
+        units: g.units,
+        // Rounded down: the lease holder ends it no later than the store does.
+        expires_in_ms: g.expires_at.saturating_sub(g.granted_at).instant_ms(),
+        limit: g.decision.limit,
+        remaining: g.decision.remaining,
+        reset_after_ms: g.decision.reset_after.wait_ms(),
+        window_ms: rule.window_ms,
+        // With nothing granted, when one unit could be: the proxy refuses until then.
+        retry_after_ms: if g.units == 0 {
+            g.decision.retry_after.wait_ms()
+        } else {
+            0
+        },
+    }
 }
 
 /// The rule `name` and its lease length, if it is leased here.

@@ -152,7 +152,7 @@ impl Default for Metrics {
             refused_from_memory: counter(
                 r,
                 "checks_refused_from_memory",
-                "Limits refused by a refusal the node remembered, without a store call (the store's retry_after not over)",
+                "Limits refused (and lease asks granted nothing) by a refusal the node remembered, without a store call (the store's retry_after not over)",
             ),
             fallback_settled: counter(
                 r,

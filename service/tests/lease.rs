@@ -149,6 +149,40 @@ async fn a_grant_is_the_most_that_is_left_and_leases_shrink_to_it() {
     }
 }
 
+/// Issue 51: a grant of nothing is remembered like a check's refusal: the asks and checks
+/// of that quota after it cost no store call until the store's wait, and units given back
+/// end it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_of_nothing_is_remembered_until_units_come_back() {
+    let (server, nodes) = nodes().await;
+    let node = &nodes[1];
+    let (ip, id) = (json!({"ip": "198.51.100.9"}), "198.51.100.9");
+    let (_, all) = lease(node, ask("leased", id, 10)).await;
+    assert_eq!(all["grants"][0]["units"], 10, "{all}");
+    let (_, empty) = lease(node, ask("leased", id, 1)).await;
+    let g = &empty["grants"][0];
+    assert_eq!(g["units"], 0, "{g}");
+    assert!(g["retry_after_ms"].as_u64().is_some_and(|ms| ms > 0), "{g}");
+    let calls = sluice_testkit::script_calls(&[server.port()]);
+    for _ in 0..5 {
+        let (_, again) = lease(node, ask("leased", id, 3)).await;
+        assert_eq!(again["grants"][0]["units"], 0, "{again}");
+        assert!(again["grants"][0]["retry_after_ms"].as_u64() > Some(0), "{again}");
+    }
+    assert_eq!(node.admitted(ip.clone(), "/", 3).await, 0);
+    assert_eq!(
+        sluice_testkit::script_calls(&[server.port()]),
+        calls,
+        "no store call while the store would grant nothing"
+    );
+    // The lease gives 4 back: the next ask is the store's, and has them.
+    let (_, back) = lease(node, give("leased", id, &all["grants"][0]["lease"], 4)).await;
+    assert_eq!(back["returned"], json!([4]), "{back}");
+    let (_, after) = lease(node, ask("leased", id, 3)).await;
+    assert_eq!(after["grants"][0]["units"], 3, "{after}");
+    assert_eq!(node.admitted(ip, "/", 3).await, 1);
+}
+
 #[tokio::test]
 async fn rules_that_are_not_leased_and_bad_bodies_are_refused_by_name() {
     let (_server, nodes) = nodes().await;
