@@ -300,9 +300,14 @@ fn header_name(field: &str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// An endpoint's path: from `/`, without a query, printable ASCII (the `:path` of a call).
+/// Whether `value` can go into a call's header as it is: printable ASCII, no spaces.
+fn printable(value: &str) -> bool {
+    value.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// An endpoint's path: from `/`, without a query, [`printable`] (the `:path` of a call).
 fn endpoint(field: &str, path: &str) -> Result<(), ConfigError> {
-    if !path.starts_with('/') || path.contains('?') || !path.bytes().all(|b| b.is_ascii_graphic()) {
+    if !path.starts_with('/') || path.contains('?') || !printable(path) {
         return Err(ConfigError(format!(
             "{field}: {path:?} must start with / and have no query, space or control character"
         )));
@@ -361,7 +366,7 @@ impl Config {
             ("check.cluster", &self.check.cluster),
             ("check.authority", &self.check.authority),
         ] {
-            if !value.bytes().all(|b| b.is_ascii_graphic()) {
+            if !printable(value) {
                 return Err(ConfigError(format!(
                     "{field}: {value:?} must be printable ASCII, no spaces"
                 )));
@@ -383,7 +388,7 @@ impl Config {
         }
         header_name("check.token_header", &self.check.token_header)?;
         if let Some(token) = &self.check.token {
-            if token.is_empty() || token.len() > 4096 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            if token.is_empty() || token.len() > 4096 || !printable(token) {
                 return Err(ConfigError(
                     "check.token: must be 1 to 4096 printable ASCII characters, no spaces".into(),
                 ));
