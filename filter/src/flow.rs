@@ -16,7 +16,7 @@ use crate::answer::{read_answer, Failure};
 use crate::breaker::Permit;
 use crate::buckets;
 use crate::debits;
-use crate::identity::{check_path, request_ip};
+use crate::identity::{check_path, request_ip, warn_of_trust_in_envoy};
 use crate::leases::ByLease;
 use crate::proxy::{Action, LogLevel, Proxy};
 use crate::shared::Shared;
@@ -54,6 +54,11 @@ impl Flow {
     /// The request's headers: decided here (a local bucket, a lease, the breaker), or paused
     /// for the check call's answer.
     pub fn on_request_headers(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> Action {
+        if !std::mem::replace(&mut s.host_looked_at, true) {
+            if let Some(ip) = &s.config.identities.ip {
+                warn_of_trust_in_envoy(p, ip);
+            }
+        }
         self.read_identities(s, p);
         if let Some(action) = self.by_local_bucket(s, p, now) {
             return action;

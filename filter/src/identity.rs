@@ -10,7 +10,7 @@ use sluice_core::text::truncate;
 use sluice_core::wire::MAX_PATH_BYTES;
 
 use crate::config::IpSource;
-use crate::proxy::Proxy;
+use crate::proxy::{LogLevel, Proxy};
 
 /// A header value as text. Header values are bytes: a proxy passes obs-text (0x80–0xFF) on
 /// to the filter. Valid UTF-8 is kept as it is. Otherwise `%` and every byte that is not
@@ -74,6 +74,30 @@ pub fn request_ip(proxy: &impl Proxy, source: &IpSource) -> Option<IpAddr> {
         .then(|| proxy.request_header(&source.header))
         .flatten();
     client_ip(forwarded.as_deref(), source.trusted_hops).or_else(|| source_ip(&proxy.property(&["source", "address"])?))
+}
+
+/// Envoy appends the peer to `x-forwarded-for` before filters run and hands them the client
+/// it chose as `source.address`; a filter that also counts hops of the header takes
+/// Envoy's own entry for the client, and every client behind one proxy shares its limit
+/// (docs/filter.md, "The client's address"). Said once a worker, on its first request:
+/// Envoy names itself there (`xds.node.user_agent_name` is "envoy", seen in a real Envoy;
+/// `node.user_agent_name` answers nothing), and ngx_wasm_module, which has no `xds`
+/// properties, answers NotFound there but refuses any dotted property outside a request
+/// with an `[error]` line in its log (seen in a real Nginx), so not at configuration.
+pub fn warn_of_trust_in_envoy(p: &impl Proxy, source: &IpSource) {
+    if source.trusted_hops == 0 || p.property(&["xds", "node", "user_agent_name"]).as_deref() != Some("envoy") {
+        return;
+    }
+    p.log(
+        LogLevel::Warn,
+        &format!(
+            "sluice-filter: identities.ip reads {} with trusted_hops {} in Envoy, which appends \
+             the peer to that header itself: every client behind one proxy would share a limit. \
+             Give \"ip\": {{}} and set the connection manager's use_remote_address and \
+             xff_num_trusted_hops instead (docs/filter.md, \"The client's address\")",
+            source.header, source.trusted_hops
+        ),
+    );
 }
 
 #[cfg(test)]

@@ -28,31 +28,6 @@ pub struct Root {
     tick: Option<Duration>,
 }
 
-/// Envoy appends the peer to `x-forwarded-for` before filters run and hands them the client
-/// it chose as `source.address`; a filter that also counts hops of the header takes
-/// Envoy's own entry for the client, and every client behind one proxy shares its limit
-/// (docs/filter.md, "The client's address"). Said at configuration, where Envoy names itself
-/// (`xds.node.user_agent_name` is "envoy", seen in a real Envoy; `node.user_agent_name`
-/// answers nothing there). ngx_wasm_module has no `xds` properties.
-fn warn_of_trust_in_envoy(config: &Config) {
-    let Some(ip) = config.identities.ip.as_ref().filter(|ip| ip.trusted_hops > 0) else {
-        return;
-    };
-    if host::property(&["xds", "node", "user_agent_name"]).as_deref() != Some("envoy") {
-        return;
-    }
-    log(
-        LogLevel::Warn,
-        &format!(
-            "sluice-filter: identities.ip reads {} with trusted_hops {} in Envoy, which appends \
-             the peer to that header itself: every client behind one proxy would share a limit. \
-             Give \"ip\": {{}} and set the connection manager's use_remote_address and \
-             xff_num_trusted_hops instead (docs/filter.md, \"The client's address\")",
-            ip.header, ip.trusted_hops
-        ),
-    );
-}
-
 /// The answer to the root's call `token` (a body of `body` bytes).
 fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: Micros) {
     if let Some(quotas) = s.debits.as_mut().and_then(|d| d.answered(token)) {
@@ -172,7 +147,6 @@ impl Root {
                 shared.config.share, shared.config.check.cluster
             ),
         );
-        warn_of_trust_in_envoy(&shared.config);
         if let Some(tick_ms) = shared.config.tick_ms() {
             self.tick_every(Duration::from_millis(tick_ms));
         }

@@ -33,6 +33,9 @@ pub struct Shared {
     pub leasing: Option<Leasing>,
     /// Costs learnt after the response, when the configuration names their header.
     pub debits: Option<Debits>,
+    /// Whether this worker has looked at its host for the `trusted_hops` warning
+    /// ([`crate::identity::warn_of_trust_in_envoy`]), which it does on its first request.
+    pub host_looked_at: bool,
 }
 
 /// The shared-data keys' prefix for the configuration `bytes`: a configuration of its own
@@ -83,6 +86,7 @@ impl Shared {
             metrics,
             leasing,
             debits,
+            host_looked_at: false,
         })
     }
 

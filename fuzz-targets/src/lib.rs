@@ -18,7 +18,7 @@ use sluice_core::rules::RuleSet;
 use sluice_core::wire::{CheckRequest, CheckResponse, MAX_IDENTITY_BYTES};
 
 pub use differential::json_differential;
-pub use host_events::host_events;
+pub use host_events::{host_events, init as host_events_init};
 
 /// A fuzz target: the input's bytes in, a panic on what must not happen.
 pub type Target = fn(&[u8]);

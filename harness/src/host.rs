@@ -108,6 +108,7 @@ impl Host {
             unimplemented: Vec::new(),
             root_properties,
             nginx_trap: None,
+            host_errors: Vec::new(),
             memory: None,
             allocate: None,
             host_calls: 0,
@@ -560,6 +561,12 @@ impl Host {
     /// Everything the module logged.
     pub fn logs(&self) -> &[LogRecord] {
         &self.store.data().logs
+    }
+
+    /// What the host logged as an error about the module's calls, not the module's own
+    /// logs (the Nginx flavor: ngx_wasm_module's `[error] [wasm] …` lines).
+    pub fn host_errors(&self) -> &[String] {
+        &self.store.data().host_errors
     }
 
     /// Names of imported host functions the harness answered with `Unimplemented`.

@@ -141,6 +141,9 @@ pub(crate) struct HostState {
     pub root_properties: HashMap<String, Vec<u8>>,
     /// A trap the Nginx flavor raised on purpose, for the error message.
     pub nginx_trap: Option<String>,
+    /// What the host itself logged as an error about the module's calls (ngx_wasm_module's
+    /// `[error] [wasm] …` lines, as the Nginx flavor models them).
+    pub host_errors: Vec<String>,
     /// The module's memory and allocator, looked up once after instantiation (host
     /// functions use them on every call).
     pub memory: Option<wasmtime::Memory>,

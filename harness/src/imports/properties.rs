@@ -11,7 +11,15 @@ pub(super) fn register(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                 return status(Status::BadArgument);
             };
             let path = property_path(&path);
-            let s = c.data();
+            let s = c.data_mut();
+            if s.options.flavor == Flavor::Nginx && !s.streams.contains_key(&s.current) && path.contains('.') {
+                // ngx_proxy_wasm_properties_get: a dotted path outside a request is refused
+                // and logged (seen in a real Nginx), where in a request an unknown one is
+                // NotFound.
+                s.host_errors
+                    .push("[wasm] cannot get scoped properties outside of a request".into());
+                return status(Status::InternalFailure);
+            }
             let value = s
                 .streams
                 .get(&s.current)
