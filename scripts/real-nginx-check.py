@@ -138,12 +138,14 @@ lease_ttl = "5s"
                       ("tight", tight), ("tight_worker", tight_worker), ("lease_worker", lease_worker)):
         open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
         r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
-                            "--config", f"{RUN}/conf/{name}.json", "--host-flavor", "nginx"], capture_output=True, text=True)
+                            "--config", f"{RUN}/conf/{name}.json", "--host-flavor", "nginx"], capture_output=True, text=True,
+                           env=dict(os.environ, RUST_BACKTRACE="0"))
         check(f"check-config accepts the {name} configuration", r.returncode == 0, (r.stdout + r.stderr).strip()[-200:])
     bad = dict(base); bad["local"] = {"by": "ip", "rate_per_s": -5}
     open(f"{RUN}/conf/bad.json", "w").write(json.dumps(bad))
     r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
-                        "--config", f"{RUN}/conf/bad.json", "--host-flavor", "nginx"], capture_output=True, text=True)
+                        "--config", f"{RUN}/conf/bad.json", "--host-flavor", "nginx"], capture_output=True, text=True,
+                       env=dict(os.environ, RUST_BACKTRACE="0"))
     check("check-config refuses a bad configuration, naming the field", r.returncode == 1 and "rate_per_s" in (r.stdout + r.stderr), (r.stdout + r.stderr).strip()[-200:])
     conf = NGINX_CONF.replace("__WASM__", f"{RUN}/sluice_filter.wasm")
     conf = conf.replace("__CONFIG__", json.dumps(base)).replace("__LEASECONFIG__", json.dumps(lease))
@@ -169,6 +171,10 @@ lease_ttl = "5s"
         log = open(f"{RUN}/logs/error.log", errors="replace").read()
         bad_lines = [l for l in log.splitlines() if re.search(r"panicked|trap|exited on signal|\[emerg\]|\[alert\]|\[crit\]", l)]
         check("no trap, panic or worker crash in error.log", not bad_lines, "; ".join(bad_lines[:5])[:600])
+        # The host's own errors about the module's calls (not the filter's logs, which are
+        # `[proxy-wasm]` lines): e.g. a property read ngx_wasm_module refuses outside a request.
+        host_errors = [l for l in log.splitlines() if re.search(r"\[error\].*\[wasm\]", l)]
+        check("no host error about the module's calls in error.log", not host_errors, "; ".join(host_errors[:5])[:600])
         check("the same worker process throughout", workers0 == workers1, f"{workers0} -> {workers1}")
         subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf", "-s", "stop"])
         for p in procs: p.terminate()

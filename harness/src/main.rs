@@ -129,6 +129,13 @@ fn check_config(args: &CheckConfigArgs) -> anyhow::Result<()> {
             args.config.display()
         );
     }
+    if !host.host_errors().is_empty() {
+        bail!(
+            "{} is accepted, but this host logs errors about the module's calls: {}",
+            args.config.display(),
+            host.host_errors().join("; ")
+        );
+    }
     println!(
         "{}: configuration accepted by {}",
         args.config.display(),
