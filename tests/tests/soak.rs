@@ -52,7 +52,7 @@ lease     = true
 }
 
 /// One sluice-load run's figures.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Run {
     requests: u64,
     p50: f64,
@@ -60,6 +60,8 @@ struct Run {
     ok: u64,
     limited: u64,
     errors: u64,
+    /// The first 5xx answer's status and body, as sluice-load printed it.
+    first_5xx: Option<String>,
 }
 
 /// `sluice-load --mode get` of `path` through the proxy on `port` at `rate` a second (0: as
@@ -84,7 +86,7 @@ fn load(port: u16, path: &str, rate: u64, ms: u64) -> std::process::Child {
         ])
         .args(["--keys", &IPS.to_string()])
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("sluice-load starts")
 }
@@ -107,6 +109,11 @@ fn read(child: std::process::Child) -> Run {
             _ => {}
         }
     }
+    let said = String::from_utf8_lossy(&out.stderr);
+    run.first_5xx = said
+        .lines()
+        .find_map(|l| l.strip_prefix("first 5xx: "))
+        .map(str::to_owned);
     assert!(run.requests > 0, "sluice-load said:\n{text}");
     run
 }
@@ -240,6 +247,9 @@ fn a_soak_in_real_envoys_through_a_failover_a_node_restart_and_reloads() {
         println!(
             "| {minute} | {what} | {p50:.2} | {p99:.2} | {five} | {checked:.3} | {leased:.3} | {envoys:?} | {nodes:?} |"
         );
+        for said in runs.iter().filter_map(|r| r.first_5xx.as_deref()) {
+            println!("  minute {minute}, first 5xx of a load: {said}");
+        }
         errors += five;
         assert!(
             runs.iter().all(|r| r.limited > 0),

@@ -7,6 +7,7 @@
 
 use std::error::Error as _;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -348,6 +349,9 @@ enum Conn {
 }
 
 /// What one request got.
+/// Whether the first 5xx answer was printed (stderr, once a run).
+static FIRST_5XX_SAID: AtomicBool = AtomicBool::new(false);
+
 enum Sent {
     /// An answer, by its slot in [`Outcome::by_status`] (0 for 429).
     Answer(usize),
@@ -397,7 +401,13 @@ impl Conn {
                 Ok(match sender.send_request(req).await {
                     Ok(resp) => {
                         let status = resp.status().as_u16();
-                        let _ = resp.into_body().collect().await;
+                        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+                        if status >= 500 && !FIRST_5XX_SAID.swap(true, Ordering::Relaxed) {
+                            // What a proxy says of its own 5xx names the cause (Envoy's
+                            // "upstream connect error or disconnect/reset…").
+                            let body = body.map(|b| String::from_utf8_lossy(&b[..b.len().min(300)]).into_owned());
+                            eprintln!("first 5xx: {status} {}", body.unwrap_or_default().replace('\n', " "));
+                        }
                         Sent::Answer(if status == 429 {
                             0
                         } else {
