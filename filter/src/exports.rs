@@ -99,9 +99,18 @@ pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
 }
 
 /// A new root context (`root_id` 0, one per plugin), or an HTTP stream's of root `root_id`.
+/// An id already in use keeps its context: a host creating it again must not drop a root's
+/// state (its tick, which ngx_wasm_module lets a root set once) or a stream's call.
 #[no_mangle]
 pub extern "C" fn proxy_on_context_create(id: u32, root_id: u32) {
     with_contexts(id, (), |c| {
+        if c.contains_key(&id) {
+            log(
+                LogLevel::Warn,
+                &format!("sluice-filter: context {id} created again; it keeps what it was"),
+            );
+            return;
+        }
         if root_id == 0 {
             c.insert(id, Context::Root(Root::default()));
             return;

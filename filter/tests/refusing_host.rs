@@ -201,8 +201,26 @@ fn a_root_configured_again_keeps_its_tick(flavor: Flavor) {
     traffic(&mut host).expect("the traffic still takes every path");
 }
 
+/// A root the host creates again (a second `proxy_on_context_create` of its id) is the same
+/// root: configured again, it asks for no second tick (ngx_wasm_module would trap; found by
+/// the `host_events` fuzz target), and the traffic still takes every path.
+fn a_root_created_again_keeps_its_state(flavor: Flavor) {
+    let mut host = refusing_host(flavor, &[]).expect("started");
+    host.call_export(1, "proxy_on_context_create", &[1, 0], None)
+        .expect("no trap");
+    host.configure(configuration(flavor).to_string().as_bytes())
+        .expect("configured again: no second tick");
+    let said = host
+        .logs()
+        .iter()
+        .filter(|l| l.message.contains("context 1 created again"));
+    assert_eq!(said.count(), 1, "{:#?}", host.logs());
+    traffic(&mut host).expect("the traffic still takes every path");
+}
+
 on_both_hosts!(
     a_root_configured_again_keeps_its_tick,
+    a_root_created_again_keeps_its_state,
     the_traffic_takes_every_path,
     refused_host_calls_never_trap_the_filter,
     a_refused_answer_leaves_the_filter_deciding,
