@@ -193,12 +193,14 @@ fn a_root_configured_again_keeps_its_tick(flavor: Flavor) {
     faster["lease"]["tick_ms"] = json!(20);
     host.configure(faster.to_string().as_bytes())
         .expect("a new tick: no trap");
-    let said = host
-        .logs()
-        .iter()
-        .filter(|l| l.message.contains("keeping the first, 50 ms"));
-    assert_eq!(said.count(), 1, "{:#?}", host.logs());
-    traffic(&mut host).expect("the traffic still takes every path");
+    said_once_and_still_deciding(&mut host, "keeping the first, 50 ms");
+}
+
+/// `host` logged `said` once, and its traffic still takes every path.
+fn said_once_and_still_deciding(host: &mut Host, said: &str) {
+    let times = host.logs().iter().filter(|l| l.message.contains(said)).count();
+    assert_eq!(times, 1, "{said:?} in {:#?}", host.logs());
+    traffic(host).expect("the traffic still takes every path");
 }
 
 /// A root the host creates again (a second `proxy_on_context_create` of its id) is the same
@@ -210,12 +212,7 @@ fn a_root_created_again_keeps_its_state(flavor: Flavor) {
         .expect("no trap");
     host.configure(configuration(flavor).to_string().as_bytes())
         .expect("configured again: no second tick");
-    let said = host
-        .logs()
-        .iter()
-        .filter(|l| l.message.contains("context 1 created again"));
-    assert_eq!(said.count(), 1, "{:#?}", host.logs());
-    traffic(&mut host).expect("the traffic still takes every path");
+    said_once_and_still_deciding(&mut host, "context 1 created again");
 }
 
 on_both_hosts!(
