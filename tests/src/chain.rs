@@ -505,12 +505,14 @@ impl Chain {
     /// A process's resident memory in bytes, from /proc.
     pub fn rss_bytes(child: &Child) -> u64 {
         let pid = child.id().expect("the process runs");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
+        Chain::rss_kib(pid).expect("/proc status") * 1024
+    }
+
+    /// The resident memory of process `pid` in KiB (`VmRSS`), unless it has ended.
+    pub fn rss_kib(pid: u32) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+        kib.trim().trim_end_matches("kB").trim().parse().ok()
     }
 
     /// A `(name, value)` pair for an admin call's bearer token.

@@ -171,19 +171,12 @@ fn to_next_window() {
 /// How often each process's memory is sampled while a minute's traffic runs.
 const RSS_EVERY: Duration = Duration::from_secs(5);
 
-/// The resident memory of process `pid` in KiB, if it runs.
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
-    kib.trim().trim_end_matches("kB").trim().parse().ok()
-}
-
 /// Samples the memory of `pids` every [`RSS_EVERY`] until `stop`; the samples, by process.
 fn sample_rss(pids: Vec<u32>, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Vec<Vec<u64>> {
     let mut samples = vec![Vec::new(); pids.len()];
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         for (pid, taken) in pids.iter().zip(&mut samples) {
-            taken.extend(rss_kib(*pid));
+            taken.extend(Chain::rss_kib(*pid));
         }
         let slept = Instant::now();
         while slept.elapsed() < RSS_EVERY && !stop.load(std::sync::atomic::Ordering::Relaxed) {
