@@ -38,33 +38,50 @@ local function rule_of(value)
 end
 -- Reads at once (one MGET) the one-key states of the rules of ARGV[first..last], whose keys
 -- start at KEYS[1].
+local scratch = {}
 local function prefetch_rules(KEYS, ARGV, first, last)
-  local keys, key = {}, 1
+  local n, key = 0, 1
   for i = first, last do
-    local algorithm = rule_of(ARGV[i])[1]
-    if algorithm.keys == 1 then keys[#keys + 1] = KEYS[key] end
+    local algorithm = (rules[ARGV[i]] or rule_of(ARGV[i]))[1]
+    if algorithm.keys == 1 then n = n + 1; scratch[n] = KEYS[key] end
     key = key + algorithm.keys
   end
-  prefetch(keys)
+  prefetch(scratch, n)
+end
+-- A call's answer, {now, then five numbers per rule} (`n_out` of them, nil after), and a
+-- check's new states waiting for its verdict (five values each: algorithm, its two keys,
+-- state, TTL). Both outlive a call, like the state cache.
+local out, n_out, pending = {}, 0, {}
+local function answer_begin()
+  if n_out > 4096 then out = {} end -- a huge batch's answer is not kept
+  out[1], n_out = now, 1
+end
+local function answer_end()
+  out[n_out + 1] = nil
+  return out
 end
 -- One check: decides the rules of ARGV[first..last] (one value each) on their keys from
--- KEYS[key] on, appends five numbers per rule to `out`, and when every enforced rule admits
--- it keeps their new states ('decide'; 'peek' keeps nothing). The next check's first key.
-local function decide_check(op, KEYS, key, ARGV, first, last, out)
-  local commits, passes = {}, true
+-- KEYS[key] on, appends five numbers per rule to the answer, and when every enforced rule
+-- admits it keeps their new states ('decide'; 'peek' keeps nothing). The next check's first
+-- key.
+local function decide_check(op, KEYS, key, ARGV, first, last)
+  local n_pending, passes = 0, true
   for i = first, last do
-    local rule = rule_of(ARGV[i])
+    local rule = rules[ARGV[i]] or rule_of(ARGV[i])
     local algorithm = rule[1]
     local k1, k2 = KEYS[key], KEYS[key + 1]
     key = key + algorithm.keys
-    local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, rule[4], rule[5], rule[6], rule[7], rule[3])
-    if not allowed and not rule[2] then passes = false end
-    if commit then commits[#commits + 1] = commit end
-    local n = #out
+    local allowed, remaining, reset, retry, delay, state, ttl = algorithm.decide(k1, k2, rule[4], rule[5], rule[6], rule[7], rule[3])
+    if allowed then
+      pending[n_pending + 1], pending[n_pending + 2], pending[n_pending + 3], pending[n_pending + 4] = algorithm, k1, k2, state
+      pending[n_pending + 5], n_pending = ttl, n_pending + 5
+    elseif not rule[2] then passes = false end
+    local n = n_out
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = allowed and 1 or 0, remaining, reset, retry, delay
+    n_out = n + 5
   end
   if passes and op == 'decide' then
-    for j = 1, #commits do commits[j]() end
+    for j = 1, n_pending, 5 do pending[j].commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4]) end
   end
   return key
 end
@@ -75,22 +92,23 @@ end
 local function batch(KEYS, ARGV)
   begin(ARGV[1])
   local n = tonumber(ARGV[2])
-  local out, key, first = {now}, 1, 3 + n
+  local key, first = 1, 3 + n
+  answer_begin()
   prefetch_rules(KEYS, ARGV, first, #ARGV)
   for check = 1, n do
     local last = first + tonumber(ARGV[2 + check]) - 1
-    key = decide_check('decide', KEYS, key, ARGV, first, last, out)
+    key = decide_check('decide', KEYS, key, ARGV, first, last)
     first = last + 1
   end
   finish()
-  return out
+  return answer_end()
 end
 local function run_op(op, KEYS, ARGV, base)
   if op == 'decide' or op == 'peek' then
-    local out = {now}
+    answer_begin()
     prefetch_rules(KEYS, ARGV, base + 2, #ARGV)
-    decide_check(op, KEYS, 1, ARGV, base + 2, #ARGV, out)
-    return out
+    decide_check(op, KEYS, 1, ARGV, base + 2, #ARGV)
+    return answer_end()
   end
   local at = tonumber(ARGV[base + 1])
   local next_key = 1
@@ -103,7 +121,7 @@ local function run_op(op, KEYS, ARGV, base)
     if op == 'grant' or op == 'take' then
       -- Mirrors sluice-core's lease::grant and lease_end: the most the rule admits now, up to
       -- what is asked, taken at once; a windowed rule's lease ends with its window.
-      local allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, cost)
+      local allowed, remaining, reset, retry, delay, state, ttl = algorithm.decide(k1, k2, limit, a, b, c, cost)
       local units = cost
       if not allowed then
         local lo, hi = 0, remaining
@@ -114,14 +132,14 @@ local function run_op(op, KEYS, ARGV, base)
         end
         units = lo
         local n = units; if n < 1 then n = 1 end
-        allowed, remaining, reset, retry, delay, commit = algorithm.decide(k1, k2, limit, a, b, c, n)
+        allowed, remaining, reset, retry, delay, state, ttl = algorithm.decide(k1, k2, limit, a, b, c, n)
       end
       local ends = now + at
       if algorithm.windowed then
         local window_end = (idiv(now, a) + 1) * a
         if window_end < ends then ends = window_end end
       end
-      if units > 0 then commit() end
+      if units > 0 then algorithm.commit(k1, k2, state, ttl) end
       if op == 'take' then
         -- What the next request (cost 1) would get now, as sluice-core's quota_after_take.
         allowed, remaining, reset, retry, delay = algorithm.decide(k1, k2, limit, a, b, c, 1)

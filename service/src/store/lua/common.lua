@@ -1,11 +1,8 @@
 -- Shared helpers, first in the check script. Numbers are doubles; every value stays an
 -- integer below 2^53, so these helpers are exact.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
-  return q
-end
+-- Floor division. For integers |a| < 2^53 and b >= 1, a / b rounds by less than 1/b, never
+-- across an integer, so Lua's `a % b` (a - floor(a / b) * b) is exact, and so is the rest.
+local function idiv(a, b) return (a - a % b) / b end
 local function ceil_div(a, b) return idiv(a + b - 1, b) end
 -- '%d' is exact for these integers and a third of the cost of '%.0f' (one format of a
 -- whole value costs a third of several joined).
@@ -18,35 +15,47 @@ local now, explicit_clock
 -- for none), and those it changed: each is read at most once a call (`load`, or `prefetch`
 -- for many in one MGET) and written at most once, at its end (`finish`), however many
 -- checks of a batch or probes of a grant touch it. A call that fails writes nothing.
-local cache, written, ttls = {}, {}, {}
+-- The tables outlive a call (a library's calls reuse them: a new table costs Redis more
+-- than clearing a few keys), so `begin` clears what the last call left: `loaded` lists
+-- the keys read (the first `n_loaded`), and only a key read can be written.
+local cache, ttls, loaded, written = {}, {}, {}, {}
+local n_loaded, n_written = 0, 0
 local function begin(clock)
   explicit_clock = clock ~= ''
   if explicit_clock then now = tonumber(clock) else
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  cache, written, ttls = {}, {}, {}
+  for i = 1, n_loaded do local k = loaded[i]; cache[k] = nil; ttls[k] = nil end
+  n_loaded, n_written = 0, 0
+end
+local function remember(k, v)
+  cache[k] = v
+  n_loaded = n_loaded + 1; loaded[n_loaded] = k
 end
 local function load(k)
   local v = cache[k]
-  if v == nil then v = redis.call('GET', k) or false; cache[k] = v end
+  if v == nil then v = redis.call('GET', k) or false; remember(k, v) end
   return v or nil
 end
-local function prefetch(keys)
-  if #keys < 2 then return end
-  for first = 1, #keys, 1000 do -- `unpack` is bounded by Lua's stack
-    local last = math.min(first + 999, #keys)
+-- Reads keys[1..n] at once.
+local function prefetch(keys, n)
+  if n < 2 then return end
+  for first = 1, n, 1000 do -- `unpack` is bounded by Lua's stack
+    local last = math.min(first + 999, n)
     local values = redis.call('MGET', unpack(keys, first, last))
-    for i = first, last do cache[keys[i]] = values[i - first + 1] or false end
+    for i = first, last do remember(keys[i], values[i - first + 1] or false) end
   end
 end
--- Keeps `v` as k's state; `ttl` (µs from now) when the key must live that long, nil when
--- the TTL it already has is right (a refund, a window's later admissions).
+-- Keeps `v` as k's state (k read by this call); `ttl` (µs from now) when the key must live
+-- that long, nil when the TTL it already has is right (a refund, a window's later admissions).
 local function store(k, v, ttl)
   cache[k] = v
-  if ttls[k] == nil then written[#written + 1] = k; ttls[k] = -1 end
+  if ttls[k] == nil then n_written = n_written + 1; written[n_written] = k; ttls[k] = -1 end
   if ttl and ttl > ttls[k] then ttls[k] = ttl end
 end
+-- A one-key algorithm's `commit`: its decision's new state, kept.
+local function commit_state(k1, _, state, ttl) store(k1, state, ttl) end
 -- A key expires when its state is as good as fresh. Under a test's explicit clock, which
 -- runs slower than Redis's, keys are kept 10 minutes longer so they do not vanish early.
 local function ttl_ms(us)
@@ -56,19 +65,20 @@ local function ttl_ms(us)
 end
 -- Writes what the call changed, each key once.
 local function finish()
-  for i = 1, #written do
+  for i = 1, n_written do
     local k = written[i]
     if ttls[k] >= 0 then redis.call('SET', k, cache[k], 'PX', ttl_ms(ttls[k]))
     else redis.call('SET', k, cache[k], 'KEEPTTL') end
   end
-  written = {}
+  n_written = 0
 end
 -- Each algorithm is a function that builds it, so a call pays only for the algorithms it
 -- uses. What it builds: `keys`, how many state keys it takes; `windowed`, whether its state
 -- starts anew with each window (a lease of it ends with the window);
 -- `decide(k1, k2, limit, a, b, c, cost)` → allowed, remaining, reset_after, retry_after,
--- delay and, when it admits, a function that writes the new state (called only if the
--- whole request passes); `refund(k1, k2, limit, a, b, c, at, cost)` gives back `cost`
+-- delay and, when it admits, the new state and its TTL (µs, or nil to keep the key's),
+-- which `commit(k1, k2, state, ttl)` writes if the whole request passes (one-key states:
+-- `commit_state`); `refund(k1, k2, limit, a, b, c, at, cost)` gives back `cost`
 -- admitted at `at`. k1, k2 are the rule's keys (k2 unused by one-key states); a, b, c its
 -- derived numbers. Everything is passed and returned by value: tables cost more in Redis.
 local algorithms = {}

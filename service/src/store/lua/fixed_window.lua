@@ -14,11 +14,10 @@ algorithms.fixed_window = function()
       local reset = (id + 1) * window - now
       local used = count; if used > limit then used = limit end
       if cost > limit - used then return false, limit - used, reset, reset, 0 end
-      return true, limit - count - cost, reset, 0, 0, function()
-        -- A key already counting this window expires with it (its first admission said so).
-        store(k1, string.format('%d:%d', id, count + cost), count == 0 and reset or nil)
-      end
+      -- A key already counting this window expires with it (its first admission said so).
+      return true, limit - count - cost, reset, 0, 0, string.format('%d:%d', id, count + cost), count == 0 and reset or nil
     end,
+    commit = commit_state,
     refund = function(k1, _, limit, window, _, _, at, cost)
       local stored = load(k1)
       if not stored then return end

@@ -15,10 +15,9 @@ algorithms.gcra = function()
       local over = new_tat - now - tau; if over < 0 then over = 0 end
       if over > max_delay then return false, remaining_before, tat - now, over - max_delay, 0 end
       local left = tau - (new_tat - now); if left < 0 then left = 0 end
-      return true, idiv(left, interval), new_tat - now, 0, over, function()
-        store(k1, int(new_tat), new_tat - now)
-      end
+      return true, idiv(left, interval), new_tat - now, 0, over, int(new_tat), new_tat - now
     end,
+    commit = commit_state,
     refund = function(k1, _, limit, capacity, interval, max_delay, at, cost)
       local stored = load(k1)
       if stored then

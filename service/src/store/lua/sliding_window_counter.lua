@@ -40,11 +40,11 @@ algorithms.sliding_window_counter = function()
         end
         return false, idiv(room_now, w), reset, retry, 0
       end
-      return true, idiv(room_now - cost * w, w), reset, 0, 0, function()
-        -- A key already counting this window expires with the next (its first admission said so).
-        store(k1, string.format('%d:%d:%d', id, cur + cost, prev), cur == 0 and (id + 2) * window - now or nil)
-      end
+      -- A key already counting this window expires with the next (its first admission said so).
+      return true, idiv(room_now - cost * w, w), reset, 0, 0,
+        string.format('%d:%d:%d', id, cur + cost, prev), cur == 0 and (id + 2) * window - now or nil
     end,
+    commit = commit_state,
     refund = function(k1, _, limit, window, _, _, at, cost)
       local stored = load(k1)
       if not stored then return end

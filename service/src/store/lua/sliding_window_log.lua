@@ -34,6 +34,7 @@ algorithms.sliding_window_log = function()
         end
         return false, free, reset, retry, 0
       end
+      -- Its writes are several commands, so its "state" is the function that sends them.
       return true, free - cost, window, 0, 0, function()
         local seq = redis.call('HINCRBY', k2, 'seq', 1)
         redis.call('ZADD', k1, int(now), int(now) .. ':' .. seq .. ':' .. int(cost))
@@ -42,6 +43,7 @@ algorithms.sliding_window_log = function()
         redis.call('PEXPIRE', k2, ttl_ms(window))
       end
     end,
+    commit = function(_, _, write) write() end,
     refund = function(k1, k2, limit, window, _, _, at, cost)
       local left = cost
       local members = redis.call('ZRANGEBYSCORE', k1, int(at), int(at))

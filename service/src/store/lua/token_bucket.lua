@@ -24,10 +24,9 @@ algorithms.token_bucket = function()
       end
       local left = tokens - need
       local to_full = time_to_full(full, rate, left)
-      return true, idiv(left, unit), to_full, 0, 0, function()
-        store(k1, string.format('%d:%d', left, now), to_full)
-      end
+      return true, idiv(left, unit), to_full, 0, 0, string.format('%d:%d', left, now), to_full
     end,
+    commit = commit_state,
     refund = function(k1, _, limit, capacity, unit, rate, at, cost)
       local stored = load(k1)
       if stored then
