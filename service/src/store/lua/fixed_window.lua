@@ -8,22 +8,22 @@ algorithms.fixed_window = function()
       local id = idiv(now, window)
       local count = 0
       if stored then
-        local sid, c = string.match(stored, '^(%d+):(%d+)$')
-        if tonumber(sid) == id then count = tonumber(c) end
+        local sid, c = match(stored, '^(%d+):(%d+)$')
+        if to_number(sid) == id then count = to_number(c) end
       end
       local reset = (id + 1) * window - now
       local used = count; if used > limit then used = limit end
       if cost > limit - used then return false, limit - used, reset, reset, 0 end
       -- A key already counting this window expires with it (its first admission said so).
-      return true, limit - count - cost, reset, 0, 0, string.format('%d:%d', id, count + cost), count == 0 and reset or nil
+      return true, limit - count - cost, reset, 0, 0, format('%d:%d', id, count + cost), count == 0 and reset or nil
     end,
     commit = commit_state,
     refund = function(k1, _, limit, window, _, _, at, cost)
       local stored = load(k1)
       if not stored then return end
-      local id, count = string.match(stored, '^(%d+):(%d+)$')
-      if tonumber(id) == idiv(at, window) then
-        local c = tonumber(count) - cost; if c < 0 then c = 0 end
+      local id, count = match(stored, '^(%d+):(%d+)$')
+      if to_number(id) == idiv(at, window) then
+        local c = to_number(count) - cost; if c < 0 then c = 0 end
         store(k1, id .. ':' .. int(c))
       end
     end,

@@ -12,10 +12,10 @@ algorithms.sliding_window_counter = function()
       local elapsed = idiv(now - start, 1000)
       local cur, prev = 0, 0
       if stored then
-        local sid, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-        sid = tonumber(sid)
-        if sid == id then cur, prev = tonumber(c), tonumber(p)
-        elseif sid + 1 == id then prev = tonumber(c) end
+        local sid, c, p = match(stored, '^(%d+):(%d+):(%d+)$')
+        sid = to_number(sid)
+        if sid == id then cur, prev = to_number(c), to_number(p)
+        elseif sid + 1 == id then prev = to_number(c) end
       end
       local reset = start + window - now
       local room_now = limit * w - (prev * (w - elapsed) + cur * w); if room_now < 0 then room_now = 0 end
@@ -42,16 +42,16 @@ algorithms.sliding_window_counter = function()
       end
       -- A key already counting this window expires with the next (its first admission said so).
       return true, idiv(room_now - cost * w, w), reset, 0, 0,
-        string.format('%d:%d:%d', id, cur + cost, prev), cur == 0 and (id + 2) * window - now or nil
+        format('%d:%d:%d', id, cur + cost, prev), cur == 0 and (id + 2) * window - now or nil
     end,
     commit = commit_state,
     refund = function(k1, _, limit, window, _, _, at, cost)
       local stored = load(k1)
       if not stored then return end
-      local id, cur, prev = string.match(stored, '^(%d+):(%d+):(%d+)$')
+      local id, cur, prev = match(stored, '^(%d+):(%d+):(%d+)$')
       local admitted = idiv(at, window)
-      local function less(v) v = tonumber(v) - cost; if v < 0 then v = 0 end; return int(v) end
-      if tonumber(id) == admitted then cur = less(cur) elseif tonumber(id) == admitted + 1 then prev = less(prev) else return end
+      local function less(v) v = to_number(v) - cost; if v < 0 then v = 0 end; return int(v) end
+      if to_number(id) == admitted then cur = less(cur) elseif to_number(id) == admitted + 1 then prev = less(prev) else return end
       store(k1, id .. ':' .. cur .. ':' .. prev)
     end,
   }

@@ -9,8 +9,8 @@ algorithms.token_bucket = function()
       local stored = load(k1)
       local tokens = full
       if stored then
-        local t, last = string.match(stored, '^(%d+):(%d+)$')
-        t, last = tonumber(t), tonumber(last)
+        local t, last = match(stored, '^(%d+):(%d+)$')
+        t, last = to_number(t), to_number(last)
         local elapsed = now - last; if elapsed < 0 then elapsed = 0 end
         if elapsed < time_to_full(full, rate, t) then tokens = t + elapsed * rate end
       end
@@ -24,15 +24,15 @@ algorithms.token_bucket = function()
       end
       local left = tokens - need
       local to_full = time_to_full(full, rate, left)
-      return true, idiv(left, unit), to_full, 0, 0, string.format('%d:%d', left, now), to_full
+      return true, idiv(left, unit), to_full, 0, 0, format('%d:%d', left, now), to_full
     end,
     commit = commit_state,
     refund = function(k1, _, limit, capacity, unit, rate, at, cost)
       local stored = load(k1)
       if stored then
-        local t, last = string.match(stored, '^(%d+):(%d+)$')
+        local t, last = match(stored, '^(%d+):(%d+)$')
         local c = cost; if c > capacity then c = capacity end
-        t = tonumber(t) + c * unit; if t > capacity * unit then t = capacity * unit end
+        t = to_number(t) + c * unit; if t > capacity * unit then t = capacity * unit end
         store(k1, int(t) .. ':' .. last)
       end
     end,
