@@ -81,7 +81,7 @@ local function decide_check(op, KEYS, key, ARGV, first, last)
     n_out = n + 5
   end
   if passes and op == 'decide' then
-    for j = 1, n_pending, 5 do pending[j].commit(pending[j + 1], pending[j + 2], pending[j + 3], pending[j + 4]) end
+    for j = 1, n_pending, 5 do pending[j].commit(pending[j + 1], pending[j + 3], pending[j + 4], pending[j + 2]) end
   end
   return key
 end
@@ -139,7 +139,7 @@ local function run_op(op, KEYS, ARGV, base)
         local window_end = (idiv(now, a) + 1) * a
         if window_end < ends then ends = window_end end
       end
-      if units > 0 then algorithm.commit(k1, k2, state, ttl) end
+      if units > 0 then algorithm.commit(k1, state, ttl, k2) end
       if op == 'take' then
         -- What the next request (cost 1) would get now, as sluice-core's quota_after_take.
         allowed, remaining, reset, retry, delay = algorithm.decide(k1, k2, limit, a, b, c, 1)

@@ -2,6 +2,7 @@
 -- integer below 2^53, so these helpers are exact.
 -- Floor division. For integers |a| < 2^53 and b >= 1, a / b rounds by less than 1/b, never
 -- across an integer, so Lua's `a % b` (a - floor(a / b) * b) is exact, and so is the rest.
+-- (The hot paths write it out, `(a - a % b) / b`: a Lua call costs more than the division.)
 local function idiv(a, b) return (a - a % b) / b end
 local function ceil_div(a, b) return idiv(a + b - 1, b) end
 -- Lua's string and number functions, bound at a call's first step (a Function library
@@ -34,13 +35,12 @@ local function begin(clock)
   for i = 1, n_loaded do local k = loaded[i]; cache[k] = nil; ttls[k] = nil end
   n_loaded, n_written = 0, 0
 end
-local function remember(k, v)
-  cache[k] = v
-  n_loaded = n_loaded + 1; loaded[n_loaded] = k
-end
 local function load(k)
   local v = cache[k]
-  if v == nil then v = redis.call('GET', k) or false; remember(k, v) end
+  if v == nil then
+    v = redis.call('GET', k) or false
+    cache[k], n_loaded = v, n_loaded + 1; loaded[n_loaded] = k
+  end
   return v or nil
 end
 -- Reads keys[1..n] at once.
@@ -49,7 +49,10 @@ local function prefetch(keys, n)
   for first = 1, n, 1000 do -- `unpack` is bounded by Lua's stack
     local last = math.min(first + 999, n)
     local values = redis.call('MGET', unpack(keys, first, last))
-    for i = first, last do remember(keys[i], values[i - first + 1] or false) end
+    for i = first, last do
+      local k = keys[i]
+      cache[k], n_loaded = values[i - first + 1] or false, n_loaded + 1; loaded[n_loaded] = k
+    end
   end
 end
 -- Keeps `v` as k's state (k read by this call); `ttl` (µs from now) when the key must live
@@ -59,12 +62,10 @@ local function store(k, v, ttl)
   if ttls[k] == nil then n_written = n_written + 1; written[n_written] = k; ttls[k] = -1 end
   if ttl and ttl > ttls[k] then ttls[k] = ttl end
 end
--- A one-key algorithm's `commit`: its decision's new state, kept.
-local function commit_state(k1, _, state, ttl) store(k1, state, ttl) end
 -- A key expires when its state is as good as fresh. Under a test's explicit clock, which
 -- runs slower than Redis's, keys are kept 10 minutes longer so they do not vanish early.
 local function ttl_ms(us)
-  local ms = ceil_div(us, 1000); if ms < 1 then ms = 1 end
+  local ms = us + 999; ms = (ms - ms % 1000) / 1000; if ms < 1 then ms = 1 end
   if explicit_clock then ms = ms + 600000 end
   return int(ms)
 end
@@ -82,8 +83,8 @@ end
 -- starts anew with each window (a lease of it ends with the window);
 -- `decide(k1, k2, limit, a, b, c, cost)` → allowed, remaining, reset_after, retry_after,
 -- delay and, when it admits, the new state and its TTL (µs, or nil to keep the key's),
--- which `commit(k1, k2, state, ttl)` writes if the whole request passes (one-key states:
--- `commit_state`); `refund(k1, k2, limit, a, b, c, at, cost)` gives back `cost`
+-- which `commit(k1, state, ttl, k2)` writes if the whole request passes (one-key states:
+-- `store`); `refund(k1, k2, limit, a, b, c, at, cost)` gives back `cost`
 -- admitted at `at`. k1, k2 are the rule's keys (k2 unused by one-key states); a, b, c its
 -- derived numbers. Everything is passed and returned by value: tables cost more in Redis.
 local algorithms = {}

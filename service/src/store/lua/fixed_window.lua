@@ -17,7 +17,7 @@ algorithms.fixed_window = function()
       -- A key already counting this window expires with it (its first admission said so).
       return true, limit - count - cost, reset, 0, 0, format('%d:%d', id, count + cost), count == 0 and reset or nil
     end,
-    commit = commit_state,
+    commit = store,
     refund = function(k1, _, limit, window, _, _, at, cost)
       local stored = load(k1)
       if not stored then return end

@@ -9,15 +9,16 @@ algorithms.gcra = function()
       if stored then tat = to_number(stored); if tat < now then tat = now end end
       local tau = capacity * interval
       local waited = tat - now; if waited > tau then waited = tau end
-      local remaining_before = idiv(tau - waited, interval)
+      local spare = tau - waited
+      local remaining_before = (spare - spare % interval) / interval
       if cost > capacity then return false, remaining_before, tat - now, tat - now, 0 end
       local new_tat = tat + cost * interval
       local over = new_tat - now - tau; if over < 0 then over = 0 end
       if over > max_delay then return false, remaining_before, tat - now, over - max_delay, 0 end
       local left = tau - (new_tat - now); if left < 0 then left = 0 end
-      return true, idiv(left, interval), new_tat - now, 0, over, int(new_tat), new_tat - now
+      return true, (left - left % interval) / interval, new_tat - now, 0, over, int(new_tat), new_tat - now
     end,
-    commit = commit_state,
+    commit = store,
     refund = function(k1, _, limit, capacity, interval, max_delay, at, cost)
       local stored = load(k1)
       if stored then

@@ -5,11 +5,11 @@ algorithms.sliding_window_counter = function()
     keys = 1,
     windowed = true,
     decide = function(k1, _, limit, window, _, _, cost)
-      local w = idiv(window, 1000)
+      local w = (window - window % 1000) / 1000
       local stored = load(k1)
-      local id = idiv(now, window)
-      local start = id * window
-      local elapsed = idiv(now - start, 1000)
+      local start = now - now % window
+      local id = start / window
+      local elapsed = (now - start - (now - start) % 1000) / 1000
       local cur, prev = 0, 0
       if stored then
         local sid, c, p = match(stored, '^(%d+):(%d+):(%d+)$')
@@ -41,10 +41,11 @@ algorithms.sliding_window_counter = function()
         return false, idiv(room_now, w), reset, retry, 0
       end
       -- A key already counting this window expires with the next (its first admission said so).
-      return true, idiv(room_now - cost * w, w), reset, 0, 0,
+      local room = room_now - cost * w
+      return true, (room - room % w) / w, reset, 0, 0,
         format('%d:%d:%d', id, cur + cost, prev), cur == 0 and (id + 2) * window - now or nil
     end,
-    commit = commit_state,
+    commit = store,
     refund = function(k1, _, limit, window, _, _, at, cost)
       local stored = load(k1)
       if not stored then return end

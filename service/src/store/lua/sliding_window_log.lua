@@ -43,7 +43,7 @@ algorithms.sliding_window_log = function()
         redis.call('PEXPIRE', k2, ttl_ms(window))
       end
     end,
-    commit = function(_, _, write) write() end,
+    commit = function(_, write) write() end,
     refund = function(k1, k2, limit, window, _, _, at, cost)
       local left = cost
       local members = redis.call('ZRANGEBYSCORE', k1, int(at), int(at))

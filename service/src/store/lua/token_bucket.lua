@@ -1,7 +1,12 @@
 -- Token bucket, mirroring sluice-core's token_bucket.rs. k1: "<tokens>:<last>".
 -- a: capacity, b: unit (scaled units per token), c: rate (units per µs).
 algorithms.token_bucket = function()
-  local function time_to_full(full, rate, t) local d = full - t; if d < 0 then d = 0 end; return ceil_div(d, rate) end
+  -- ⌈(full - t) / rate⌉, at least 0.
+  local function time_to_full(full, rate, t)
+    local d = full - t; if d <= 0 then return 0 end
+    d = d + rate - 1
+    return (d - d % rate) / rate
+  end
   return {
     keys = 1,
     decide = function(k1, _, limit, capacity, unit, rate, cost)
@@ -24,9 +29,9 @@ algorithms.token_bucket = function()
       end
       local left = tokens - need
       local to_full = time_to_full(full, rate, left)
-      return true, idiv(left, unit), to_full, 0, 0, format('%d:%d', left, now), to_full
+      return true, (left - left % unit) / unit, to_full, 0, 0, format('%d:%d', left, now), to_full
     end,
-    commit = commit_state,
+    commit = store,
     refund = function(k1, _, limit, capacity, unit, rate, at, cost)
       local stored = load(k1)
       if stored then
