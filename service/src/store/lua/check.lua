@@ -31,7 +31,7 @@ local function rule_of(value)
   if rule then return rule end
   local name, shadow, cost, limit, a, b, c = match(value, '^([%a_]+):([01]):(%d+):(%d+):(%d+):(%d+):(%d+)$')
   if not name then error('bad rule value ' .. value) end
-  rule = {algorithm_of(name), shadow == '1', to_number(cost), to_number(limit), to_number(a), to_number(b), to_number(c)}
+  rule = {algorithm_of(name), shadow == '1', cost + 0, limit + 0, a + 0, b + 0, c + 0}
   if rules_read >= 4096 then rules, rules_read = {}, 0 end
   rules[value], rules_read = rule, rules_read + 1
   return rule
@@ -91,12 +91,12 @@ end
 -- each check's keys in turn. Returns {now, then five numbers per rule}.
 local function batch(KEYS, ARGV)
   begin(ARGV[1])
-  local n = to_number(ARGV[2])
+  local n = ARGV[2] + 0
   local key, first = 1, 3 + n
   answer_begin()
   prefetch_rules(KEYS, ARGV, first, #ARGV)
   for check = 1, n do
-    local last = first + to_number(ARGV[2 + check]) - 1
+    local last = first - 1 + ARGV[2 + check]
     key = decide_check('decide', KEYS, key, ARGV, first, last)
     first = last + 1
   end
@@ -110,7 +110,7 @@ local function run_op(op, KEYS, ARGV, base)
     decide_check(op, KEYS, 1, ARGV, base + 2, #ARGV)
     return answer_end()
   end
-  local at = to_number(ARGV[base + 1])
+  local at = ARGV[base + 1] + 0
   local next_key = 1
   for i = base + 2, #ARGV do
     local rule = rule_of(ARGV[i])
@@ -149,7 +149,7 @@ local function run_op(op, KEYS, ARGV, base)
         local record = KEYS[#KEYS]
         local held = redis.call('GET', record)
         local total = units
-        if held then total = total + to_number(match(held, '^(%d+)')) end
+        if held then total = total + match(held, '^(%d+)') end
         redis.call('SET', record, int(total) .. ':' .. int(now) .. ':' .. int(ends), 'PX', ttl_ms(ends - now))
       end
       return {now, units, ends, allowed and 1 or 0, remaining, reset, retry, delay}
@@ -159,12 +159,12 @@ local function run_op(op, KEYS, ARGV, base)
       local held = redis.call('GET', record)
       if not held then return 0 end
       local units, granted, ends = match(held, '^(%d+):(%d+):(%d+)$')
-      units, ends = to_number(units), to_number(ends)
+      units, ends = units + 0, ends + 0
       if now > ends then return 0 end
       local back = cost; if back > units then back = units end
       if back == units then redis.call('DEL', record)
       else redis.call('SET', record, int(units - back) .. ':' .. granted .. ':' .. int(ends), 'KEEPTTL') end
-      algorithm.refund(k1, k2, limit, a, b, c, to_number(granted), back)
+      algorithm.refund(k1, k2, limit, a, b, c, granted + 0, back)
       return back
     elseif op == 'refund' then
       algorithm.refund(k1, k2, limit, a, b, c, at, cost)

@@ -9,7 +9,7 @@ algorithms.fixed_window = function()
       local count = 0
       if stored then
         local sid, c = match(stored, '^(%d+):(%d+)$')
-        if to_number(sid) == id then count = to_number(c) end
+        if sid + 0 == id then count = c + 0 end
       end
       local reset = (id + 1) * window - now
       local used = count; if used > limit then used = limit end
@@ -22,8 +22,8 @@ algorithms.fixed_window = function()
       local stored = load(k1)
       if not stored then return end
       local id, count = match(stored, '^(%d+):(%d+)$')
-      if to_number(id) == idiv(at, window) then
-        local c = to_number(count) - cost; if c < 0 then c = 0 end
+      if id + 0 == idiv(at, window) then
+        local c = count - cost; if c < 0 then c = 0 end
         store(k1, id .. ':' .. int(c))
       end
     end,

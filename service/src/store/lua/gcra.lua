@@ -6,7 +6,7 @@ algorithms.gcra = function()
     decide = function(k1, _, limit, capacity, interval, max_delay, cost)
       local tat = now
       local stored = load(k1)
-      if stored then tat = to_number(stored); if tat < now then tat = now end end
+      if stored then tat = stored + 0; if tat < now then tat = now end end
       local tau = capacity * interval
       local waited = tat - now; if waited > tau then waited = tau end
       local spare = tau - waited
@@ -22,7 +22,7 @@ algorithms.gcra = function()
     refund = function(k1, _, limit, capacity, interval, max_delay, at, cost)
       local stored = load(k1)
       if stored then
-        local tat = to_number(stored) - cost * interval
+        local tat = stored - cost * interval
         if tat < 0 then tat = 0 end
         if tat < at then tat = at end
         store(k1, int(tat))

@@ -13,9 +13,9 @@ algorithms.sliding_window_counter = function()
       local cur, prev = 0, 0
       if stored then
         local sid, c, p = match(stored, '^(%d+):(%d+):(%d+)$')
-        sid = to_number(sid)
-        if sid == id then cur, prev = to_number(c), to_number(p)
-        elseif sid + 1 == id then prev = to_number(c) end
+        sid = sid + 0
+        if sid == id then cur, prev = c + 0, p + 0
+        elseif sid + 1 == id then prev = c + 0 end
       end
       local reset = start + window - now
       local room_now = limit * w - (prev * (w - elapsed) + cur * w); if room_now < 0 then room_now = 0 end
@@ -51,8 +51,8 @@ algorithms.sliding_window_counter = function()
       if not stored then return end
       local id, cur, prev = match(stored, '^(%d+):(%d+):(%d+)$')
       local admitted = idiv(at, window)
-      local function less(v) v = to_number(v) - cost; if v < 0 then v = 0 end; return int(v) end
-      if to_number(id) == admitted then cur = less(cur) elseif to_number(id) == admitted + 1 then prev = less(prev) else return end
+      local function less(v) v = v - cost; if v < 0 then v = 0 end; return int(v) end
+      if id + 0 == admitted then cur = less(cur) elseif id + 0 == admitted + 1 then prev = less(prev) else return end
       store(k1, id .. ':' .. cur .. ':' .. prev)
     end,
   }

@@ -2,11 +2,11 @@
 -- k1: sorted set of admissions (score = time µs, member = "time:seq:cost");
 -- k2: hash {used, seq}. a: window µs.
 algorithms.sliding_window_log = function()
-  local function cost_of(member) return to_number(match(member, ':(%d+)$')) end
+  local function cost_of(member) return match(member, ':(%d+)$') + 0 end
   return {
     keys = 2,
     decide = function(k1, k2, limit, window, _, _, cost)
-      local used = to_number(redis.call('HGET', k2, 'used') or '0')
+      local used = (redis.call('HGET', k2, 'used') or 0) + 0
       -- Dropping what left the window changes no decision, so it is done even on a denial.
       local expired = redis.call('ZRANGEBYSCORE', k1, '-inf', int(now - window))
       if #expired > 0 then
@@ -18,7 +18,7 @@ algorithms.sliding_window_log = function()
       if cost > free then
         local reset = 0
         local last = redis.call('ZRANGE', k1, -1, -1, 'WITHSCORES')
-        if last[2] then reset = to_number(last[2]) + window - now; if reset < 0 then reset = 0 end end
+        if last[2] then reset = last[2] + window - now; if reset < 0 then reset = 0 end end
         local retry = reset
         if cost <= limit then
           local missing = cost - free
@@ -26,7 +26,7 @@ algorithms.sliding_window_log = function()
           for i = 1, #entries, 2 do
             local c = cost_of(entries[i])
             if c >= missing then
-              retry = to_number(entries[i + 1]) + window - now; if retry < 0 then retry = 0 end
+              retry = entries[i + 1] + window - now; if retry < 0 then retry = 0 end
               break
             end
             missing = missing - c

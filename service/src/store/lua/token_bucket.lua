@@ -15,7 +15,7 @@ algorithms.token_bucket = function()
       local tokens = full
       if stored then
         local t, last = match(stored, '^(%d+):(%d+)$')
-        t, last = to_number(t), to_number(last)
+        t, last = t + 0, last + 0
         local elapsed = now - last; if elapsed < 0 then elapsed = 0 end
         if elapsed < time_to_full(full, rate, t) then tokens = t + elapsed * rate end
       end
@@ -37,7 +37,7 @@ algorithms.token_bucket = function()
       if stored then
         local t, last = match(stored, '^(%d+):(%d+)$')
         local c = cost; if c > capacity then c = capacity end
-        t = to_number(t) + c * unit; if t > capacity * unit then t = capacity * unit end
+        t = t + c * unit; if t > capacity * unit then t = capacity * unit end
         store(k1, int(t) .. ':' .. last)
       end
     end,
