@@ -84,7 +84,7 @@ impl Batcher {
                 }
                 continue;
             }
-            let call = together(&batch);
+            let (call, batch) = together(batch);
             match library::run::<Vec<i64>>(&connection, &script, &call).await {
                 Ok(reply) => answer_each(batch, &reply),
                 Err(e) => {
@@ -99,20 +99,24 @@ impl Batcher {
 
 /// The `batch` call of `checks` (each a `decide`: the clock, the unused `at`, then a value
 /// a rule): the clock, how many checks, each one's number of rules, then every rule's
-/// value; their keys in turn.
-fn together(checks: &[Waiting]) -> CheckCall {
+/// value; their keys in turn. Each check's strings move into it (the checks keep their
+/// rule counts and reply channels).
+fn together(mut checks: Vec<Waiting>) -> (CheckCall, Vec<Waiting>) {
     let mut keys = Vec::with_capacity(checks.iter().map(|w| w.call.keys.len()).sum());
-    let mut args = vec![String::new(), checks.len().to_string()];
+    let mut args = Vec::with_capacity(2 + checks.iter().map(|w| 1 + w.rules).sum::<usize>());
+    args.push(String::new());
+    args.push(checks.len().to_string());
     args.extend(checks.iter().map(|w| w.rules.to_string()));
-    for w in checks {
-        keys.extend(w.call.keys.iter().cloned());
-        args.extend(w.call.args.iter().skip(2).cloned());
+    for w in &mut checks {
+        keys.append(&mut w.call.keys);
+        args.extend(w.call.args.drain(..).skip(2));
     }
-    CheckCall {
+    let call = CheckCall {
         op: "batch",
         keys,
         args,
-    }
+    };
+    (call, checks)
 }
 
 /// Splits a batch's reply (the time, then five numbers a rule of each check in turn) into

@@ -39,6 +39,7 @@ use futures_util::StreamExt;
 use redis::{Script, Value};
 use sluice_core::algorithm::{passes, Part};
 use sluice_core::lease::Grant;
+use sluice_core::text::push_u64;
 use sluice_core::{Algorithm, Decision, Limit, Micros};
 
 pub use self::address::{redact, Address, AddressError, Deployment};
@@ -606,7 +607,7 @@ fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Mic
     for item in group {
         let limit = item.part.limit;
         for suffix in keys::state_suffixes(limit.algorithm()) {
-            keys.push(format!("{}{suffix}", item.key));
+            keys.push([item.key, suffix].concat());
         }
         let (name, params) = match limit.algorithm() {
             Algorithm::TokenBucket => (
@@ -621,10 +622,17 @@ fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Mic
             Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window().as_u64(), 0, 0]),
             Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window().as_u64(), 0, 0]),
         };
-        let [a, b, c] = params;
-        let shadow = u8::from(item.part.shadow);
+        let shadow = if item.part.shadow { ":1" } else { ":0" };
         let cost = item.part.cost.max(1); // as core's `Limit::decide` takes it
-        args.push(format!("{name}:{shadow}:{cost}:{}:{a}:{b}:{c}", limit.limit()));
+                                          // "<name>:<shadow>:<cost>:<limit>:<a>:<b>:<c>", without the formatting machinery.
+        let mut value = String::with_capacity(name.len() + 64);
+        value.push_str(name);
+        value.push_str(shadow);
+        for n in [cost, limit.limit()].into_iter().chain(params) {
+            value.push(':');
+            push_u64(&mut value, n);
+        }
+        args.push(value);
     }
     CheckCall { op, keys, args }
 }
