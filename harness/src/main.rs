@@ -94,7 +94,11 @@ impl From<HostFlavor> for Flavor {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    // The log goes to stderr: stdout is what a command prints (check-config's verdict).
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
         Command::Proxy(args) => proxy(args).await,
         Command::CheckConfig(args) => check_config(&args),

@@ -17,13 +17,13 @@ fn start(args: &[&str]) -> (Child, u16) {
     start_with(args, Stdio::inherit())
 }
 
-/// Starts the binary with its stdout (where it logs) sent to `stdout`.
-fn start_with(args: &[&str], stdout: Stdio) -> (Child, u16) {
+/// Starts the binary with its stderr (where it logs) sent to `log`.
+fn start_with(args: &[&str], log: Stdio) -> (Child, u16) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let child = Child::spawn(
         "sluice-service",
-        Command::new(BIN).args(["--listen", &listen]).args(args).stdout(stdout),
+        Command::new(BIN).args(["--listen", &listen]).args(args).stderr(log),
     );
     wait_for_port(port, Duration::from_secs(20));
     (child, port)

@@ -20,7 +20,7 @@ pub struct Args {
     /// A task other than serving.
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Log format.
+    /// Log format (the log goes to stderr; RUST_LOG sets its level, default info).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "SLUICE_LOG_FORMAT")]
     pub log_format: LogFormat,
     /// Export a span per check (the rule, the decision, the store's time; the caller's W3C

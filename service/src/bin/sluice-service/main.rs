@@ -45,10 +45,15 @@ fn main() -> anyhow::Result<()> {
     if let Some(Command::Explain { .. }) = &args.command {
         std::process::exit(commands::explain(&args));
     }
+    // The log is diagnostics: stderr, so that what a command prints on stdout (and what a
+    // script captures of it) is never mixed with it.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match args.log_format {
-        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
+        LogFormat::Text => log.init(),
+        LogFormat::Json => log.json().init(),
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
