@@ -1,6 +1,7 @@
 //! The Redis store against real `redis-server`s: the Lua script agrees with sluice-core
 //! decision for decision (one rule at explicit times and on Redis's own `TIME`; several
-//! rules all-or-nothing, on one node and across cluster slots), a check is one script call
+//! rules all-or-nothing, on one node and across cluster slots; a batch of one key's checks
+//! on Redis's clock), a check is one script call
 //! per slot, exactly the limit is admitted under concurrency (single node and cluster),
 //! every key gets a TTL, a script flush is survived, and a dead Redis fails fast then
 //! recovers.
@@ -38,7 +39,12 @@ struct Case {
 
 /// Any limit of any algorithm (index 6: the leaky bucket shaping), and its window in µs.
 fn limit() -> impl Strategy<Value = Limit> {
-    (0usize..7, 1u64..30, 1u64..3_000, 0u64..40, 0u64..2_000).prop_map(|(a, limit, window_ms, burst, max_delay_ms)| {
+    limit_of(1..3_000)
+}
+
+/// [`limit`], its window `window_ms` long.
+fn limit_of(window_ms: std::ops::Range<u64>) -> impl Strategy<Value = Limit> {
+    (0usize..7, 1u64..30, window_ms, 0u64..40, 0u64..2_000).prop_map(|(a, limit, window_ms, burst, max_delay_ms)| {
         let (algorithm, shaping) = if a == 6 {
             (Algorithm::LeakyBucket, true)
         } else {
@@ -117,6 +123,68 @@ fn lua_agrees_with_core_on_random_traces(rt: &tokio::runtime::Runtime, store: &R
             Ok(())
         })
         .unwrap();
+}
+
+/// The same decisions in an order of its own, sorted.
+fn sorted(mut decisions: Vec<sluice_core::Decision>) -> Vec<sluice_core::Decision> {
+    decisions.sort_by_key(|d| (d.allowed, d.remaining, d.reset_after, d.retry_after, d.delay));
+    decisions
+}
+
+/// A hot key's checks batched into one call decide as core decides them in turn (the
+/// batched path: one `MGET` for the call, the key's state cached between its checks, written
+/// once at the end). Batches form only on Redis's clock, so each step sends `n` checks of
+/// one key at once (the first goes alone, the others wait for it and go as one batch) and
+/// core replays them at the times their calls were decided (each answer's `at`), call after
+/// call; the answers are the same, in some order within a call. Steps a few milliseconds
+/// apart cross the short windows.
+#[test]
+fn a_batch_of_one_keys_checks_decides_as_core_does_in_turn() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
+        .unwrap();
+    assert_eq!(store.engine(), Some(Engine::Functions));
+    let (counter, batched) = (AtomicU64::new(0), AtomicU64::new(0));
+    let mut runner = TestRunner::new(Config {
+        cases: 120,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = (
+        limit_of(1..40),
+        proptest::collection::vec((0u64..4, 1u64..3, 2usize..7), 1..10),
+    );
+    runner
+        .run(&case, |(limit, steps)| {
+            let key = format!("sluice:{{hot:{}}}", counter.fetch_add(1, Ordering::Relaxed));
+            let mut state = State::Fresh;
+            for (i, &(gap_ms, cost, n)) in steps.iter().enumerate() {
+                std::thread::sleep(Duration::from_millis(gap_ms));
+                let answers = rt.block_on(futures_util::future::join_all(
+                    (0..n).map(|_| store.decide(&key, &limit, cost)),
+                ));
+                let mut got: Vec<_> = answers.into_iter().collect::<Result<_, _>>().unwrap();
+                got.sort_by_key(|s| s.at);
+                for call in got.chunk_by(|a, b| a.at == b.at) {
+                    batched.fetch_add(u64::from(call.len() > 1), Ordering::Relaxed);
+                    let want: Vec<_> = call.iter().map(|s| limit.decide(&mut state, s.at, cost)).collect();
+                    let got: Vec<_> = call.iter().map(|s| s.decision).collect();
+                    prop_assert_eq!(
+                        sorted(got),
+                        sorted(want),
+                        "step {} of {:?} at {:?}",
+                        i,
+                        limit,
+                        call[0].at
+                    );
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(batched.load(Ordering::Relaxed) > 100, "too few batches to tell");
 }
 
 /// Several rules (some shadow) and one trace of (gap µs, cost) checks against all of them.
