@@ -219,7 +219,13 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
             let decisions: Vec<Decision> = stamps.iter().map(|s| s.decision).collect();
             node.refusals.remember(&items, &decisions, now);
             node.metrics.refusals_remembered(node.refusals.len());
-            node.owed.store_answered();
+            if !node.owed.is_empty() {
+                // The store is back: what the fallback admitted of these keys is spent now,
+                // before this request answers; the other keys' beside it.
+                let own = node.owed.take_keys(targets.iter().map(|t| t.key.as_str()));
+                crate::housekeeping::settle(node, own).await;
+                node.owed.store_answered();
+            }
             (decisions, false)
         }
         Err(e) => {

@@ -38,22 +38,29 @@ pub async fn sweep(node: Arc<Node>) {
 }
 
 /// Runs beside a node: whenever a store call succeeds with admissions owed, spends them in
-/// the store, each key in one call; what the store cannot take now (it failed again) stays
-/// owed for its next answer.
+/// the store ([`settle`]). A check first spends what its own keys owe itself
+/// ([`crate::decide`]), so this task's pace (a busy runtime can leave it waiting) never lets
+/// a hot key hand out its remainder meanwhile.
 pub async fn settle_owed(node: Arc<Node>) {
     loop {
         node.owed.due().await;
-        for (key, limit, units) in node.owed.take_all() {
-            match node.store.take(&key, &limit, units).await {
-                Ok(taken) => {
-                    tracing::debug!(key = %sluice_core::text::visible(&key), units, taken = taken.units,
-                        "fallback admissions spent in the store");
-                    node.metrics.fallback_settled(units);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "fallback admissions not spent yet; kept for the store's next answer");
-                    node.owed.add(&key, &limit, units);
-                }
+        settle(&node, node.owed.take_all()).await;
+    }
+}
+
+/// Spends `owed` (key, limit, units the fallback admitted) in the store, each key in one
+/// call; what the store cannot take now (it failed again) stays owed for its next answer.
+pub async fn settle(node: &Node, owed: Vec<(String, sluice_core::Limit, u64)>) {
+    for (key, limit, units) in owed {
+        match node.store.take(&key, &limit, units).await {
+            Ok(taken) => {
+                tracing::debug!(key = %sluice_core::text::visible(&key), units, taken = taken.units,
+                    "fallback admissions spent in the store");
+                node.metrics.fallback_settled(units);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "fallback admissions not spent yet; kept for the store's next answer");
+                node.owed.add(&key, &limit, units);
             }
         }
     }

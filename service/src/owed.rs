@@ -5,9 +5,12 @@
 //! (seeded with the store's last answer, shared among the live nodes: [`crate::decide`]).
 //! Those admissions happened; the store, or the replica promoted in its place, never saw
 //! them. So the node keeps what each key's fallback admitted and, when a store call succeeds
-//! again, takes it from the store ([`crate::housekeeping::settle_owed`], `Store::take`: whatever is left, never a
-//! refusal), so the quota goes on from what was really admitted rather than handing out its
-//! remainder a second time. Bounded by `--max-keys`: past it, admissions are not kept (and
+//! again, takes it from the store (`Store::take`: whatever is left, never a refusal): the
+//! check that succeeded, its own keys' before it answers ([`crate::decide`]), the others
+//! beside it ([`crate::housekeeping::settle_owed`]). So the quota goes on from what was
+//! really admitted rather than handing out its remainder a second time. Each node knows
+//! only its own: until the last node is back, the first can spend what the store still
+//! shows of a key another's fallback has admitted (at most that node's share). Bounded by `--max-keys`: past it, admissions are not kept (and
 //! counted in `sluice_fallback_unsettled_units_total`; those spent in
 //! `sluice_fallback_settled_units_total`).
 
@@ -65,6 +68,18 @@ impl Owed {
     /// Waits until a store answer finds something owed.
     pub async fn due(&self) {
         self.due.notified().await;
+    }
+
+    /// What is owed for `keys`, taken out (the rest stays owed).
+    pub fn take_keys<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Vec<(String, Limit, u64)> {
+        let mut owed = self.units.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = keys
+            .into_iter()
+            .filter_map(|key| owed.remove_entry(key))
+            .map(|(key, (limit, units))| (key, limit, units))
+            .collect();
+        self.any.store(!owed.is_empty(), Ordering::Release);
+        taken
     }
 
     /// Everything owed, taken out.

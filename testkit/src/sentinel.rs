@@ -258,6 +258,29 @@ impl RedisSentinel {
         }
     }
 
+    /// Waits until the replica has processed everything the master had written when this
+    /// was called (its `slave_repl_offset` reaches the master's `master_repl_offset`), over
+    /// a lagging link however busy the machine; panics after `timeout`.
+    pub fn wait_for_replica(&self, timeout: Duration) {
+        let offset = |port: u16, field: &str| -> u64 {
+            let info = self.cli_data(port, &["info", "replication"]);
+            info.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {field} in the INFO of port {port}: {info}"))
+        };
+        let master = self.master_port();
+        let replica = self.data_ports().into_iter().find(|&p| p != master).unwrap_or(master);
+        let written = offset(master, "master_repl_offset");
+        let start = Instant::now();
+        while offset(replica, "slave_repl_offset") < written {
+            assert!(
+                start.elapsed() < timeout,
+                "the replica on {replica} has not reached offset {written} after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the data server that is master now (a crash), and cuts the replication link of
     /// [`RedisSentinel::start_lagging`]; returns its port.
     pub fn kill_master(&mut self) -> u16 {
