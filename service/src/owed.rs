@@ -10,8 +10,9 @@
 //! beside it ([`crate::housekeeping::settle_owed`]). So the quota goes on from what was
 //! really admitted rather than handing out its remainder a second time. Each node knows
 //! only its own: until the last node is back, the first can spend what the store still
-//! shows of a key another's fallback has admitted (at most that node's share). Bounded by `--max-keys`: past it, admissions are not kept (and
-//! counted in `sluice_fallback_unsettled_units_total`; those spent in
+//! shows of a key another's fallback has admitted (at most that node's share). Bounded by
+//! `--max-keys`: past it, admissions are not kept (and counted in
+//! `sluice_fallback_unsettled_units_total`; those spent in
 //! `sluice_fallback_settled_units_total`).
 
 use std::collections::HashMap;
