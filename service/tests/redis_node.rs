@@ -167,15 +167,26 @@ async fn rules_subscribers(port: u16) -> u64 {
     n
 }
 
-/// Two nodes that poll every 30 s, both subscribed through the Redis at `subscribed_port`:
-/// a rule change made through a reaches b within a second, so by the announcement alone.
-async fn a_change_reaches_the_other_node_by_its_announcement(url: &str, subscribed_port: u16) {
-    let a = node_without_poll(url).await;
-    let b = node_without_poll(url).await;
+/// Two nodes that poll every 30 s, over the Redis `server`, once both have subscribed to
+/// the rules channel: a change made before that would reach neither until the poll.
+async fn two_subscribed_nodes(server: &RedisServer) -> [TestNode; 2] {
+    two_subscribed_nodes_through(&server.url(), server.port()).await
+}
+
+/// [`two_subscribed_nodes`] over `url`, whose subscriptions land at the Redis at `subscribed_port`.
+async fn two_subscribed_nodes_through(url: &str, subscribed_port: u16) -> [TestNode; 2] {
+    let nodes = [node_without_poll(url).await, node_without_poll(url).await];
     eventually("the nodes never subscribed to the rules channel", async || {
         rules_subscribers(subscribed_port).await == 2
     })
     .await;
+    nodes
+}
+
+/// Two nodes that poll every 30 s, both subscribed through the Redis at `subscribed_port`:
+/// a rule change made through a reaches b within a second, so by the announcement alone.
+async fn a_change_reaches_the_other_node_by_its_announcement(url: &str, subscribed_port: u16) {
+    let [a, b] = two_subscribed_nodes_through(url, subscribed_port).await;
     assert_eq!(policy(&b).await, "open-ip");
     assert_eq!(a.put_rules(one_rule("announced", 1000), None).await.status(), 200);
     let changed = Instant::now();
@@ -460,12 +471,7 @@ async fn admin_post(node: &TestNode, path: &str, body: serde_json::Value) -> boo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remembered_refusal_costs_no_store_call_and_a_reset_or_an_override_ends_it_everywhere() {
     let server = RedisServer::start();
-    let a = node_without_poll(&server.url()).await;
-    let b = node_without_poll(&server.url()).await;
-    eventually("the nodes never subscribed to the rules channel", async || {
-        rules_subscribers(server.port()).await == 2
-    })
-    .await;
+    let [a, b] = two_subscribed_nodes(&server).await;
     assert_eq!(a.put_rules(one_rule("tiny", 2), None).await.status(), 200);
     eventually("b never took the new rules", async || policy(&b).await == "tiny").await;
     let ip = json!({"ip": "203.0.113.50"});
@@ -515,10 +521,7 @@ async fn a_remembered_refusal_costs_no_store_call_and_a_reset_or_an_override_end
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_on_a_spent_quota_costs_each_node_one_or_two_store_calls_a_wait() {
     let server = RedisServer::start();
-    let nodes = [
-        node_without_poll(&server.url()).await,
-        node_without_poll(&server.url()).await,
-    ];
+    let nodes = two_subscribed_nodes(&server).await;
     let rule = "[[rule]]\nname = \"bucket\"\nby = \"ip\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\n";
     assert_eq!(nodes[0].put_rules(rule.to_owned(), None).await.status(), 200);
     for n in &nodes {
