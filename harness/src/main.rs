@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -92,16 +93,25 @@ impl From<HostFlavor> for Flavor {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     // The log goes to stderr: stdout is what a command prints (check-config's verdict).
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let ran = match Cli::parse().command {
         Command::Proxy(args) => proxy(args).await,
         Command::CheckConfig(args) => check_config(&args),
+    };
+    // The error and its causes on one line: returned from `main`, it would be printed by its
+    // `Debug` form, with a stack trace whenever RUST_BACKTRACE is set.
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -191,12 +191,17 @@ fn sigterm_stops_gracefully_and_bad_flags_explain_themselves() {
         shutting_down.is_some() && ended > shutting_down,
         "no \"shutting down\" then \"stopped\" in the log: {messages:?}"
     );
+    // A start-up error is one line naming the cause, not a stack trace, even where the
+    // environment asks Rust for backtraces.
     let out = Command::new(BIN)
         .args(["--rules", "/nonexistent/rules.toml"])
+        .env("RUST_BACKTRACE", "1")
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/rules.toml"));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot read /nonexistent/rules.toml"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
 
 #[test]

@@ -524,6 +524,7 @@ fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
             .arg("--config")
             .arg(&file)
             .args(["--host-flavor", flavor])
+            .env("RUST_BACKTRACE", "1")
             .output()
             .expect("run sluice-harness");
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -550,6 +551,11 @@ fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
         assert!(
             stderr.contains(named),
             "{config}: the error does not name {named:?}: {stderr}"
+        );
+        // One line saying what is wrong, not a stack trace, however the environment is set.
+        assert!(
+            stderr.contains("error: ") && !stderr.contains("backtrace"),
+            "{config}: {stderr}"
         );
     }
     // A check address Nginx cannot dial: the filter's own check passes, the host traps on

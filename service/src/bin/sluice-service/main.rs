@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ use args::{Args, Command, LogFormat};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(Command::CheckRules {
         file,
@@ -55,10 +56,20 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Text => log.init(),
         LogFormat::Json => log.json().init(),
     }
-    tokio::runtime::Builder::new_multi_thread()
+    let ran = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(run(args))
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(args)));
+    // The error and its causes on one line, in the log's format: returned from `main`, it
+    // would be printed by its `Debug` form, with a stack trace whenever RUST_BACKTRACE is set.
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
