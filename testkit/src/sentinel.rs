@@ -38,6 +38,8 @@ pub struct RedisSentinel {
     dir: PathBuf,
     /// The link the replica replicates through, with [`RedisSentinel::start_lagging`].
     link: Option<WanLink>,
+    /// How long the oldest replication bytes the last kill dropped had been on the link.
+    lag_at_kill: Duration,
 }
 
 /// `s` as a double-quoted Redis configuration value.
@@ -160,6 +162,7 @@ impl RedisSentinel {
             options,
             dir,
             link,
+            lag_at_kill: Duration::ZERO,
         };
         set.wait_watching(Duration::from_secs(30));
         set
@@ -292,10 +295,18 @@ impl RedisSentinel {
             .unwrap_or_else(|| panic!("the sentinels name port {port} as master, not a data server of the set"));
         self.data[i].stop();
         if let Some(link) = &self.link {
-            link.cut();
+            self.lag_at_kill = link.cut();
         }
         self.killed = Some(i);
         port
+    }
+
+    /// The replication lag when [`RedisSentinel::kill_master`] cut the link of
+    /// [`RedisSentinel::start_lagging`]: how long the oldest bytes it dropped had been on
+    /// their way (zero if the replica had everything, or without a link). What the master
+    /// wrote before that reached the replica; what it wrote since, the replica never saw.
+    pub fn lag_at_kill(&self) -> Duration {
+        self.lag_at_kill
     }
 
     /// Polls the sentinels until every one names a master other than the one on `old_port`

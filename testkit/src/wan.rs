@@ -1,6 +1,7 @@
 //! A WAN link on loopback: a TCP relay that delays every byte by a fixed latency each way
 //! and can be cut and restored — the fixture between a region and a global store.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +22,8 @@ struct State {
     stopped: AtomicBool,
     /// Both ends of every open connection, to close them when the link is cut.
     open: Mutex<Vec<TcpStream>>,
+    /// Every delay line's chunks read and not yet written: when each arrived, oldest first.
+    lines: Mutex<Vec<Arc<Mutex<VecDeque<Instant>>>>>,
 }
 
 impl State {
@@ -28,6 +31,21 @@ impl State {
         for s in self.open.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+
+    /// How long the oldest bytes still on the link have been on it (zero when none are).
+    fn oldest_in_flight(&self) -> Duration {
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        lines
+            .iter()
+            .filter_map(|l| {
+                l.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .front()
+                    .map(Instant::elapsed)
+            })
+            .max()
+            .unwrap_or_default()
     }
 }
 
@@ -40,6 +58,7 @@ impl WanLink {
             cut: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
+            lines: Mutex::new(Vec::new()),
         });
         let accepting = state.clone();
         thread::Builder::new()
@@ -59,9 +78,13 @@ impl WanLink {
     }
 
     /// Cuts the link: open connections are closed, new ones are closed as soon as they come.
-    pub fn cut(&self) {
+    /// Returns how long the oldest bytes it dropped had been on it (zero if none): the lag
+    /// the link really had, its latency and however late a busy machine ran its threads.
+    pub fn cut(&self) -> Duration {
         self.state.cut.store(true, Ordering::SeqCst);
+        let lag = self.state.oldest_in_flight();
         self.state.close_all();
+        lag
     }
 
     /// Restores the link: new connections are relayed again.
@@ -106,18 +129,27 @@ fn relay(client: TcpStream, server: TcpStream, one_way: Duration, state: &State)
         open.push(client.try_clone()?);
         open.push(server.try_clone()?);
     }
-    delay_line(client.try_clone()?, server.try_clone()?, one_way)?;
-    delay_line(server, client, one_way)
+    delay_line(client.try_clone()?, server.try_clone()?, one_way, state)?;
+    delay_line(server, client, one_way, state)
 }
 
 /// Reads `from` and writes each chunk to `to` `delay` after it arrived; `from`'s end of
 /// stream ends `to`'s writing side, as the relayed peer's would.
-fn delay_line(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> io::Result<()> {
+fn delay_line(mut from: TcpStream, mut to: TcpStream, delay: Duration, state: &State) -> io::Result<()> {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let in_flight = Arc::new(Mutex::new(VecDeque::new()));
+    state
+        .lines
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(in_flight.clone());
+    let arrived = in_flight.clone();
     thread::Builder::new().name("wan-read".into()).spawn(move || {
         let mut buf = vec![0; 64 * 1024];
         while let Ok(n @ 1..) = from.read(&mut buf) {
-            if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+            let now = Instant::now();
+            arrived.lock().unwrap_or_else(PoisonError::into_inner).push_back(now);
+            if tx.send((now + delay, buf[..n].to_vec())).is_err() {
                 return;
             }
         }
@@ -128,6 +160,7 @@ fn delay_line(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> io::Re
             if to.write_all(&chunk).is_err() {
                 return;
             }
+            in_flight.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
         }
         let _ = to.shutdown(Shutdown::Write);
     })?;

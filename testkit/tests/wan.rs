@@ -79,3 +79,27 @@ fn a_cut_link_closes_its_connections_and_refuses_new_ones_until_restored() {
     link.restore();
     assert!(round_trips(link.addr(), 3).is_ok(), "restored: relayed again");
 }
+
+/// A cut tells how long the oldest bytes it dropped had been on the link: zero when all
+/// had arrived, at least the time since they were sent when some had not.
+#[test]
+fn a_cut_says_how_long_the_bytes_it_dropped_had_been_on_the_link() {
+    let link = WanLink::start(echo_server(), Duration::from_millis(400)).unwrap();
+    assert!(round_trips(link.addr(), 1).is_ok());
+    let stream = TcpStream::connect(link.addr()).unwrap();
+    let mut out = stream.try_clone().unwrap();
+    let sent = Instant::now();
+    writeln!(out, "never delivered").unwrap();
+    thread::sleep(Duration::from_millis(150));
+    let lag = link.cut();
+    assert!(
+        lag >= Duration::from_millis(150) && lag <= sent.elapsed(),
+        "the line sent {:?} ago had been on the link {lag:?}",
+        sent.elapsed()
+    );
+
+    let idle = WanLink::start(echo_server(), Duration::from_millis(5)).unwrap();
+    assert!(round_trips(idle.addr(), 2).is_ok());
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(idle.cut(), Duration::ZERO, "nothing was on the link");
+}
