@@ -92,8 +92,9 @@ fn a_cut_says_how_long_the_bytes_it_dropped_had_been_on_the_link() {
     writeln!(out, "never delivered").unwrap();
     thread::sleep(Duration::from_millis(150));
     let lag = link.cut();
+    // It reached the link a moment after it was sent (the relay's thread read it then).
     assert!(
-        lag >= Duration::from_millis(150) && lag <= sent.elapsed(),
+        lag >= Duration::from_millis(100) && lag <= sent.elapsed(),
         "the line sent {:?} ago had been on the link {lag:?}",
         sent.elapsed()
     );
