@@ -37,6 +37,16 @@ struct Case {
     start: u64,
 }
 
+/// A Redis of its own, a runtime, and a store connected to that Redis.
+fn started() -> (RedisServer, tokio::runtime::Runtime, RedisStore) {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
+        .unwrap();
+    (server, rt, store)
+}
+
 /// Any limit of any algorithm (index 6: the leaky bucket shaping), and its window in µs.
 fn limit() -> impl Strategy<Value = Limit> {
     limit_of(1..3_000)
@@ -140,11 +150,7 @@ fn sorted(mut decisions: Vec<sluice_core::Decision>) -> Vec<sluice_core::Decisio
 /// apart cross the short windows.
 #[test]
 fn a_batch_of_one_keys_checks_decides_as_core_does_in_turn() {
-    let server = RedisServer::start();
-    let rt = runtime();
-    let store = rt
-        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
-        .unwrap();
+    let (_server, rt, store) = started();
     assert_eq!(store.engine(), Some(Engine::Functions));
     let (counter, batched) = (AtomicU64::new(0), AtomicU64::new(0));
     let mut runner = TestRunner::new(Config {
@@ -439,11 +445,7 @@ fn burst(
 
 #[test]
 fn lua_scripts_on_redis_time_agree_with_the_memory_store() {
-    let server = RedisServer::start();
-    let rt = runtime();
-    let store = rt
-        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
-        .unwrap();
+    let (_server, rt, store) = started();
     let local = MemoryStore::new(1_000);
     let limits = redis_clock_limits();
     let (mut redis, mut memory) = (vec![Vec::new(); limits.len()], vec![Vec::new(); limits.len()]);
@@ -733,11 +735,7 @@ fn leases_work_on_a_cluster() {
 fn leases_in_lua_agree_with_core() {
     use sluice_core::lease::{give_back, grant, leasable};
 
-    let server = RedisServer::start();
-    let rt = runtime();
-    let store = rt
-        .block_on(RedisStore::connect(&server.url(), RedisOptions::new(TIMEOUT)))
-        .unwrap();
+    let (_server, rt, store) = started();
     let steps = proptest::collection::vec((0u64..400_000, 1u64..40, 1u64..900_000, 0u64..50), 1..25);
     let counter = AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
