@@ -75,28 +75,54 @@ fn configmap_rules() -> String {
         .to_owned()
 }
 
-/// The Secret `sluice-tokens`' files.
+/// The data token this test's user made (deploy/tokens/data-token) and wrote into the
+/// gateway's configuration as `check.token`: the one the gateway examples carry, so that they
+/// run as they stand.
+const DATA_TOKEN: &str = "replace-me-with-the-filters-check-token";
+/// The admin token this test's user made (deploy/tokens/admin-token).
+const ADMIN_TOKEN: &str = "6d1c0b6f2f0e4c7a9a3e5b8d2c4f6a1e0b9d8c7a6f5e4d3c2b1a0f9e8d7c6b5a";
+
+/// The Secret `sluice-tokens` as kustomize makes it (deploy/tokens/kustomization.yaml): a key
+/// for each file its generator names, each file's bytes as the user made it, with the
+/// newline that `openssl rand -hex 32 > FILE` leaves.
 fn secret_tokens() -> Vec<(String, String)> {
-    let secret = manifest("sluice/secrets.yaml", "Secret");
-    secret["stringData"]
-        .as_object()
-        .expect("stringData")
+    let kustomization = manifest("tokens/kustomization.yaml", "Kustomization");
+    let generator = kustomization["secretGenerator"]
+        .as_array()
+        .expect("secretGenerator")
         .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().expect("a string").to_owned()))
+        .find(|g| g["name"] == "sluice-tokens")
+        .expect("the generator of sluice-tokens");
+    generator["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|file| {
+            let file = file.as_str().expect("a file name");
+            let made = match file {
+                "data-token" => DATA_TOKEN,
+                "admin-token" => ADMIN_TOKEN,
+                other => panic!("deploy/tokens/{other}: a file this test does not make"),
+            };
+            (file.to_owned(), format!("{made}\n"))
+        })
         .collect()
 }
 
-/// The data token the filter must send: the Secret's.
+/// The data token the filter must send: the Secret's (the node trims the file's newline).
 fn data_token() -> String {
     secret_tokens()
         .into_iter()
         .find(|(k, _)| k == "data-token")
         .expect("data-token")
         .1
+        .trim()
+        .to_owned()
 }
 
 /// A node started as deploy/sluice/deployment.yaml starts one: its container's `env`, and
-/// `envFrom` the ConfigMap `sluice-store` with SLUICE_STORE set to `store`; its volumes
+/// `envFrom` the ConfigMap `sluice-store` of the Redis trial (deploy/redis/store.yaml) with
+/// SLUICE_STORE set to `store`; its volumes
 /// under a scratch directory in place of /etc/sluice/, its listeners on loopback.
 struct Node {
     child: Child,
@@ -145,7 +171,7 @@ impl Node {
         for from in container["envFrom"].as_array().expect("envFrom") {
             let name = from["configMapRef"]["name"].as_str().expect("a ConfigMap");
             assert_eq!(name, "sluice-store");
-            let store_map = manifest("sluice/store.yaml", "ConfigMap");
+            let store_map = manifest("redis/store.yaml", "ConfigMap");
             for (k, v) in store_map["data"].as_object().expect("data") {
                 let v = if k == "SLUICE_STORE" {
                     store.to_owned()
@@ -210,7 +236,21 @@ impl Drop for Node {
     }
 }
 
-/// Every SLUICE_* variable deploy/ sets is one the service reads (`--help` names each).
+/// The YAML files under deploy/, relative to it: every combination's and the gateways'.
+fn deploy_files(dir: &Path, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).expect("a folder of deploy/") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            deploy_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            let rel = path.strip_prefix(repo().join("deploy")).expect("under deploy/");
+            out.push(rel.display().to_string());
+        }
+    }
+}
+
+/// Every SLUICE_* variable deploy/ sets is one the service reads (`--help` names each): the
+/// Deployment's and each store's ConfigMap sluice-store, wherever in deploy/ they are.
 #[test]
 fn every_sluice_variable_in_deploy_is_one_the_service_reads() {
     let help = Command::new(binary("sluice-service"))
@@ -218,17 +258,15 @@ fn every_sluice_variable_in_deploy_is_one_the_service_reads() {
         .output()
         .expect("--help");
     let help = String::from_utf8_lossy(&help.stdout);
-    let mut named = 0;
-    for file in [
-        "sluice/deployment.yaml",
-        "sluice/store.yaml",
-        "store/sentinel-tls.yaml",
-        "store/cluster-tls.yaml",
-    ] {
-        for doc in documents(file) {
+    let mut files = Vec::new();
+    deploy_files(&repo().join("deploy"), &mut files);
+    let (mut named, mut stores) = (0, 0);
+    for file in files {
+        for doc in documents(&file) {
             let mut names: Vec<String> = Vec::new();
-            if doc["kind"] == "ConfigMap" {
+            if doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "sluice-store" {
                 names.extend(doc["data"].as_object().expect("data").keys().cloned());
+                stores += 1;
             }
             for c in doc["spec"]["template"]["spec"]["containers"]
                 .as_array()
@@ -243,7 +281,7 @@ fn every_sluice_variable_in_deploy_is_one_the_service_reads() {
                         .map(|v| v["name"].as_str().expect("name").to_owned()),
                 );
             }
-            for name in names {
+            for name in names.into_iter().filter(|n| n.starts_with("SLUICE_")) {
                 assert!(
                     help.contains(&format!("[env: {name}=")),
                     "deploy/{file} sets {name}, which no flag reads"
@@ -252,6 +290,10 @@ fn every_sluice_variable_in_deploy_is_one_the_service_reads() {
             }
         }
     }
+    assert_eq!(
+        stores, 4,
+        "the ConfigMaps sluice-store of the Redis trial, the memory trial, Sentinel and Cluster"
+    );
     assert!(
         named >= 12,
         "only {named} variables found: has the layout of deploy/ changed?"
