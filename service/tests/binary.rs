@@ -167,6 +167,48 @@ fn rule_file_changes_are_reloaded_and_broken_files_ignored() {
     assert_eq!(check(port, "c")["policy"], "r2", "a broken file replaced the rules");
 }
 
+/// No silent configuration: a SLUICE_* variable that no flag reads (a misspelt name, a secret
+/// given inline where only its `_FILE` form exists) stops the node at start with one line
+/// naming it, before it listens; the node never starts open with the setting ignored.
+#[test]
+fn an_unknown_or_inline_secret_variable_stops_the_node_with_one_line() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
+    for (name, said) in [
+        ("SLUICE_DATA_TOKEN", "set SLUICE_DATA_TOKEN_FILE to its path"),
+        ("SLUICE_STORE_TIMOUT_MS", "did you mean SLUICE_STORE_TIMEOUT_MS?"),
+    ] {
+        let port = free_port();
+        let dir = ScratchDir::new("environment");
+        let log = dir.join("stderr");
+        let mut node = Command::new(BIN)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--rules", rules])
+            .env(name, "a-value")
+            .env("RUST_BACKTRACE", "1")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = node.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = node.kill();
+                panic!("the node started with {name} set, ignoring it");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(name) && stderr.contains(said), "{name}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(
+            !stderr.contains("a-value"),
+            "the value, maybe a secret, is never printed: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn sigterm_stops_gracefully_and_bad_flags_explain_themselves() {
     let dir = ScratchDir::new("shutdown");

@@ -11,6 +11,10 @@ import { fileURLToPath } from 'node:url';
 export const ROOT = fileURLToPath(new URL('../../../', import.meta.url));
 const BIN = process.env.SLUICE_SERVICE_BIN ?? join(ROOT, 'target/debug/sluice-service');
 
+// The node's environment: this test's, less the SLUICE_* variables that configure the test
+// itself (a node refuses a SLUICE_* variable no flag of its own reads).
+const nodeEnv = () => Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SLUICE_')));
+
 const given = new Set();
 /** A loopback port free now, drawn as testkit's free_port draws (below the ephemeral range). */
 export async function freePort() {
@@ -73,7 +77,7 @@ export async function startNode(rules, { name = 'console-test-node' } = {}) {
     '--admin-token-file', files.admin,
     '--admin-read-token-file', files.read,
     '--node-name', name,
-  ], { stdio: ['ignore', 'pipe', 'pipe'] });
+  ], { stdio: ['ignore', 'pipe', 'pipe'], env: nodeEnv() });
   let log = '';
   child.stdout.on('data', (d) => (log += d));
   child.stderr.on('data', (d) => (log += d));

@@ -26,6 +26,7 @@ use sluice_service::{admin, grpc, housekeeping, http, region, rules_source, trac
 
 mod args;
 mod commands;
+mod environment;
 
 use args::{Args, Command, LogFormat};
 
@@ -35,6 +36,11 @@ use args::{Args, Command, LogFormat};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Before any flag is read from it: a variable no flag reads would be silently ignored.
+    if let Err(e) = environment::check(std::env::vars_os()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let args = Args::parse();
     if let Some(Command::CheckRules {
         file,
