@@ -1,0 +1,277 @@
+//! The proxy-wasm ABI 0.2.1: the callbacks the host calls (each the no-op module's default
+//! but where the priced calls are made) and the host functions priced.
+
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::kind::{Kind, Phase};
+
+mod host {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        pub fn proxy_log(level: u32, data: *const u8, size: usize) -> u32;
+        pub fn proxy_get_buffer_bytes(
+            buffer: u32,
+            start: usize,
+            max: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
+        pub fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
+        pub fn proxy_get_header_map_value(
+            map: u32,
+            key: *const u8,
+            key_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
+        pub fn proxy_get_header_map_pairs(map: u32, data: *mut *mut u8, size: *mut usize) -> u32;
+        pub fn proxy_add_header_map_value(
+            map: u32,
+            key: *const u8,
+            key_size: usize,
+            value: *const u8,
+            value_size: usize,
+        ) -> u32;
+        pub fn proxy_get_property(path: *const u8, path_size: usize, data: *mut *mut u8, size: *mut usize) -> u32;
+        pub fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
+        pub fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+        pub fn proxy_get_shared_data(
+            key: *const u8,
+            key_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+            cas: *mut u32,
+        ) -> u32;
+        pub fn proxy_set_shared_data(key: *const u8, key_size: usize, value: *const u8, size: usize, cas: u32) -> u32;
+        pub fn proxy_send_local_response(
+            status: u32,
+            details: *const u8,
+            details_size: usize,
+            body: *const u8,
+            body_size: usize,
+            headers: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> u32;
+    }
+}
+
+/// `Continue` and `Pause` (the ABI's `Action`).
+const CONTINUE: u32 = 0;
+const PAUSE: u32 = 1;
+const REQUEST_HEADERS: u32 = 0;
+const RESPONSE_HEADERS: u32 = 2;
+const PLUGIN_CONFIGURATION: u32 = 7;
+const LOG_DEBUG: u32 = 1;
+const LOG_ERROR: u32 = 4;
+const COUNTER: u32 = 0;
+
+/// The configuration: the kind, K, and the counter `metric` increments.
+static KIND: AtomicU32 = AtomicU32::new(0);
+static COUNT: AtomicU32 = AtomicU32::new(0);
+static METRIC: AtomicU32 = AtomicU32::new(0);
+
+const SOURCE_ADDRESS: &[u8] = b"source\0address";
+const JWT_CLAIM: &[u8] = b"metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0sub";
+const SHARED_KEY: &[u8] = b"sluice-price";
+
+/// Memory the host fills: `size` bytes, given back by [`free`].
+#[no_mangle]
+pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
+    match Layout::from_size_align(size.max(1), 1) {
+        // SAFETY: the layout's size is not zero.
+        Ok(layout) => unsafe { std::alloc::alloc(layout) },
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+/// Gives back what the host handed over in memory from [`proxy_on_memory_allocate`].
+fn free(data: *mut u8, size: usize) {
+    if data.is_null() {
+        return;
+    }
+    if let Ok(layout) = Layout::from_size_align(size.max(1), 1) {
+        // SAFETY: `data` came from `proxy_on_memory_allocate(size)`, which used this layout.
+        unsafe { std::alloc::dealloc(data, layout) }
+    }
+}
+
+fn log(level: u32, message: &str) {
+    // SAFETY: the message's pointer and length are valid for the call.
+    unsafe { host::proxy_log(level, message.as_ptr(), message.len()) };
+}
+
+/// One call of `kind`.
+fn call(kind: Kind) {
+    let (mut data, mut size, mut cas) = (std::ptr::null_mut(), 0usize, 0u32);
+    // SAFETY: every pointer is to a valid local or a constant, for the call's duration; what
+    // the host returns in memory is freed below.
+    unsafe {
+        match kind {
+            Kind::Clock => {
+                let mut now = 0u64;
+                host::proxy_get_current_time_nanoseconds(&mut now);
+            }
+            Kind::Header => {
+                host::proxy_get_header_map_value(REQUEST_HEADERS, b":path".as_ptr(), 5, &mut data, &mut size);
+            }
+            Kind::HeaderMiss => {
+                host::proxy_get_header_map_value(REQUEST_HEADERS, b"x-api-key".as_ptr(), 9, &mut data, &mut size);
+            }
+            Kind::HeaderMap => {
+                host::proxy_get_header_map_pairs(REQUEST_HEADERS, &mut data, &mut size);
+            }
+            Kind::Property => {
+                host::proxy_get_property(SOURCE_ADDRESS.as_ptr(), SOURCE_ADDRESS.len(), &mut data, &mut size);
+            }
+            Kind::PropertyMiss => {
+                host::proxy_get_property(JWT_CLAIM.as_ptr(), JWT_CLAIM.len(), &mut data, &mut size);
+            }
+            Kind::Metric => {
+                host::proxy_increment_metric(METRIC.load(Ordering::Relaxed), 1);
+            }
+            Kind::SharedGet => {
+                host::proxy_get_shared_data(SHARED_KEY.as_ptr(), SHARED_KEY.len(), &mut data, &mut size, &mut cas);
+            }
+            Kind::SharedCas => {
+                host::proxy_get_shared_data(SHARED_KEY.as_ptr(), SHARED_KEY.len(), &mut data, &mut size, &mut cas);
+                let value = [7u8; 16];
+                host::proxy_set_shared_data(SHARED_KEY.as_ptr(), SHARED_KEY.len(), value.as_ptr(), value.len(), cas);
+            }
+            Kind::AddHeader => {
+                host::proxy_add_header_map_value(RESPONSE_HEADERS, b"x-price".as_ptr(), 7, b"1".as_ptr(), 1);
+            }
+            Kind::Log => log(LOG_DEBUG, "sluice-price"),
+            Kind::LocalReply => {
+                host::proxy_send_local_response(429, std::ptr::null(), 0, std::ptr::null(), 0, std::ptr::null(), 0, -1);
+            }
+        }
+    }
+    free(data, size);
+}
+
+/// The configured calls, if `phase` is where they are made; whether a local reply was sent.
+fn calls_in(phase: Phase) -> bool {
+    let kind = Kind::from_index(KIND.load(Ordering::Relaxed));
+    let count = COUNT.load(Ordering::Relaxed);
+    if kind.phase() != phase {
+        return false;
+    }
+    for _ in 0..count {
+        call(kind);
+    }
+    kind == Kind::LocalReply && count > 0
+}
+
+/// The module's start (a WASI reactor's): its static constructors.
+#[no_mangle]
+pub extern "C" fn _initialize() {
+    #[cfg(target_os = "wasi")]
+    {
+        extern "C" {
+            fn __wasm_call_ctors();
+        }
+        // SAFETY: the linker's function, called once, first, as a reactor's `_initialize` does.
+        unsafe { __wasm_call_ctors() }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_abi_version_0_2_1() {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_context_create(_id: u32, _root_id: u32) {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_vm_start(_id: u32, _vm_configuration_size: usize) -> bool {
+    true
+}
+
+/// Reads `KIND K`; a configuration it cannot read fails the plugin, with the reason logged.
+#[no_mangle]
+pub extern "C" fn proxy_on_configure(_id: u32, size: usize) -> bool {
+    let (mut data, mut len) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: the out-pointers are valid locals; the host fills them with memory from
+    // `proxy_on_memory_allocate`, read here then freed.
+    let text = unsafe {
+        host::proxy_get_buffer_bytes(PLUGIN_CONFIGURATION, 0, size, &mut data, &mut len);
+        if data.is_null() {
+            String::new()
+        } else {
+            String::from_utf8_lossy(std::slice::from_raw_parts(data, len)).into_owned()
+        }
+    };
+    free(data, len);
+    match Kind::parse(&text) {
+        Ok((kind, count)) => {
+            KIND.store(kind.index(), Ordering::Relaxed);
+            COUNT.store(count, Ordering::Relaxed);
+            let mut id = 0u32;
+            let name = b"sluice_price_calls";
+            // SAFETY: the name and the out-pointer are valid for the call.
+            unsafe { host::proxy_define_metric(COUNTER, name.as_ptr(), name.len(), &mut id) };
+            METRIC.store(id, Ordering::Relaxed);
+            true
+        }
+        Err(e) => {
+            log(LOG_ERROR, &format!("sluice-price-module: {e}"));
+            false
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_tick(_id: u32) {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_headers(_id: u32, _headers: usize, _end_of_stream: bool) -> u32 {
+    if calls_in(Phase::Request) {
+        PAUSE
+    } else {
+        CONTINUE
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_body(_id: u32, _body_size: usize, _end_of_stream: bool) -> u32 {
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_trailers(_id: u32, _trailers: usize) -> u32 {
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_headers(_id: u32, _headers: usize, _end_of_stream: bool) -> u32 {
+    calls_in(Phase::Response);
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_body(_id: u32, _body_size: usize, _end_of_stream: bool) -> u32 {
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_trailers(_id: u32, _trailers: usize) -> u32 {
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_http_call_response(_id: u32, _token: u32, _headers: usize, _body: usize, _trailers: usize) {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_log(_id: u32) {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_done(_id: u32) -> bool {
+    true
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_delete(_id: u32) {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_queue_ready(_id: u32, _queue_id: u32) {}

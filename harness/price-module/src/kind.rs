@@ -1,0 +1,111 @@
+//! The kinds of host call the module prices, and its configuration `KIND K`.
+
+/// One kind of host call, as Sluice's filter makes it on a request's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `proxy_get_current_time_nanoseconds`.
+    Clock,
+    /// `proxy_get_header_map_value` of a request header that is there (`:path`).
+    Header,
+    /// `proxy_get_header_map_value` of a request header that is not (`x-api-key`).
+    HeaderMiss,
+    /// `proxy_get_header_map_pairs` of the request's headers, all of them at once.
+    HeaderMap,
+    /// `proxy_get_property` of `source.address`, the client's address.
+    Property,
+    /// `proxy_get_property` of a JWT claim under `metadata.filter_metadata` that is not there.
+    PropertyMiss,
+    /// `proxy_increment_metric` of a counter defined at configuration.
+    Metric,
+    /// `proxy_get_shared_data` of one key.
+    SharedGet,
+    /// `proxy_get_shared_data` then `proxy_set_shared_data` with its CAS: a slot's update.
+    SharedCas,
+    /// `proxy_add_header_map_value` to the response's headers, in `on_response_headers`.
+    AddHeader,
+    /// `proxy_log` at debug, below Envoy's default level (what a disabled log line costs).
+    Log,
+    /// `proxy_send_local_response` (a 429): once a request at most, as the filter refuses.
+    LocalReply,
+}
+
+/// Where a kind's calls are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// `proxy_on_request_headers`.
+    Request,
+    /// `proxy_on_response_headers`.
+    Response,
+}
+
+const NAMES: [(&str, Kind); 12] = [
+    ("clock", Kind::Clock),
+    ("header", Kind::Header),
+    ("header-miss", Kind::HeaderMiss),
+    ("header-map", Kind::HeaderMap),
+    ("property", Kind::Property),
+    ("property-miss", Kind::PropertyMiss),
+    ("metric", Kind::Metric),
+    ("shared-get", Kind::SharedGet),
+    ("shared-cas", Kind::SharedCas),
+    ("add-header", Kind::AddHeader),
+    ("log", Kind::Log),
+    ("local-reply", Kind::LocalReply),
+];
+
+impl Kind {
+    /// The kind and its count from a configuration `KIND K` (`K` ≥ 0; `local-reply` at
+    /// most 1), or what is wrong with it.
+    pub fn parse(config: &str) -> Result<(Kind, u32), String> {
+        let mut words = config.split_whitespace();
+        let (Some(name), Some(count), None) = (words.next(), words.next(), words.next()) else {
+            return Err(format!("the configuration is `KIND K`, not {config:?}"));
+        };
+        let kind = NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| format!("no kind {name:?}: one of {:?}", NAMES.map(|(n, _)| n)))?;
+        let count: u32 = count.parse().map_err(|_| format!("K is a count, not {count:?}"))?;
+        if kind == Kind::LocalReply && count > 1 {
+            return Err("local-reply ends the request: K is 0 or 1".into());
+        }
+        Ok((kind, count))
+    }
+
+    /// Where its calls are made.
+    pub fn phase(self) -> Phase {
+        match self {
+            Kind::AddHeader => Phase::Response,
+            _ => Phase::Request,
+        }
+    }
+
+    /// Its number, to keep in an atomic.
+    pub(crate) fn index(self) -> u32 {
+        NAMES.iter().position(|(_, k)| *k == self).unwrap_or(0) as u32
+    }
+
+    /// The kind of number `index`.
+    pub(crate) fn from_index(index: u32) -> Kind {
+        NAMES.get(index as usize).map_or(Kind::Clock, |(_, k)| *k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_parse_and_bad_ones_are_named() {
+        assert_eq!(Kind::parse("header-map 8"), Ok((Kind::HeaderMap, 8)));
+        assert_eq!(Kind::parse(" shared-cas  0 "), Ok((Kind::SharedCas, 0)));
+        assert!(Kind::parse("headers 8").unwrap_err().contains("no kind \"headers\""));
+        assert!(Kind::parse("clock").unwrap_err().contains("KIND K"));
+        assert!(Kind::parse("clock -1").unwrap_err().contains("K is a count"));
+        assert!(Kind::parse("local-reply 2").unwrap_err().contains("0 or 1"));
+        for (name, kind) in NAMES {
+            assert_eq!(Kind::from_index(kind.index()), kind, "{name}");
+        }
+    }
+}
