@@ -44,6 +44,7 @@ fn each_kind_makes_k_calls_a_request_and_nothing_else() {
         ("shared-cas", 2),
         ("add-header", 1),
         ("log", 1),
+        ("compute", 0),
     ] {
         let (none, outcome) = one_request(&format!("{kind} 0"));
         assert_eq!((none, outcome), (0, Outcome::Continue), "{kind} 0: no call at all");

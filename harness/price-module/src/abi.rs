@@ -76,6 +76,17 @@ const SOURCE_ADDRESS: &[u8] = b"source\0address";
 const JWT_CLAIM: &[u8] = b"metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0sub";
 const SHARED_KEY: &[u8] = b"sluice-price";
 
+/// What `compute` hashes, and where its result goes (so that it is not optimised away).
+static INPUT: [u8; 64] = [0x5a; 64];
+static SINK: AtomicU32 = AtomicU32::new(0);
+
+/// FNV-1a over `bytes`, through a black box so that each round is really computed.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    std::hint::black_box(bytes)
+        .iter()
+        .fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
 /// Memory the host fills: `size` bytes, given back by [`free`].
 #[no_mangle]
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
@@ -145,6 +156,9 @@ fn call(kind: Kind) {
             Kind::Log => log(LOG_DEBUG, "sluice-price"),
             Kind::LocalReply => {
                 host::proxy_send_local_response(429, std::ptr::null(), 0, std::ptr::null(), 0, std::ptr::null(), 0, -1);
+            }
+            Kind::Compute => {
+                SINK.fetch_xor(fnv1a(&INPUT), Ordering::Relaxed);
             }
         }
     }

@@ -27,6 +27,9 @@ pub enum Kind {
     Log,
     /// `proxy_send_local_response` (a 429): once a request at most, as the filter refuses.
     LocalReply,
+    /// No host call: a 64-byte FNV-1a hash inside the module, to set the runtime's speed at
+    /// the module's own work beside another runtime's (wasmtime in the harness).
+    Compute,
 }
 
 /// Where a kind's calls are made.
@@ -38,7 +41,7 @@ pub enum Phase {
     Response,
 }
 
-const NAMES: [(&str, Kind); 12] = [
+const NAMES: [(&str, Kind); 13] = [
     ("clock", Kind::Clock),
     ("header", Kind::Header),
     ("header-miss", Kind::HeaderMiss),
@@ -51,6 +54,7 @@ const NAMES: [(&str, Kind); 12] = [
     ("add-header", Kind::AddHeader),
     ("log", Kind::Log),
     ("local-reply", Kind::LocalReply),
+    ("compute", Kind::Compute),
 ];
 
 impl Kind {
