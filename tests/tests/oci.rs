@@ -31,6 +31,7 @@ const WASM_LAYER: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
 const ENVOY_GATEWAY_MAX_WASM: u64 = 256 << 20;
 
 /// An image as a fetcher sees it: its manifest, and its blobs by digest.
+#[derive(Clone)]
 struct Image {
     manifest: Value,
     blobs: HashMap<String, Vec<u8>>,
@@ -278,24 +279,15 @@ fn a_one_layer_or_mistyped_artifact_is_refused_by_both() {
     let dir = scratch("refused");
     let (layout, _) = write_layout(&dir, "oci");
     let (_, two_layers) = read_layout(&layout);
-    let mut one_layer = Image {
-        manifest: two_layers.manifest.clone(),
-        blobs: two_layers.blobs.clone(),
-    };
+    let mut one_layer = two_layers.clone();
     let wasm_layer = one_layer.layers()[1].clone();
     one_layer.manifest["layers"] = json!([wasm_layer]);
 
     let (layout, _) = write_layout(&dir, "compat");
     let (_, compat) = read_layout(&layout);
-    let mut untyped = Image {
-        manifest: compat.manifest.clone(),
-        blobs: compat.blobs.clone(),
-    };
+    let mut untyped = compat.clone();
     untyped.manifest["layers"][0]["mediaType"] = json!("application/vnd.oci.image.layer.v1.tar");
-    let mut no_plugin = Image {
-        manifest: compat.manifest.clone(),
-        blobs: compat.blobs.clone(),
-    };
+    let mut no_plugin = compat.clone();
     let layer = compat.blob(compat.layers()[0]).expect("layer").to_vec();
     let renamed = rename_plugin(&layer);
     let digest = format!("sha256:{}", sha256_hex(&renamed));
