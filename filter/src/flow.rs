@@ -63,26 +63,21 @@ impl Flow {
         if let Some(action) = self.by_local_bucket(s, p, now) {
             return action;
         }
-        let method = p.request_header(":method");
-        let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
-        let path = p
-            .request_header(":path")
-            .map_or_else(|| "/".into(), |path| check_path(&path));
-        // The client's `Host`: Nginx hands it over as it came (its `:authority` is the
-        // server's own name and port, whatever the client asked for — seen in a real Nginx);
-        // Envoy turns it into `:authority` and keeps no `host`. A host that is none (the proxy
-        // refuses most such requests first) matches only rules naming no host, as at the
-        // service.
-        let host = p
-            .request_header("host")
-            .or_else(|| p.request_header(":authority"))
-            .filter(|h| is_host(h));
-        let request = CheckRequest {
-            identities: std::mem::take(&mut self.identities),
-            method,
-            path,
-            cost: 1,
-            host,
+        // The method, path and host cost three host calls a request (each a value the host
+        // copies into the module). A request decided by leases whose rules look at none of
+        // them is matched without: they are read only if it goes on to the check.
+        let skip_target = s.debits.is_none() && s.leasing.as_ref().is_some_and(|l| l.ignores_target());
+        let identities = std::mem::take(&mut self.identities);
+        let request = if skip_target {
+            CheckRequest {
+                identities,
+                method: "GET".into(),
+                path: "/".into(),
+                cost: 1,
+                host: None,
+            }
+        } else {
+            request_of(p, identities)
         };
         if s.debits.is_some() {
             self.debit = Some(CheckRequest {
@@ -93,6 +88,11 @@ impl Flow {
         if let Some(action) = self.by_lease(s, p, &request, now) {
             return action;
         }
+        let request = if skip_target {
+            request_of(p, request.identities)
+        } else {
+            request
+        };
         self.check(s, p, &request, now)
     }
 
@@ -375,6 +375,31 @@ impl Flow {
                 false
             }
         }
+    }
+}
+
+/// The request to check: its `identities`, and its method, path and host as the proxy has
+/// them.
+fn request_of(p: &impl Proxy, identities: BTreeMap<String, String>) -> CheckRequest {
+    let method = p.request_header(":method");
+    let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
+    let path = p
+        .request_header(":path")
+        .map_or_else(|| "/".into(), |path| check_path(&path));
+    // The client's `Host`: Nginx hands it over as it came (its `:authority` is the server's
+    // own name and port, whatever the client asked for — seen in a real Nginx); Envoy turns
+    // it into `:authority` and keeps no `host`. A host that is none (the proxy refuses most
+    // such requests first) matches only rules naming no host, as at the service.
+    let host = p
+        .request_header("host")
+        .or_else(|| p.request_header(":authority"))
+        .filter(|h| is_host(h));
+    CheckRequest {
+        identities,
+        method,
+        path,
+        cost: 1,
+        host,
     }
 }
 

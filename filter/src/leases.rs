@@ -88,6 +88,13 @@ impl Leasing {
         }
     }
 
+    /// Whether the rules are known and none looks at a request's method, host or path: a
+    /// request is then matched without them, and reading them (three host calls) waits for
+    /// a request that goes to the check.
+    pub fn ignores_target(&self) -> bool {
+        self.rules.as_ref().is_some_and(RuleSet::ignores_target)
+    }
+
     /// A request's decision by leases (see [`ByLease`]).
     pub fn decide(
         &mut self,

@@ -347,8 +347,31 @@ fn by_default_the_rules_are_polled_twice_a_second(flavor: Flavor) {
     assert_eq!(polls, [500, 1_000, 1_500, 2_000], "polled every 500 ms");
 }
 
+/// Rules that look at no method, host or path let a leased request be matched without
+/// reading them (docs/filter.md, "Host calls a request costs"); a request that goes on to
+/// the check still carries them as the client sent them.
+fn rules_that_ignore_the_target_still_check_it_as_sent(flavor: Flavor) {
+    const IP_ONLY: &str = r#"{"rule": [
+      {"name": "per-ip", "by": "ip", "algorithm": "fixed_window", "limit": 100, "window": "1m", "lease": true}
+    ]}"#;
+    let mut host = leasing_host(flavor);
+    host.advance(Duration::from_millis(50)).expect("tick");
+    let rules = call_to(&host, "/v1/rules");
+    host.respond_call(rules.token, CallResponse::new(200, IP_ONLY))
+        .expect("no trap");
+    let (_, outcome) = request(&mut host, "9.9.9.9, 203.0.113.5", "/api/a%2Fb/../items?q=1", &[]);
+    assert_eq!(outcome, Outcome::Pause, "no lease yet: checked");
+    let check = call_to(&host, "/v1/check");
+    let body: Value = serde_json::from_slice(&check.body).expect("JSON");
+    assert_eq!(body["method"], "GET", "{body}");
+    assert_eq!(body["path"], "/api/items", "the canonical path: {body}");
+    assert_eq!(body["host"], "example.com", "{body}");
+    assert_eq!(body["identities"]["ip"], "203.0.113.5", "{body}");
+}
+
 on_both_hosts!(
     by_default_the_rules_are_polled_twice_a_second,
+    rules_that_ignore_the_target_still_check_it_as_sent,
     a_held_lease_decides_requests_here_and_the_rest_are_checked,
     unspent_units_go_back_before_the_lease_ends,
     malformed_rules_and_lease_answers_leave_exact_checks,

@@ -36,6 +36,11 @@ impl Glob {
         }
     }
 
+    /// Whether every path matches (the pattern is `*`, or `*`s only).
+    pub fn matches_any(&self) -> bool {
+        self.any
+    }
+
     /// The pattern as written.
     pub fn as_str(&self) -> &str {
         &self.pattern

@@ -243,6 +243,13 @@ impl RuleSet {
             .filter_map(move |rule| Some((rule, rule.explain(identities, method, host, path).ok()?)))
     }
 
+    /// Whether no rule looks at a request's method, host or path ([`Rule::ignores_target`]):
+    /// [`RuleSet::matching_host`] then answers the same whatever they are, and a proxy
+    /// need not read them to match a request.
+    pub fn ignores_target(&self) -> bool {
+        self.rules.iter().all(Rule::ignores_target)
+    }
+
     /// The limit for `identity` under `rule` at `now_ms` (unix ms): the override's while
     /// `now_ms < until_ms`, else the rule's own. Allocates nothing.
     pub fn limit_for(&self, rule: &Rule, identity: &str, now_ms: u64) -> Limit {

@@ -237,6 +237,12 @@ impl Rule {
             .ok_or(Mismatch::MissingIdentity { key: self.by.key() })
     }
 
+    /// Whether the rule applies whatever the request's method, host and path: its path glob
+    /// matches every path and it names no methods and no hosts.
+    pub fn ignores_target(&self) -> bool {
+        self.path.matches_any() && self.methods.is_empty() && self.hosts.is_empty()
+    }
+
     /// What the rule matches, for people: its methods (none: every method), hosts, path
     /// glob and tier, e.g. `GET POST /api/*` or `POST on api.example.com /login tier=free`.
     pub fn conditions(&self) -> String {

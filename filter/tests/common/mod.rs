@@ -54,13 +54,24 @@ pub fn plugin() -> &'static Plugin {
     PLUGIN.get_or_init(|| Plugin::compile(wasm()).expect("module compiles"))
 }
 
+/// The filter compiled once per test process to count its instructions.
+pub fn metered_plugin() -> &'static Plugin {
+    static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+    PLUGIN.get_or_init(|| Plugin::compile_metered(wasm()).expect("module compiles"))
+}
+
 /// A started host running the filter with `config`.
 pub fn host_with(config: &Value, flavor: Flavor) -> Host {
+    host_of(plugin(), config, flavor)
+}
+
+/// A started host running `plugin` with `config`.
+pub fn host_of(plugin: &Plugin, config: &Value, flavor: Flavor) -> Host {
     let options = HostOptions {
         flavor,
         ..HostOptions::default()
     };
-    let mut host = Host::from_plugin(plugin(), options).expect("module loads");
+    let mut host = Host::from_plugin(plugin, options).expect("module loads");
     host.start(b"", config.to_string().as_bytes()).expect("filter starts");
     host
 }

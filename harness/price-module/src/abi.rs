@@ -160,20 +160,88 @@ fn call(kind: Kind) {
             Kind::Compute => {
                 SINK.fetch_xor(fnv1a(&INPUT), Ordering::Relaxed);
             }
+            Kind::Copy => {
+                let mut to = [0u8; 64];
+                let len = std::hint::black_box(24usize).min(to.len());
+                to[..len].copy_from_slice(&INPUT[..len]);
+                SINK.fetch_xor(u32::from(std::hint::black_box(&to)[3]), Ordering::Relaxed);
+            }
+            Kind::LeasedPath => {}
         }
     }
     free(data, size);
+}
+
+/// A host call that hands back `size` bytes at `data` on success, freed at once.
+fn returned(call: impl FnOnce(&mut *mut u8, &mut usize) -> u32) {
+    let (mut data, mut size) = (std::ptr::null_mut(), 0usize);
+    call(&mut data, &mut size);
+    free(data, size);
+}
+
+/// A slot's update by compare-and-swap: read, then written back with a `len`-byte value.
+fn slot_update(key: &[u8], len: usize) {
+    let mut cas = 0u32;
+    // SAFETY: pointers to valid locals and constants, for the calls' duration.
+    returned(|data, size| unsafe { host::proxy_get_shared_data(key.as_ptr(), key.len(), data, size, &mut cas) });
+    let value = [7u8; 185];
+    let len = len.min(value.len());
+    // SAFETY: as above.
+    unsafe { host::proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), len, cas) };
+}
+
+/// The filter's leased request, its request headers' calls (`docs/filter.md`, "Host calls a
+/// request costs"; seen in Envoy's trace log).
+fn leased_request() {
+    call(Kind::Clock);
+    call(Kind::Property);
+    call(Kind::PropertyMiss);
+    call(Kind::HeaderMiss);
+    call(Kind::PropertyMiss);
+    slot_update(b"sluice-price-a", 16);
+    slot_update(b"sluice-price-b", 16);
+    for name in [&b":method"[..], b":path", b"host"] {
+        // SAFETY: pointers to valid constants and locals, for the call's duration.
+        returned(|data, size| unsafe {
+            host::proxy_get_header_map_value(REQUEST_HEADERS, name.as_ptr(), name.len(), data, size)
+        });
+    }
+    slot_update(b"sluice-price-q", 185);
+    for _ in 0..3 {
+        call(Kind::Metric);
+    }
+}
+
+/// The filter's leased request, its response headers' calls: five headers added.
+fn leased_response() {
+    let headers: [(&[u8], &[u8]); 5] = [
+        (b"x-ratelimit-limit", b"50000000"),
+        (b"x-ratelimit-remaining", b"49999999"),
+        (b"x-ratelimit-reset", b"60"),
+        (b"ratelimit-policy", b"\"per-ip\";q=50000000;w=60"),
+        (b"ratelimit", b"\"per-ip\";r=49999999;t=60"),
+    ];
+    for (name, value) in headers {
+        // SAFETY: pointers to valid constants, for the call's duration.
+        unsafe {
+            host::proxy_add_header_map_value(RESPONSE_HEADERS, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+        };
+    }
 }
 
 /// The configured calls, if `phase` is where they are made; whether a local reply was sent.
 fn calls_in(phase: Phase) -> bool {
     let kind = Kind::from_index(KIND.load(Ordering::Relaxed));
     let count = COUNT.load(Ordering::Relaxed);
-    if kind.phase() != phase {
+    if !kind.calls_in(phase) {
         return false;
     }
     for _ in 0..count {
-        call(kind);
+        match (kind, phase) {
+            (Kind::LeasedPath, Phase::Request) => leased_request(),
+            (Kind::LeasedPath, Phase::Response) => leased_response(),
+            _ => call(kind),
+        }
     }
     kind == Kind::LocalReply && count > 0
 }
@@ -277,7 +345,14 @@ pub extern "C" fn proxy_on_response_trailers(_id: u32, _trailers: usize) -> u32 
 pub extern "C" fn proxy_on_http_call_response(_id: u32, _token: u32, _headers: usize, _body: usize, _trailers: usize) {}
 
 #[no_mangle]
-pub extern "C" fn proxy_on_log(_id: u32) {}
+pub extern "C" fn proxy_on_log(_id: u32) {
+    // The filter reads the clock as the stream ends.
+    if Kind::from_index(KIND.load(Ordering::Relaxed)) == Kind::LeasedPath {
+        for _ in 0..COUNT.load(Ordering::Relaxed) {
+            call(Kind::Clock);
+        }
+    }
+}
 
 #[no_mangle]
 pub extern "C" fn proxy_on_done(_id: u32) -> bool {

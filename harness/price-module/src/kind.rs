@@ -30,6 +30,13 @@ pub enum Kind {
     /// No host call: a 64-byte FNV-1a hash inside the module, to set the runtime's speed at
     /// the module's own work beside another runtime's (wasmtime in the harness).
     Compute,
+    /// No host call: a 24-byte `memory.copy` (how LLVM moves bytes with bulk memory on), to
+    /// price what a runtime pays for one beside a plain instruction.
+    Copy,
+    /// Every host call Sluice's filter makes on a request decided by a lease (`share:
+    /// process`, the local prefilter, `headers: all`), in its order, with nothing of the
+    /// filter's own work between them: what the calls cost together, beside the filter.
+    LeasedPath,
 }
 
 /// Where a kind's calls are made.
@@ -41,7 +48,7 @@ pub enum Phase {
     Response,
 }
 
-const NAMES: [(&str, Kind); 13] = [
+const NAMES: [(&str, Kind); 15] = [
     ("clock", Kind::Clock),
     ("header", Kind::Header),
     ("header-miss", Kind::HeaderMiss),
@@ -55,6 +62,8 @@ const NAMES: [(&str, Kind); 13] = [
     ("log", Kind::Log),
     ("local-reply", Kind::LocalReply),
     ("compute", Kind::Compute),
+    ("copy", Kind::Copy),
+    ("leased-path", Kind::LeasedPath),
 ];
 
 impl Kind {
@@ -77,11 +86,12 @@ impl Kind {
         Ok((kind, count))
     }
 
-    /// Where its calls are made.
-    pub fn phase(self) -> Phase {
+    /// Whether it makes calls in `phase`.
+    pub fn calls_in(self, phase: Phase) -> bool {
         match self {
-            Kind::AddHeader => Phase::Response,
-            _ => Phase::Request,
+            Kind::AddHeader => phase == Phase::Response,
+            Kind::LeasedPath => true,
+            _ => phase == Phase::Request,
         }
     }
 
