@@ -6,11 +6,11 @@
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use sha2::{Digest, Sha256};
 
-use crate::text::truncate;
+use crate::text::{push_u64, truncate};
 use crate::wire::MAX_IDENTITY_BYTES;
 
 /// How much of a long value stays readable in front of its digest.
@@ -45,13 +45,26 @@ pub fn bounded(value: &str) -> Cow<'_, str> {
 /// `v6_prefix` bits (`2001:db8:1:2::/64`), or as itself with 128.
 pub fn ip_key(ip: IpAddr, v6_prefix: u8) -> String {
     match ip {
-        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V4(v4) => dotted(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
+            Some(v4) => dotted(v4),
             None if v6_prefix >= 128 => v6.to_string(),
             None => format!("{}/{v6_prefix}", mask(v6, v6_prefix)),
         },
     }
+}
+
+/// `ip` in dotted decimal, as its `Display` writes it, without the formatting machinery (a
+/// proxy does this once a request).
+fn dotted(ip: Ipv4Addr) -> String {
+    let mut out = String::with_capacity(15);
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        push_u64(&mut out, u64::from(octet));
+    }
+    out
 }
 
 fn mask(ip: Ipv6Addr, prefix: u8) -> Ipv6Addr {
@@ -90,7 +103,18 @@ pub fn ip_identity(value: &str, v6_prefix: u8) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        #[test]
+        fn an_ipv4_key_is_the_address_as_display_writes_it(bits: u32) {
+            let v4 = Ipv4Addr::from(bits);
+            prop_assert_eq!(ip_key(IpAddr::V4(v4), 64), v4.to_string());
+            prop_assert_eq!(ip_key(IpAddr::V6(v4.to_ipv6_mapped()), 64), v4.to_string());
+        }
+    }
 
     #[test]
     fn short_values_stay_and_long_ones_become_distinct_digests() {

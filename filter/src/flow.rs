@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use sluice_core::headers::{denial_body, format_headers, Quota};
+use sluice_core::headers::{denial_body, format_headers, write_headers, HeaderBuf, Quota};
 use sluice_core::identity::{bounded, ip_key};
 use sluice_core::lease::book::QuotaKey;
 use sluice_core::rules::host::is_host;
@@ -44,8 +44,8 @@ pub struct Flow {
     probe: bool,
     /// The call out is the wait call holding a shaped request.
     holding: bool,
-    /// Headers to add to the upstream's response.
-    response_headers: Vec<(&'static str, String)>,
+    /// Headers to add to the upstream's response (one buffer, no allocation a header).
+    response_headers: HeaderBuf,
     /// The request as a debit would name it, while a cost learnt after the response may come.
     debit: Option<CheckRequest>,
 }
@@ -103,9 +103,10 @@ impl Flow {
 
     /// The upstream's response headers: the quota's headers added, a debit queued.
     pub fn on_response_headers(&mut self, s: &mut Shared, p: &mut impl Proxy) -> Action {
-        for (name, value) in std::mem::take(&mut self.response_headers) {
-            p.add_response_header(name, &value);
+        for (name, value) in self.response_headers.iter() {
+            p.add_response_header(name, value);
         }
+        self.response_headers.clear();
         self.queue_debit(s, p);
         Action::Continue
     }
@@ -254,7 +255,7 @@ impl Flow {
             return false;
         }
         if answer.policy.is_some() {
-            format_headers(&quota, s.config.headers, &mut self.response_headers);
+            write_headers(&quota, s.config.headers, &mut self.response_headers);
         }
         p.count(metrics.allowed, 1);
         if answer.delay_ms > 0 {
@@ -303,10 +304,14 @@ impl Flow {
         let metrics = s.metrics;
         match decided {
             ByLease::Allowed(quotas) => {
-                self.leased = quotas.iter().map(|(quota, _)| quota.clone()).collect();
                 if let Some(((rule, _), left)) = quotas.iter().min_by_key(|(_, l)| l.remaining) {
                     let quota = Quota::from_lease(rule, left, now.instant_ms());
-                    format_headers(&quota, s.config.headers, &mut self.response_headers);
+                    write_headers(&quota, s.config.headers, &mut self.response_headers);
+                }
+                // A debit spends from the request's leased quotas too; without debits they
+                // are not needed again.
+                if s.debits.is_some() {
+                    self.leased = quotas.into_iter().map(|(quota, _)| quota).collect();
                 }
                 p.count(metrics.allowed, 1);
                 p.count(metrics.leased, 1);

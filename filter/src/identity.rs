@@ -57,6 +57,12 @@ pub fn client_ip(forwarded: Option<&str>, trusted_hops: u32) -> Option<IpAddr> {
 
 /// The IP of an Envoy `source.address` (`1.2.3.4:5678`, `[::1]:5678`, or a bare address).
 pub fn source_ip(address: &str) -> Option<IpAddr> {
+    // Envoy's usual form, `1.2.3.4:5678`, read without the general parsers' attempts.
+    if let Some((host, port)) = address.rsplit_once(':') {
+        if !host.contains(':') && port.parse::<u16>().is_ok() {
+            return host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4);
+        }
+    }
     if let Ok(ip) = address.parse() {
         return Some(ip);
     }
@@ -121,6 +127,9 @@ mod tests {
         assert_eq!(source_ip("[::1]:80"), "::1".parse().ok());
         assert_eq!(source_ip("::1"), "::1".parse().ok());
         assert_eq!(source_ip("garbage"), None);
+        assert_eq!(source_ip("1.2.3.4:99999"), None, "not a port");
+        assert_eq!(source_ip("1.2.3.256:80"), None);
+        assert_eq!(source_ip("::ffff:1.2.3.4"), "::ffff:1.2.3.4".parse().ok());
     }
 
     #[test]

@@ -13,14 +13,14 @@
 //! be written goes straight back. So a collision costs calls, never a unit more than the
 //! service granted.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use sluice_core::lease::book::{BookConfig, Left, QuotaKey, Spend, Tally};
 use sluice_core::lease::held::{Held, Ledger, Take};
 use sluice_core::lease::wire::{LeaseAsk, LeaseGranted, LeaseReturn};
 
 use crate::proxy::SharedData;
-use crate::slots::{create, fnv1a, TRIES};
+use crate::slots::{create, fnv1a_parts, slot_key, TRIES};
 
 /// A worker that has not spent from a quota for this long, while its slot is vacant, stops
 /// looking after it (ms).
@@ -33,7 +33,8 @@ pub struct LeaseTable {
     slots: u64,
     config: BookConfig,
     /// The quotas this worker spent from, and when it last did: its timer looks after them.
-    known: HashMap<QuotaKey, u64>,
+    /// (Ordered: a few string comparisons a request cost less than hashing the key.)
+    known: BTreeMap<QuotaKey, u64>,
     /// What this worker's writes left to give back and to count.
     ledger: Ledger,
 }
@@ -45,7 +46,7 @@ impl LeaseTable {
             prefix,
             slots: slots.max(1),
             config,
-            known: HashMap::new(),
+            known: BTreeMap::new(),
             ledger: Ledger::default(),
         }
     }
@@ -191,10 +192,10 @@ impl LeaseTable {
         for _ in 0..TRIES {
             let (bytes, cas) = p.shared_get(&key)?;
             let mut ledger = Ledger::default();
-            let (mut held, ours) = match Held::decode(&bytes) {
-                Some((q, h)) if q == *quota => (h, true),
-                Some((q, h)) if h.vacant(now_ms) => {
-                    h.end(&q, now_ms, &mut ledger);
+            let (mut held, ours) = match Held::decode_borrowed(&bytes) {
+                Some(((rule, identity), h)) if (rule, identity) == (&quota.0, &quota.1) => (h, true),
+                Some(((rule, identity), h)) if h.vacant(now_ms) => {
+                    h.end(&(rule.to_owned(), identity.to_owned()), now_ms, &mut ledger);
                     (Held::default(), false)
                 }
                 Some(_) => return None,
@@ -213,11 +214,11 @@ impl LeaseTable {
 
     /// `quota`'s slot key.
     fn key(&self, (rule, identity): &QuotaKey) -> String {
-        let hash = fnv1a(&[rule.as_bytes(), &[0], identity.as_bytes()].concat());
+        let hash = fnv1a_parts(&[rule.as_bytes(), &[0], identity.as_bytes()]);
         self.key_at(hash % self.slots)
     }
 
     fn key_at(&self, index: u64) -> String {
-        format!("{}{index}", self.prefix)
+        slot_key(&self.prefix, index)
     }
 }

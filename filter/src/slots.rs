@@ -13,6 +13,7 @@
 //! so a race lost on one slot after another was written costs at most a token, never a
 //! token too many; after [`TRIES`] lost races the request is refused.
 
+use sluice_core::text::push_u64;
 use sluice_core::{Decision, Limit, Micros, State};
 
 use crate::proxy::SharedData;
@@ -93,7 +94,7 @@ impl SlotTable {
     }
 
     fn key(&self, index: u64) -> String {
-        format!("{}{index}", self.prefix)
+        slot_key(&self.prefix, index)
     }
 
     /// `key`'s two slots: two halves of its hash, the second moved on when they meet.
@@ -148,11 +149,27 @@ fn decode(bytes: &[u8]) -> Option<State> {
     })
 }
 
+/// Slot `index`'s shared-data key under `prefix`: the prefix, then the index in decimal.
+pub fn slot_key(prefix: &str, index: u64) -> String {
+    let mut key = String::with_capacity(prefix.len() + 20);
+    key.push_str(prefix);
+    push_u64(&mut key, index);
+    key
+}
+
 /// FNV-1a, 64 bits: every worker maps a key to the same slots.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    fnv1a_parts(&[bytes])
+}
+
+/// [`fnv1a`] of `parts` one after another, without joining them first.
+pub fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|part| part.iter())
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
 }
 
 #[cfg(test)]

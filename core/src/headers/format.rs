@@ -161,6 +161,9 @@ impl HeaderBuf {
 /// `mode` selects the families; `Retry-After` is sent in every mode.
 pub fn write_headers(quota: &Quota<'_>, mode: HeaderMode, buf: &mut HeaderBuf) {
     buf.clear();
+    // Room for a full set at once: a buffer made empty (a stream's) would otherwise grow
+    // several times on its first set.
+    buf.text.reserve(160);
     if matches!(mode, HeaderMode::All | HeaderMode::Legacy) {
         let reset_at = ceil_secs(quota.now_ms.saturating_add(quota.reset_after_ms));
         buf.push("X-RateLimit-Limit", |s| push_u64(s, quota.limit));

@@ -555,6 +555,13 @@ impl Held {
 
     /// What [`Held::encode`] wrote; `None` for anything else (an empty or foreign value).
     pub fn decode(bytes: &[u8]) -> Option<(QuotaKey, Held)> {
+        let ((rule, identity), held) = Held::decode_borrowed(bytes)?;
+        Some(((rule.to_owned(), identity.to_owned()), held))
+    }
+
+    /// [`Held::decode`] with the quota's rule and identity borrowed from `bytes`: nothing
+    /// allocated (a request's spend reads its slot this way).
+    pub fn decode_borrowed(bytes: &[u8]) -> Option<((&str, &str), Held)> {
         let mut r = Reader(bytes);
         let [version, flags] = r.take(2)? else { return None };
         if *version != ENCODING {
@@ -615,10 +622,10 @@ impl<'a> Reader<'a> {
     }
 
     /// A length (4 bytes little-endian) and that many bytes of UTF-8.
-    fn text(&mut self) -> Option<String> {
+    fn text(&mut self) -> Option<&'a str> {
         let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?);
         let bytes = self.take(usize::try_from(len).ok()?)?;
-        String::from_utf8(bytes.to_vec()).ok()
+        std::str::from_utf8(bytes).ok()
     }
 }
 
