@@ -198,12 +198,13 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     // Waits for other requests' probes, then a look again each time; a few at most.
     for waits_left in (0..MAX_PROBE_WAITS).rev() {
         match node.refusals.settles(&items, now) {
-            Settled::Refused(refused, d) => {
+            Settled::Refused(refused, d, others) => {
                 // The store refused this limit and would still: the request is refused
-                // here, the others not counted (a refused request consumes nothing).
+                // here, the others not counted (a refused request consumes nothing) and
+                // answered as the store last did beside this refusal.
                 node.metrics.refused_from_memory(node.refusals.len());
-                for (i, m) in limits.iter_mut().enumerate() {
-                    m.decision = (i == refused).then_some(d);
+                for (i, (m, other)) in limits.iter_mut().zip(others).enumerate() {
+                    m.decision = if i == refused { Some(d) } else { other };
                 }
                 return false;
             }
@@ -217,8 +218,6 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     let (mut decisions, degraded) = match store_decide(node, &items).await {
         Ok(stamps) => {
             let decisions: Vec<Decision> = stamps.iter().map(|s| s.decision).collect();
-            node.refusals.remember(&items, &decisions, now);
-            node.metrics.refusals_remembered(node.refusals.len());
             if !node.owed.is_empty() {
                 // The store is back: what the fallback admitted of these keys is spent now,
                 // before this request answers; the other keys' beside it.
@@ -245,6 +244,8 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
         }
     }
     if !degraded {
+        node.refusals.remember(&items, &decisions, now);
+        node.metrics.refusals_remembered(node.refusals.len());
         remember(node, &targets, &decisions);
     } else if passed {
         owe(node, &targets, &decisions);

@@ -113,7 +113,7 @@ impl<'r> Memory<'r> {
             let refused = quota
                 .as_ref()
                 .and_then(|q| match node.refusals.settles(&[q.item()], now) {
-                    Settled::Refused(_, d) => q.refused(d, now),
+                    Settled::Refused(_, d, _) => q.refused(d, now),
                     Settled::Wait(_) | Settled::Ask => None,
                 });
             if refused.is_some() {

@@ -49,6 +49,11 @@ struct Refusal {
     probe: Option<Probe>,
     /// Whether a probe was admitted since ([`Refusals::admitted`]).
     admitted: bool,
+    /// What the store answered, in the same call, for the request's other limits (with the
+    /// units a refused request did not take), by key: a request settled here answers
+    /// them too, as the store would (Envoy builds its `x-ratelimit-*` headers from every
+    /// descriptor's status).
+    companions: Vec<(String, Decision)>,
 }
 
 /// A request gone to the store for a key whose wait ran out: the others wait for it until
@@ -63,9 +68,10 @@ struct Probe {
 /// What a remembered refusal says of a request ([`Refusals::settles`]).
 #[derive(Debug)]
 pub enum Settled {
-    /// The store would refuse it: the index of the limit that refuses, and the store's
-    /// answer as of now.
-    Refused(usize, Decision),
+    /// The store would refuse it: the index of the limit that refuses, the store's answer
+    /// as of now, and what the store last answered for each of the other limits beside this
+    /// refusal (by index; `None` where it did not).
+    Refused(usize, Decision, Vec<Option<Decision>>),
     /// Another request is asking the store for one of its limits: wait for the answer (the
     /// receiver's sender is dropped), at most the probe's window, then look again.
     Wait(watch::Receiver<()>),
@@ -76,13 +82,24 @@ pub enum Settled {
 impl Refusal {
     /// The store's answer as of `now`: its waits counted down; `None` once it may pass.
     fn at(&self, now: Micros) -> Option<Decision> {
-        let elapsed = now.saturating_sub(self.at);
-        let retry_after = self.decision.retry_after.saturating_sub(elapsed);
-        (retry_after > Micros::ZERO).then_some(Decision {
-            retry_after,
-            reset_after: self.decision.reset_after.saturating_sub(elapsed),
-            ..self.decision
-        })
+        let d = aged(&self.decision, now.saturating_sub(self.at));
+        (d.retry_after > Micros::ZERO).then_some(d)
+    }
+
+    /// What the store answered for the request's limit `key` beside this refusal, as of
+    /// `now`; `None` for a key it did not answer with it.
+    fn companion(&self, key: &str, now: Micros) -> Option<Decision> {
+        let (_, d) = self.companions.iter().find(|(k, _)| k == key)?;
+        Some(aged(d, now.saturating_sub(self.at)))
+    }
+}
+
+/// `d` as of `elapsed` later: its waits counted down.
+fn aged(d: &Decision, elapsed: Micros) -> Decision {
+    Decision {
+        retry_after: d.retry_after.saturating_sub(elapsed),
+        reset_after: d.reset_after.saturating_sub(elapsed),
+        ..*d
     }
 }
 
@@ -145,7 +162,12 @@ impl Refusals {
                 continue;
             }
             if let Some(d) = r.at(now) {
-                settled = Settled::Refused(i, d);
+                let others = items
+                    .iter()
+                    .enumerate()
+                    .map(|(j, other)| (j != i).then(|| r.companion(other.key, now)).flatten())
+                    .collect();
+                settled = Settled::Refused(i, d, others);
                 break;
             }
             match &r.probe {
@@ -175,13 +197,14 @@ impl Refusals {
         settled
     }
 
-    /// What the store decided for `items` at `now`: an enforced refusal with a wait is
-    /// remembered; an admission forgets the key.
+    /// What the store decided for `items` at `now` (as the request is answered: a refused
+    /// request's other limits with what it did not take): an enforced refusal with a wait is
+    /// remembered, with the other limits' answers; an admission forgets the key.
     pub fn remember(&self, items: &[Item<'_>], decisions: &[Decision], now: Micros) {
         if self.per_shard == 0 {
             return;
         }
-        for (item, d) in items.iter().zip(decisions) {
+        for (i, (item, d)) in items.iter().zip(decisions).enumerate() {
             let part = &item.part;
             if d.allowed {
                 if !self.is_empty() {
@@ -199,6 +222,13 @@ impl Refusals {
                 decision: *d,
                 probe: None,
                 admitted: false,
+                companions: items
+                    .iter()
+                    .zip(decisions)
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, (other, d))| (other.key.to_owned(), *d))
+                    .collect(),
             };
             let mut shard = self.shard(item.key).lock().unwrap_or_else(|p| p.into_inner());
             if shard.len() >= self.per_shard && !shard.contains_key(item.key) {
@@ -281,7 +311,7 @@ mod tests {
     /// The refusal that settles `items` at `now`, if one does (never a wait here).
     fn refused_by(memory: &Refusals, items: &[Item<'_>], now: Micros) -> Option<(usize, Decision)> {
         match memory.settles(items, now) {
-            Settled::Refused(i, d) => Some((i, d)),
+            Settled::Refused(i, d, _) => Some((i, d)),
             Settled::Ask => None,
             Settled::Wait(_) => panic!("a wait where no probe was sent"),
         }
@@ -340,7 +370,7 @@ mod tests {
         let again = refused(&l, 1, end);
         memory.remember(&k, &[again], end);
         assert!(waiting.has_changed().is_err(), "woken");
-        assert!(matches!(memory.settles(&k, end), Settled::Refused(0, _)));
+        assert!(matches!(memory.settles(&k, end), Settled::Refused(0, _, _)));
         // Past that wait the store fails the probe: the next request probes.
         let end = end.saturating_add(again.retry_after);
         assert!(matches!(memory.settles(&k, end), Settled::Ask));
@@ -373,7 +403,7 @@ mod tests {
         memory.remember(&j, &[refused(&l, 1, late)], late);
         memory.remember(&k, &[refused(&l, 1, now)], now);
         let both = [item("k", &l, 1, false), item("j", &l, 1, false)];
-        assert!(matches!(memory.settles(&both, late), Settled::Refused(1, _)));
+        assert!(matches!(memory.settles(&both, late), Settled::Refused(1, _, _)));
         assert!(matches!(memory.settles(&k, late), Settled::Ask), "k's probe was let go");
     }
 

@@ -912,3 +912,61 @@ async fn a_cost_over_an_http_checks_cap_is_refused_naming_it() {
         "the cap itself is far above this"
     );
 }
+
+/// envoyproxy/ratelimit's own integration expectation: two descriptors in one request,
+/// `key2` 20 a minute and `key3` 10 an hour. Once `key3` is over, every refused request
+/// answers `key2` with its limit and what is left of it (a refused request takes nothing),
+/// whether the store refused it or the node's memory of the store's refusal did.
+#[tokio::test]
+async fn a_refusal_from_memory_still_answers_the_other_descriptors() {
+    const TWO: &str = "
+domain: two
+descriptors:
+  - key: key2
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: key3
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+";
+    let (_server, stores) = both_stores().await;
+    for store in stores {
+        let (mut client, node) = serve(store, &[TWO]).await;
+        let req = request("two", &[&[("key2", "a")], &[("key3", "b")]]);
+        for n in 1..=10u32 {
+            let r = ask(&mut client, req.clone()).await;
+            assert_eq!(code(&r), Code::Ok, "request {n}");
+            let left: Vec<u32> = r.statuses.iter().map(|s| s.limit_remaining).collect();
+            assert_eq!(left, [20 - n, 10 - n], "request {n}");
+        }
+        for n in 11..=14 {
+            let r = ask(&mut client, req.clone()).await;
+            assert_eq!(code(&r), Code::OverLimit, "request {n}");
+            let key2 = &r.statuses[0];
+            assert_eq!(Code::try_from(key2.code), Ok(Code::Ok), "request {n}: key2 {key2:?}");
+            let limit = key2
+                .current_limit
+                .as_ref()
+                .unwrap_or_else(|| panic!("request {n}: key2 without its limit"));
+            assert_eq!(
+                (limit.requests_per_unit, limit.unit),
+                (20, 2),
+                "request {n}: 20 a MINUTE (2)"
+            );
+            assert_eq!(key2.limit_remaining, 10, "request {n}: what is left of key2");
+            let key3 = &r.statuses[1];
+            assert_eq!(Code::try_from(key3.code), Ok(Code::OverLimit), "request {n}");
+            assert_eq!(key3.limit_remaining, 0, "request {n}");
+            assert!(key3.current_limit.is_some(), "request {n}: key3's limit");
+        }
+        let from_memory = node
+            .metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_checks_refused_from_memory_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        assert_eq!(
+            from_memory,
+            Some(3.0),
+            "the refusals after the store's came from memory"
+        );
+    }
+}
