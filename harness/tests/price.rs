@@ -46,6 +46,7 @@ fn each_kind_makes_k_calls_a_request_and_nothing_else() {
         ("log", 1),
         ("compute", 0),
         ("copy", 0),
+        ("clock-each", 3),
         // The filter's leased request (`share: process`, the local prefilter, every
         // header), as Envoy's trace log shows it: 17 calls for its request headers, 5
         // headers added to the response, the clock as it ends.

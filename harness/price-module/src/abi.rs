@@ -167,6 +167,7 @@ fn call(kind: Kind) {
                 SINK.fetch_xor(u32::from(std::hint::black_box(&to)[3]), Ordering::Relaxed);
             }
             Kind::LeasedPath => {}
+            Kind::ClockEach => call(Kind::Clock),
         }
     }
     free(data, size);
@@ -347,7 +348,10 @@ pub extern "C" fn proxy_on_http_call_response(_id: u32, _token: u32, _headers: u
 #[no_mangle]
 pub extern "C" fn proxy_on_log(_id: u32) {
     // The filter reads the clock as the stream ends.
-    if Kind::from_index(KIND.load(Ordering::Relaxed)) == Kind::LeasedPath {
+    if matches!(
+        Kind::from_index(KIND.load(Ordering::Relaxed)),
+        Kind::LeasedPath | Kind::ClockEach
+    ) {
         for _ in 0..COUNT.load(Ordering::Relaxed) {
             call(Kind::Clock);
         }

@@ -33,6 +33,9 @@ pub enum Kind {
     /// No host call: a 24-byte `memory.copy` (how LLVM moves bytes with bulk memory on), to
     /// price what a runtime pays for one beside a plain instruction.
     Copy,
+    /// `proxy_get_current_time_nanoseconds` in each callback of a request (its headers, the
+    /// response's, the log): what making any call at all in a callback costs.
+    ClockEach,
     /// Every host call Sluice's filter makes on a request decided by a lease (`share:
     /// process`, the local prefilter, `headers: all`), in its order, with nothing of the
     /// filter's own work between them: what the calls cost together, beside the filter.
@@ -48,7 +51,7 @@ pub enum Phase {
     Response,
 }
 
-const NAMES: [(&str, Kind); 15] = [
+const NAMES: [(&str, Kind); 16] = [
     ("clock", Kind::Clock),
     ("header", Kind::Header),
     ("header-miss", Kind::HeaderMiss),
@@ -63,6 +66,7 @@ const NAMES: [(&str, Kind); 15] = [
     ("local-reply", Kind::LocalReply),
     ("compute", Kind::Compute),
     ("copy", Kind::Copy),
+    ("clock-each", Kind::ClockEach),
     ("leased-path", Kind::LeasedPath),
 ];
 
@@ -90,7 +94,7 @@ impl Kind {
     pub fn calls_in(self, phase: Phase) -> bool {
         match self {
             Kind::AddHeader => phase == Phase::Response,
-            Kind::LeasedPath => true,
+            Kind::LeasedPath | Kind::ClockEach => true,
             _ => phase == Phase::Request,
         }
     }
