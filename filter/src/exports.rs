@@ -11,11 +11,15 @@
 //! back from inside a host call, which neither Envoy nor ngx_wasm_module does; logged), and
 //! each answers what the SDK answers by default (`Continue`, `true`). The callbacks the filter
 //! has no use for (bodies, trailers, gRPC, connections, queues, foreign functions) are
-//! exported all the same, answering those defaults, as the SDK exported them.
+//! exported all the same, answering those defaults, as the SDK exported them (ngx_wasm_module
+//! calls a callback it finds no export for through a null reference). Flags the host passes
+//! (`end_of_stream`) are taken as the `u32` they are: a Rust `bool` of any value but 0 or 1
+//! would be undefined behaviour.
 
+use std::alloc::Layout;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 
 use crate::host::{self, log};
 use crate::proxy::{Action, LogLevel};
@@ -90,12 +94,20 @@ pub extern "C" fn _initialize() {
 #[no_mangle]
 pub extern "C" fn proxy_abi_version_0_2_1() {}
 
-/// Memory for what the host hands the module: a boxed slice of exactly `size` bytes, which
-/// `host` frees as such.
+/// Memory for what the host hands the module: `size` bytes of `u8`s, which `host` frees as a
+/// `Vec<u8>` of that capacity. When there is none (the VM's memory cannot grow, or `size`
+/// is past what a layout allows) the answer is 0, which both hosts turn into a failed call,
+/// as the ABI says: never a trap, which would take the VM down with it.
 #[no_mangle]
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
-    let memory: Box<[MaybeUninit<u8>]> = Box::new_uninit_slice(size);
-    Box::into_raw(memory).cast()
+    if size == 0 {
+        return NonNull::<u8>::dangling().as_ptr(); // what a `Vec` of nothing holds
+    }
+    match Layout::array::<u8>(size) {
+        // SAFETY: the layout's size is not zero; `alloc` answers null when memory runs out.
+        Ok(layout) => unsafe { std::alloc::alloc(layout) },
+        Err(_) => std::ptr::null_mut(),
+    }
 }
 
 /// A new root context (`root_id` 0, one per plugin), or an HTTP stream's of root `root_id`.
@@ -149,12 +161,12 @@ pub extern "C" fn proxy_on_tick(id: u32) {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end_of_stream: bool) -> Action {
+pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end_of_stream: u32) -> Action {
     with_stream(id, Action::Continue, Stream::on_http_request_headers)
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_headers(id: u32, _headers: usize, _end_of_stream: bool) -> Action {
+pub extern "C" fn proxy_on_response_headers(id: u32, _headers: usize, _end_of_stream: u32) -> Action {
     with_stream(id, Action::Continue, Stream::on_http_response_headers)
 }
 
@@ -183,12 +195,13 @@ pub extern "C" fn proxy_on_delete(id: u32) {
     with_contexts(id, (), |c| {
         c.remove(&id);
     });
+    host::forget_calls_of(id);
 }
 
 // The callbacks the filter has no use for: the SDK's defaults.
 
 #[no_mangle]
-pub extern "C" fn proxy_on_request_body(_id: u32, _body_size: usize, _end_of_stream: bool) -> Action {
+pub extern "C" fn proxy_on_request_body(_id: u32, _body_size: usize, _end_of_stream: u32) -> Action {
     Action::Continue
 }
 
@@ -198,7 +211,7 @@ pub extern "C" fn proxy_on_request_trailers(_id: u32, _trailers: usize) -> Actio
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_body(_id: u32, _body_size: usize, _end_of_stream: bool) -> Action {
+pub extern "C" fn proxy_on_response_body(_id: u32, _body_size: usize, _end_of_stream: u32) -> Action {
     Action::Continue
 }
 
@@ -216,7 +229,7 @@ pub extern "C" fn proxy_on_new_connection(_id: u32) -> Action {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_downstream_data(_id: u32, _data_size: usize, _end_of_stream: bool) -> Action {
+pub extern "C" fn proxy_on_downstream_data(_id: u32, _data_size: usize, _end_of_stream: u32) -> Action {
     Action::Continue
 }
 
@@ -224,7 +237,7 @@ pub extern "C" fn proxy_on_downstream_data(_id: u32, _data_size: usize, _end_of_
 pub extern "C" fn proxy_on_downstream_connection_close(_id: u32, _peer_type: u32) {}
 
 #[no_mangle]
-pub extern "C" fn proxy_on_upstream_data(_id: u32, _data_size: usize, _end_of_stream: bool) -> Action {
+pub extern "C" fn proxy_on_upstream_data(_id: u32, _data_size: usize, _end_of_stream: u32) -> Action {
     Action::Continue
 }
 

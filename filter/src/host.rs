@@ -260,6 +260,16 @@ pub fn calling(id: u32) {
     CALLING.set(id);
 }
 
+/// Context `id` is gone: the host cancels its calls (Envoy's context does as it is
+/// destroyed) and never answers them, so their tokens are forgotten here too. Else every
+/// stream reset while its check is out (a client sending HEADERS then RST_STREAM, in a
+/// loop) would leave a token behind, and memory would grow with what clients send.
+pub fn forget_calls_of(id: u32) {
+    let mut calls = CALLS.take();
+    calls.retain(|_, context| *context != id);
+    CALLS.set(calls);
+}
+
 /// The context whose call `token` was answered, no longer in flight; `None` for a token
 /// this module did not dispatch.
 pub fn answered(token: u32) -> Option<u32> {

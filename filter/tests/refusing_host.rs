@@ -215,10 +215,28 @@ fn a_root_created_again_keeps_its_state(flavor: Flavor) {
     said_once_and_still_deciding(&mut host, "context 1 created again");
 }
 
+/// A host asking for more memory than the VM can have gets 0 (the ABI's "no memory"), never
+/// a trap, and the filter goes on deciding.
+fn memory_the_vm_cannot_have_is_refused_not_a_trap(flavor: Flavor) {
+    let mut host = refusing_host(flavor, &[]).expect("starts");
+    // 3 GiB (past what the VM may grow to) and 4 GiB − 1 (past any layout on wasm32).
+    for size in [0xC000_0000u32, u32::MAX] {
+        let answer = host
+            .call_export(1, "proxy_on_memory_allocate", &[size as i32], None)
+            .expect("no trap")
+            .expect("exported");
+        assert_eq!(answer, 0, "{size} bytes");
+    }
+    let answer = host.call_export(1, "proxy_on_memory_allocate", &[16], None);
+    assert!(matches!(answer, Ok(Some(p)) if p != 0), "16 bytes: {answer:?}");
+    traffic(&mut host).expect("still deciding");
+}
+
 on_both_hosts!(
     a_root_configured_again_keeps_its_tick,
     a_root_created_again_keeps_its_state,
     the_traffic_takes_every_path,
     refused_host_calls_never_trap_the_filter,
     a_refused_answer_leaves_the_filter_deciding,
+    memory_the_vm_cannot_have_is_refused_not_a_trap,
 );
