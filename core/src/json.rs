@@ -190,8 +190,10 @@ impl<'a> Parser<'a> {
         if self.eat_byte(b'}') {
             return Ok(Json::Object(Vec::new()));
         }
-        // Room for the objects the filter and the service read, without growing.
-        let mut members: Vec<(Cow<'a, str>, Json<'a>)> = Vec::with_capacity(8);
+        // Grown as members come and cut to size at the end (`unique`): a value read is held
+        // in about its own size again, never a fixed room a member (which made
+        // `[{"a":0},…]` cost 30–60× its bytes).
+        let mut members: Vec<(Cow<'a, str>, Json<'a>)> = Vec::new();
         loop {
             self.space();
             if self.peek() != Some(b'"') {
@@ -220,7 +222,8 @@ impl<'a> Parser<'a> {
     /// `members` as an object, unless a name repeats. A small object's names are compared
     /// as they come ([`PAIRWISE`]); a larger one's are sorted once, so that no body can make
     /// the check quadratic (a 16 KiB check body of 2,700 names would cost milliseconds).
-    fn unique(&self, members: Vec<(Cow<'a, str>, Json<'a>)>) -> Result<Json<'a>, JsonError> {
+    fn unique(&self, mut members: Vec<(Cow<'a, str>, Json<'a>)>) -> Result<Json<'a>, JsonError> {
+        members.shrink_to_fit();
         if members.len() > PAIRWISE {
             let mut names: Vec<&str> = members.iter().map(|(k, _)| k.as_ref()).collect();
             names.sort_unstable();
@@ -243,6 +246,7 @@ impl<'a> Parser<'a> {
             items.push(self.value(depth)?);
             self.space();
             if self.eat_byte(b']') {
+                items.shrink_to_fit();
                 return Ok(Json::Array(items));
             }
             if !self.eat_byte(b',') {

@@ -178,3 +178,26 @@ fn a_large_object_with_a_repeated_name_is_refused_without_comparing_every_pair()
     let e = parse(repeated.as_bytes()).unwrap_err().to_string();
     assert!(e.starts_with("member \"k0005\" repeated"), "{e}");
 }
+
+/// What is read is held in about its own size: every object's and array's room is cut to
+/// what it holds, so many small objects do not each keep a fixed room (issue 65: 30–60× the
+/// bytes of `[{"a":0},…]` before).
+#[test]
+fn objects_and_arrays_hold_no_room_past_what_they_read() {
+    fn tight(j: &Json<'_>) -> bool {
+        match j {
+            Json::Object(members) => members.capacity() == members.len() && members.iter().all(|(_, v)| tight(v)),
+            Json::Array(items) => items.capacity() == items.len() && items.iter().all(tight),
+            _ => true,
+        }
+    }
+    let many: String = format!("[{}]", vec![r#"{"a":0}"#; 1_000].join(","));
+    for text in [
+        many.as_str(),
+        r#"{"a":{"b":[1,2,3],"c":{"d":null}},"e":[{"f":1},{"g":2,"h":3}]}"#,
+        r#"[[],{},[[[1]]]]"#,
+    ] {
+        let json = parse(text.as_bytes()).expect("valid JSON");
+        assert!(tight(&json), "{text:.60}");
+    }
+}
