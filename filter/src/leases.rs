@@ -67,6 +67,9 @@ pub struct Leasing {
     config: Lease,
     metrics: Metrics,
     rules: Option<RuleSet>,
+    /// The rules are known and none names a method, host or path (worked out as they come,
+    /// not a request).
+    ignores_target: bool,
     etag: Option<String>,
     book: Book,
     calls: Vec<(u32, Pending)>,
@@ -81,6 +84,7 @@ impl Leasing {
             config,
             metrics,
             rules: None,
+            ignores_target: false,
             etag: None,
             book: Book::new(shared),
             calls: Vec::new(),
@@ -92,7 +96,7 @@ impl Leasing {
     /// request is then matched without them, and reading them (three host calls) waits for
     /// a request that goes to the check.
     pub fn ignores_target(&self) -> bool {
-        self.rules.as_ref().is_some_and(RuleSet::ignores_target)
+        self.ignores_target
     }
 
     /// A request's decision by leases (see [`ByLease`]).
@@ -288,6 +292,7 @@ impl Leasing {
             self.book.forget_all(proxy, now_ms);
             self.report(proxy);
         }
+        self.ignores_target = rules.ignores_target();
         self.rules = Some(rules);
         self.etag = etag;
     }
