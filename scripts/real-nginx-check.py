@@ -118,6 +118,7 @@ lease_ttl = "5s"
     base = json.load(open(f"{P}/examples/filter.json"))
     base["check"]["cluster"] = "127.0.0.1:28081"
     base["check"]["timeout_ms"] = 500  # debug service binaries
+    base["share"] = "process"  # as examples/nginx.conf says it, beside its zone
     lease = json.loads(json.dumps(base)); lease["check"]["cluster"] = "127.0.0.1:28082"
     lease["lease"] = {"poll_ms": 200, "tick_ms": 20}
     empty = json.loads(json.dumps(base)); empty["check"]["cluster"] = "127.0.0.1:28083"
@@ -134,11 +135,12 @@ lease_ttl = "5s"
     tight_worker = json.loads(json.dumps(tight)); tight_worker["share"] = "worker"
     # The leased server's twin whose every worker keeps its own book of leases (28096).
     lease_worker = json.loads(json.dumps(lease)); lease_worker["share"] = "worker"
+    open(f"{RUN}/conf/zone.conf", "w").write(NGINX_CONF)
     for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around), ("unix", unix),
                       ("tight", tight), ("tight_worker", tight_worker), ("lease_worker", lease_worker)):
         open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
         r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
-                            "--config", f"{RUN}/conf/{name}.json", "--host-flavor", "nginx"], capture_output=True, text=True,
+                            "--config", f"{RUN}/conf/{name}.json", "--nginx-conf", f"{RUN}/conf/zone.conf"], capture_output=True, text=True,
                            env=dict(os.environ, RUST_BACKTRACE="0"))
         check(f"check-config accepts the {name} configuration", r.returncode == 0, (r.stdout + r.stderr).strip()[-200:])
     bad = dict(base); bad["local"] = {"by": "ip", "rate_per_s": -5}
@@ -166,6 +168,7 @@ lease_ttl = "5s"
         run_checks()
         share_checks()
         lease_share_check()
+        no_zone_check(base)
     finally:
         workers1 = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
         log = open(f"{RUN}/logs/error.log", errors="replace").read()
@@ -340,6 +343,61 @@ def lease_share_check():
           and 0 < pl <= 0.7 * wl,
           f"process: {pc} in {pdt:.1f}s by workers {pp}, leases granted +{pl:.0f}; "
           f"worker: {wc} in {wdt:.1f}s by workers {wp}, leases granted +{wl:.0f} (ratio {pl / wl if wl else float('nan'):.2f})")
+
+NO_ZONE_CONF = """worker_processes 2;
+error_log logs/error.log info;
+pid logs/nginx.pid;
+events { worker_connections 256; }
+wasm { module sluice __WASM__; }
+http {
+    access_log off;
+    proxy_wasm_request_headers_in_access on;
+    upstream api { server 127.0.0.1:29000; }
+    server {
+        listen 127.0.0.1:28180;
+        location / {
+            proxy_wasm sluice '__CONFIG__';
+            proxy_pass http://api;
+        }
+    }
+}
+"""
+
+def no_zone_check(base):
+    # 10. An nginx.conf written before `share` (no shm_kv zone) with a configuration that does
+    # not say `share` (issue 65: it took every worker down): every request is answered,
+    # decided per worker, and each worker says once, as an error, which zone to add.
+    # check-config, told that nginx.conf, accepts it and refuses "share": "process" there.
+    run = f"{RUN}/nozone"
+    for d in ("logs", "conf"): os.makedirs(f"{run}/{d}", exist_ok=True)
+    os.chmod(run, 0o755)
+    cfg = json.loads(json.dumps(base)); cfg.pop("share", None)
+    conf = NO_ZONE_CONF.replace("__WASM__", f"{RUN}/sluice_filter.wasm").replace("__CONFIG__", json.dumps(cfg))
+    open(f"{run}/conf/nginx.conf", "w").write(conf)
+    open(f"{run}/conf/unsaid.json", "w").write(json.dumps(cfg))
+    open(f"{run}/conf/process.json", "w").write(json.dumps(dict(cfg, share="process")))
+    said = lambda name: subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
+                                        "--config", f"{run}/conf/{name}.json", "--nginx-conf", f"{run}/conf/nginx.conf"],
+                                       capture_output=True, text=True, env=dict(os.environ, RUST_BACKTRACE="0"))
+    unsaid, process = said("unsaid"), said("process")
+    check("check-config --nginx-conf without the zone: accepts a configuration without share, refuses share: process",
+          unsaid.returncode == 0 and "shm_kv sluice" in unsaid.stdout + unsaid.stderr
+          and process.returncode == 1 and "shm_kv" in process.stdout + process.stderr,
+          f"{(unsaid.stdout + unsaid.stderr).strip()[-200:]} | {(process.stdout + process.stderr).strip()[-200:]}")
+    subprocess.run([NGINX, "-p", f"{run}/", "-c", "conf/nginx.conf"], check=True)
+    try:
+        wait_port(28180); time.sleep(0.5)
+        codes = [get(28180)[0] for _ in range(40)]
+        log = open(f"{run}/logs/error.log", errors="replace").read().splitlines()
+        zone = [l for l in log if "[error]" in l and "shm_kv sluice" in l]
+        fatal = [l for l in log if re.search(r"trap|exited with|\[emerg\]|\[alert\]|\[crit\]", l)]
+        check("an nginx.conf without the shm_kv zone: every request answered, no worker down",
+              codes.count(200) + codes.count(429) == 40 and not fatal,
+              f"{ {c: codes.count(c) for c in set(codes)} }; {'; '.join(fatal[:3])[:400]}")
+        check("... and each worker says once, as an error, which zone to add", 1 <= len(zone) <= 2,
+              f"{len(zone)} lines: {zone[:1]}")
+    finally:
+        subprocess.run([NGINX, "-p", f"{run}/", "-c", "conf/nginx.conf", "-s", "stop"])
 
 main()  # a check that raised has printed the count and leaves with the traceback (exit 1)
 sys.exit(1 if any(not ok for _, ok in results) else 0)

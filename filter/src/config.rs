@@ -33,23 +33,36 @@ pub struct Config {
     /// Costs learnt after the response, spent at the service; absent, none are.
     pub debit: Option<Debit>,
     /// Who keeps the local and fallback buckets and the breaker: the process (every worker
-    /// of one Envoy or Nginx together) or each worker.
-    pub share: Share,
+    /// of one Envoy or Nginx together) or each worker. Absent: the host's default
+    /// ([`Share::default_on`]), which the root settles at configuration.
+    pub share: Option<Share>,
     /// Slots of each shared table of buckets or leases (`share: process`).
     pub slots: u64,
 }
 
 /// Who keeps the filter's local state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Share {
     /// Every worker of the process, in the host's shared data: one proxy is one participant.
-    #[default]
     Process,
     /// Each worker its own: with N workers, N times the local rates.
     Worker,
 }
 
 impl Share {
+    /// Who keeps the local state when the configuration does not say, on a host that is
+    /// ngx_wasm_module or not. Envoy's shared data is always there: the process. In Nginx it
+    /// needs an `shm_kv` zone that an nginx.conf written before `share` (or without it) does
+    /// not declare, and ngx_wasm_module traps on shared data without one, taking the worker
+    /// down: there each worker, unless the configuration asks for the process.
+    pub fn default_on(nginx: bool) -> Share {
+        if nginx {
+            Share::Worker
+        } else {
+            Share::Process
+        }
+    }
+
     fn from_name(name: &str) -> Option<Share> {
         match name {
             "process" => Some(Share::Process),
@@ -526,13 +539,13 @@ mod tests {
             ("x-forwarded-for", 0, 64)
         );
         assert_eq!((c.failure.breaker.failures, c.failure.fallback.burst), (5, 100));
-        assert_eq!((c.share, c.slots), (super::Share::Process, 4_096));
+        assert_eq!((c.share, c.slots), (None, 4_096));
     }
 
     #[test]
     fn share_names_who_keeps_the_local_state() {
         let c = Config::parse(br#"{"check": {"cluster": "c"}, "share": "worker", "slots": 64}"#).expect("valid");
-        assert_eq!((c.share, c.slots), (super::Share::Worker, 64));
+        assert_eq!((c.share, c.slots), (Some(super::Share::Worker), 64));
         let e = Config::parse(br#"{"check": {"cluster": "c"}, "share": "thread"}"#)
             .expect_err("refused")
             .0;

@@ -100,14 +100,17 @@ pub extern "C" fn proxy_abi_version_0_2_1() {}
 /// as the ABI says: never a trap, which would take the VM down with it.
 #[no_mangle]
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
-    if size == 0 {
-        return NonNull::<u8>::dangling().as_ptr(); // what a `Vec` of nothing holds
-    }
-    match Layout::array::<u8>(size) {
-        // SAFETY: the layout's size is not zero; `alloc` answers null when memory runs out.
-        Ok(layout) => unsafe { std::alloc::alloc(layout) },
-        Err(_) => std::ptr::null_mut(),
-    }
+    let data = if size == 0 {
+        NonNull::<u8>::dangling().as_ptr() // what a `Vec` of nothing holds
+    } else {
+        match Layout::array::<u8>(size) {
+            // SAFETY: the layout's size is not zero; `alloc` answers null when memory runs out.
+            Ok(layout) => unsafe { std::alloc::alloc(layout) },
+            Err(_) => std::ptr::null_mut(),
+        }
+    };
+    host::allocated(data, size);
+    data
 }
 
 /// A new root context (`root_id` 0, one per plugin), or an HTTP stream's of root `root_id`.
@@ -127,20 +130,18 @@ pub extern "C" fn proxy_on_context_create(id: u32, root_id: u32) {
             c.insert(id, Context::Root(Root::default()));
             return;
         }
-        let stream = match c.get(&root_id) {
+        let stream = match c.get_mut(&root_id) {
             Some(Context::Root(root)) => root.create_http_context(),
-            _ => None,
-        };
-        match stream {
-            Some(stream) => {
-                c.insert(id, Context::Stream(stream));
+            _ => {
+                log(
+                    LogLevel::Warn,
+                    &format!("sluice-filter: stream {id} is not limited: root context {root_id} is unknown"),
+                );
+                None
             }
-            None => log(
-                LogLevel::Warn,
-                &format!(
-                    "sluice-filter: stream {id} is not limited: root context {root_id} is unknown or took no configuration"
-                ),
-            ),
+        };
+        if let Some(stream) = stream {
+            c.insert(id, Context::Stream(stream));
         }
     });
 }

@@ -124,16 +124,45 @@ pub enum MetricType {
 /// Runs a host call that hands back bytes: `Some` on `Ok`, `None` on any other status.
 fn take_bytes(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Option<Vec<u8>> {
     let (mut data, mut size) = (null_mut::<u8>(), 0usize);
+    LAST_ALLOCATION.set((null_mut(), 0));
     if call(&mut data, &mut size) != OK {
         return None;
     }
     if data.is_null() {
         return Some(Vec::new());
     }
-    // SAFETY: on `Ok` the host allocated `size` bytes at `data` with the module's
-    // `proxy_on_memory_allocate` (`crate::exports`: a boxed slice of exactly `size`), and
-    // they are the module's to free.
-    Some(unsafe { Vec::from_raw_parts(data, size, size) })
+    let (allocated, capacity) = LAST_ALLOCATION.get();
+    if size == 0 && data != allocated {
+        return Some(Vec::new()); // nothing to read, and nothing of the module's to free
+    }
+    if data != allocated || size > capacity {
+        // Not what the call had the module allocate: reading or freeing it would reach past
+        // memory the module gave. Refused (and whatever was allocated is left, not freed
+        // with a size it was not made with).
+        log(
+            LogLevel::Warn,
+            &format!(
+                "sluice-filter: the host answered {size} bytes at {data:?}, but had the module \
+                 allocate {capacity} at {allocated:?}; the answer is refused"
+            ),
+        );
+        return None;
+    }
+    // SAFETY: `data` is the allocation the host had `proxy_on_memory_allocate` make for this
+    // call (`capacity` bytes of `u8`, checked above), it wrote `size` <= `capacity` of
+    // them, and they are the module's to free.
+    Some(unsafe { Vec::from_raw_parts(data, size, capacity) })
+}
+
+thread_local! {
+    /// The latest allocation the host had the module make (`proxy_on_memory_allocate`): where,
+    /// and how many bytes, so that [`take_bytes`] takes back exactly what was given.
+    static LAST_ALLOCATION: Cell<(*mut u8, usize)> = const { Cell::new((null_mut(), 0)) };
+}
+
+/// The host had the module allocate `size` bytes at `data` (null: none could be).
+pub fn allocated(data: *mut u8, size: usize) {
+    LAST_ALLOCATION.set((data, size));
 }
 
 /// Logs that the host refused `what` (status `status`), unless it answered `Ok`.
@@ -201,6 +230,15 @@ pub fn plugin_configuration() -> Option<Vec<u8>> {
 fn property_bytes(path: &[u8]) -> Option<Vec<u8>> {
     // SAFETY: `path` is live; the return pointers are `take_bytes`'s locals.
     take_bytes(|data, size| unsafe { abi::proxy_get_property(path.as_ptr(), path.len(), data, size) })
+}
+
+/// Whether the host is ngx_wasm_module, asked without a sound in either host's log: its
+/// `plugin_root_id` is the context's number ("0" for a root), where Envoy's is the
+/// plugin's `root_id` name (the examples' "sluice"). Any other property would do worse:
+/// ngx_wasm_module logs an `[error]` for a dotted one outside a request and an `[alert]`
+/// for `plugin_vm_id`.
+pub fn is_ngx_wasm_module() -> bool {
+    property(&["plugin_root_id"]).is_some_and(|id| id.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Property `segments` as text ([`header_text`]): Envoy's dynamic metadata (a string comes

@@ -12,7 +12,7 @@ use sluice_core::wire::CheckResponse;
 use sluice_core::Micros;
 
 use crate::clock::now_us;
-use crate::config::Config;
+use crate::config::{Config, Share};
 use crate::host::{self, log, Abi};
 use crate::leases::MAX_ANSWER_BYTES;
 use crate::metrics::Metrics;
@@ -26,6 +26,8 @@ pub struct Root {
     shared: Option<Rc<RefCell<Shared>>>,
     /// The tick period asked of the host, once asked.
     tick: Option<Duration>,
+    /// Whether a stream was refused its context for want of a configuration (said once).
+    said_unconfigured: bool,
 }
 
 /// The answer to the root's call `token` (a body of `body` bytes).
@@ -35,7 +37,7 @@ fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: Mi
         return;
     }
     let status = status(p);
-    let etag = p.call_header("etag").and_then(|e| String::from_utf8(e).ok());
+    let etag = p.call_header("etag").and_then(entity_tag);
     let body = if body > 0 {
         p.call_body(body.min(MAX_ANSWER_BYTES))
     } else {
@@ -44,6 +46,39 @@ fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: Mi
     if let Some(leasing) = s.leasing.as_mut() {
         leasing.answered(p, token, (status, etag, &body), now.instant_ms());
     }
+}
+
+/// `config` with its `share` settled: what it says, else the host's default
+/// ([`Share::default_on`]). On ngx_wasm_module that default is each worker, which the log
+/// says once, with the two lines that make it the process: an nginx.conf that predates
+/// `share` keeps serving, and whoever reads its log learns what to add.
+fn settle_share(mut config: Config) -> Config {
+    if config.share.is_some() {
+        return config;
+    }
+    let nginx = host::is_ngx_wasm_module();
+    if nginx {
+        log(
+            LogLevel::Error,
+            "sluice-filter: the configuration does not say \"share\": on Nginx each worker keeps \
+             its own local buckets and breaker, so N workers allow N times the local rates. For \
+             one participant per Nginx, add `shm_kv sluice 32m eviction=none;` to nginx.conf's \
+             `wasm { }` block and \"share\": \"process\" to the filter's configuration \
+             (\"share\": \"worker\" keeps this and says nothing)",
+        );
+    }
+    config.share = Some(Share::default_on(nginx));
+    config
+}
+
+/// An `ETag` as RFC 9110 writes one (`"…"` or `W/"…"`, visible ASCII inside), to be sent
+/// back as `if-none-match`; anything else (a CR or LF that would split the header, a NUL)
+/// is not an entity tag and is not sent back.
+fn entity_tag(raw: Vec<u8>) -> Option<String> {
+    let quoted = raw.strip_prefix(b"W/").unwrap_or(&raw);
+    let inner = quoted.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let etagc = |b: &u8| *b == 0x21 || (0x23..=0x7e).contains(b);
+    inner.iter().all(etagc).then(|| String::from_utf8(raw).ok()).flatten()
 }
 
 /// The answered call's status (0: none came).
@@ -120,6 +155,7 @@ impl Root {
         };
         let shared = Config::parse(&bytes)
             .map_err(|e| e.to_string())
+            .map(settle_share)
             .and_then(|config| Shared::new(config, Metrics::define(), &scope(&bytes)));
         let shared = match shared {
             Ok(s) => s,
@@ -143,8 +179,9 @@ impl Root {
         log(
             LogLevel::Info,
             &format!(
-                "sluice-filter: configured ({:?}), checking with {}",
-                shared.config.share, shared.config.check.cluster
+                "sluice-filter: configured (share: {:?}), checking with {}",
+                shared.config.share.unwrap_or(Share::Process),
+                shared.config.check.cluster
             ),
         );
         if let Some(tick_ms) = shared.config.tick_ms() {
@@ -193,9 +230,44 @@ impl Root {
         with_shared(shared, |s| answered(s, &mut Abi, token, body, now_us()));
     }
 
-    /// A new HTTP stream's context; `None` before a configuration was taken.
-    pub fn create_http_context(&self) -> Option<Stream> {
-        let shared = self.shared.clone()?;
+    /// A new HTTP stream's context; `None` before a configuration was taken, said once for
+    /// the root (its streams are not limited), not once a request.
+    pub fn create_http_context(&mut self) -> Option<Stream> {
+        let Some(shared) = self.shared.clone() else {
+            if !self.said_unconfigured {
+                self.said_unconfigured = true;
+                log(
+                    LogLevel::Error,
+                    "sluice-filter: its streams are not limited: the plugin took no configuration \
+                     (its error is logged above); said once",
+                );
+            }
+            return None;
+        };
         Some(Stream::new(shared))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entity_tag;
+
+    #[test]
+    fn only_an_entity_tag_is_sent_back() {
+        for good in ["\"7\"", "W/\"7\"", "\"\"", "\"a-b_c!\""] {
+            assert_eq!(entity_tag(good.into()).as_deref(), Some(good), "{good}");
+        }
+        for bad in [
+            "7",
+            "\"7",
+            "\"7\"\r\nx-evil: 1",
+            "\"7\r\n\"",
+            "\"a b\"",
+            "\"a\"b\"",
+            "\"\0\"",
+            "w/\"7\"",
+        ] {
+            assert_eq!(entity_tag(bad.into()), None, "{bad:?}");
+        }
     }
 }

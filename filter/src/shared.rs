@@ -48,7 +48,7 @@ impl Shared {
     /// The state for a validated configuration counting into `metrics`, its shared keys
     /// under `scope` ([`scope`]), or why it cannot be had.
     pub fn new(config: Config, metrics: Metrics, scope: &str) -> Result<Shared, String> {
-        let process = config.share == Share::Process;
+        let process = config.share == Some(Share::Process);
         let table = |name: &str| process.then(|| (format!("{scope}{name}"), config.slots));
         let local_table = table("local/");
         // Only a filter failing open decides by the fallback buckets.

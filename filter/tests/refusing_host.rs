@@ -232,7 +232,46 @@ fn memory_the_vm_cannot_have_is_refused_not_a_trap(flavor: Flavor) {
     traffic(&mut host).expect("still deciding");
 }
 
+/// A hostile host that reports every buffer longer than it allocated: the filter reads and
+/// frees none of them past what it gave (the configuration is refused, said by size), and
+/// never traps.
+fn sizes_past_what_the_host_allocated_are_refused(flavor: Flavor) {
+    let options = HostOptions {
+        flavor,
+        overstated_sizes: 64,
+        ..HostOptions::default()
+    };
+    let mut host = Host::from_plugin(plugin(), options).expect("loads");
+    let started = host.start(b"", configuration(flavor).to_string().as_bytes());
+    assert!(matches!(started, Err(HarnessError::StartRefused(_))), "{started:?}");
+    let said = host.logs().iter().any(|l| {
+        l.level == LogLevel::Warn && l.message.contains("bytes at") && l.message.contains("the answer is refused")
+    });
+    assert!(said, "{:#?}", host.logs());
+}
+
+/// A root that took no configuration says once that its streams are not limited, not once
+/// a stream, and the streams go on unlimited.
+fn an_unconfigured_root_says_so_once(flavor: Flavor) {
+    let options = HostOptions {
+        flavor,
+        ..HostOptions::default()
+    };
+    let mut host = Host::from_plugin(plugin(), options).expect("loads");
+    let started = host.start(b"", br#"{"check": {}}"#);
+    assert!(matches!(started, Err(HarnessError::StartRefused(_))), "{started:?}");
+    for _ in 0..5 {
+        let (s, outcome) = request(&mut host, "9.9.9.9", "/", &[]);
+        assert_eq!(outcome, Outcome::Continue, "not limited");
+        host.finish_stream(s).expect("no trap");
+    }
+    let times = host.logs().iter().filter(|l| l.message.contains("not limited")).count();
+    assert_eq!(times, 1, "{:#?}", host.logs());
+}
+
 on_both_hosts!(
+    sizes_past_what_the_host_allocated_are_refused,
+    an_unconfigured_root_says_so_once,
     a_root_configured_again_keeps_its_tick,
     a_root_created_again_keeps_its_state,
     the_traffic_takes_every_path,

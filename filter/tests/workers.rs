@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
+use sluice_harness::abi::LogLevel;
 use sluice_harness::{CallResponse, Flavor, Host, HostOptions, Outcome};
 
 /// `n` started workers of one process running the filter with `config`.
@@ -192,25 +193,61 @@ on_both_hosts!(
     one_lease_serves_every_worker
 );
 
-/// ngx_wasm_module traps on shared data of no declared `shm_kv` zone: the filter touches
-/// its keys at configuration, so such an Nginx fails there, naming the directive, and
-/// never on traffic; `share: worker` needs no zone.
+/// ngx_wasm_module traps on shared data of no declared `shm_kv` zone, taking the worker
+/// down. A configuration that asks for `share: process` touches its keys at configuration,
+/// so such an Nginx fails there, naming the directive, never on traffic.
 #[test]
-fn nginx_without_an_shm_kv_zone_fails_at_configuration() {
+fn nginx_asked_to_share_without_an_shm_kv_zone_fails_at_configuration() {
     let options = HostOptions {
         flavor: Flavor::Nginx,
         shm_kv: Vec::new(),
         ..HostOptions::default()
     };
-    let mut host = Host::from_plugin(plugin(), options.clone()).expect("module loads");
+    let mut host = Host::from_plugin(plugin(), options).expect("module loads");
     let err = host
         .start(b"", config_in(Flavor::Nginx).to_string().as_bytes())
         .expect_err("no zone");
     assert!(err.to_string().contains("shm_kv"), "{err}");
+}
+
+/// An nginx.conf written before `share` (no `shm_kv` zone) and a configuration that does not
+/// say `share` (issue 65): every worker keeps serving, each deciding alone, and the log says
+/// once, as an error, which zone to add. Envoy, with the same configuration, is one
+/// participant.
+#[test]
+fn a_configuration_without_share_needs_no_zone_in_nginx() {
     let mut config = config_in(Flavor::Nginx);
-    config["share"] = "worker".into();
-    let mut host = Host::from_plugin(plugin(), options).expect("module loads");
-    host.start(b"", config.to_string().as_bytes()).expect("no zone needed");
-    let (_, outcome) = request(&mut host, "203.0.113.7", "/api", &[]);
-    assert_eq!(outcome, Outcome::Pause, "checked");
+    config.as_object_mut().map(|c| c.remove("share"));
+    config["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 2, "max_keys": 100});
+    let options = HostOptions {
+        flavor: Flavor::Nginx,
+        shm_kv: Vec::new(),
+        ..HostOptions::default()
+    };
+    let mut hosts: Vec<Host> = (0..2)
+        .map(|_| {
+            let mut host = Host::from_plugin(plugin(), options.clone()).expect("module loads");
+            host.start(b"", config.to_string().as_bytes()).expect("no zone needed");
+            host
+        })
+        .collect();
+    // Each worker lets its own burst of 2 through: 4 of 8, where one participant lets 2.
+    assert_eq!(spread(&mut hosts, 8), 4, "decided per worker");
+    for host in &hosts {
+        let said: Vec<_> = host
+            .logs()
+            .iter()
+            .filter(|l| l.level == LogLevel::Error && l.message.contains("shm_kv sluice"))
+            .collect();
+        assert_eq!(said.len(), 1, "{:#?}", host.logs());
+    }
+    let mut config = config_in(Flavor::Envoy);
+    config["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": 2, "max_keys": 100});
+    let mut envoy = workers(&config, Flavor::Envoy, 2);
+    assert_eq!(spread(&mut envoy, 8), 2, "one participant");
+    assert!(
+        !envoy[0].logs().iter().any(|l| l.message.contains("shm_kv")),
+        "{:#?}",
+        envoy[0].logs()
+    );
 }

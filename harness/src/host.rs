@@ -94,9 +94,16 @@ impl Host {
         imports::refuse(&mut linker, module, &options.refused_calls).map_err(HarnessError::load)?;
         // Envoy names itself in its node (a real Envoy answers `xds.node.user_agent_name`
         // with "envoy" from configuration on); ngx_wasm_module has no `xds` properties.
+        // `plugin_root_id` is the `root_id` of Envoy's plugin configuration (the examples'
+        // "sluice") and the context's number in ngx_wasm_module ("0" for the root: its
+        // getter prints `pwctx->root_id`, and its tests read `plugin_root_id: 0` on a tick).
         let root_properties = match options.flavor {
-            Flavor::Envoy => [("xds.node.user_agent_name".to_owned(), b"envoy".to_vec())].into(),
-            Flavor::Nginx => Default::default(),
+            Flavor::Envoy => [
+                ("xds.node.user_agent_name".to_owned(), b"envoy".to_vec()),
+                ("plugin_root_id".to_owned(), b"sluice".to_vec()),
+            ]
+            .into(),
+            Flavor::Nginx => [("plugin_root_id".to_owned(), b"0".to_vec())].into(),
         };
         let state = HostState {
             wasi: WasiCtxBuilder::new().inherit_stderr().build_p1(),

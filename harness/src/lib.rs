@@ -69,6 +69,9 @@ pub struct HostOptions {
     /// prefix names none of them, with no default zone, traps there, as in a real Nginx.
     /// The Envoy flavor ignores it.
     pub shm_kv: Vec<String>,
+    /// A hostile host: every buffer it hands the guest is reported this many bytes longer
+    /// than it allocated and wrote. 0: honest, as Envoy and ngx_wasm_module are.
+    pub overstated_sizes: u32,
 }
 
 /// Shared data's keys, each with its value and CAS.
@@ -111,6 +114,7 @@ impl Default for HostOptions {
             shared_data: SharedData::default(),
             // examples/nginx.conf's zone.
             shm_kv: vec!["sluice".into()],
+            overstated_sizes: 0,
         }
     }
 }

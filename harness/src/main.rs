@@ -41,6 +41,10 @@ struct CheckConfigArgs {
     /// Which proxy's behaviour to imitate.
     #[arg(long, value_enum, default_value_t = HostFlavor::Envoy)]
     host_flavor: HostFlavor,
+    /// The nginx.conf the filter will run in: imitates Nginx with the `shm_kv` zones it
+    /// declares (without it, the Nginx flavor assumes examples/nginx.conf's zone `sluice`).
+    #[arg(long, value_name = "FILE")]
+    nginx_conf: Option<PathBuf>,
 }
 
 #[derive(Parser)]
@@ -121,10 +125,15 @@ fn check_config(args: &CheckConfigArgs) -> anyhow::Result<()> {
     let wasm = std::fs::read(&args.wasm).with_context(|| format!("cannot read the module {}", args.wasm.display()))?;
     let config = std::fs::read(&args.config)
         .with_context(|| format!("cannot read the configuration {}", args.config.display()))?;
-    let options = HostOptions {
+    let mut options = HostOptions {
         flavor: args.host_flavor.into(),
         ..HostOptions::default()
     };
+    if let Some(path) = &args.nginx_conf {
+        let conf = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        options.flavor = Flavor::Nginx;
+        options.shm_kv = shm_kv_zones(&conf);
+    }
     let mut host = Host::new(&wasm, options).context("the module does not load")?;
     if let Err(e) = host.start(b"", &config) {
         let said: Vec<&str> = host
@@ -155,7 +164,30 @@ fn check_config(args: &CheckConfigArgs) -> anyhow::Result<()> {
         args.config.display(),
         args.wasm.display()
     );
+    for said in host.logs().iter().filter(|l| l.level >= LogLevel::Warn) {
+        println!("  but the module says: {}", said.message);
+    }
     Ok(())
+}
+
+/// The zones an nginx.conf declares with `shm_kv NAME SIZE [eviction=...];` (comments left
+/// out).
+fn shm_kv_zones(conf: &str) -> Vec<String> {
+    let text: String = conf
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut words = text
+        .split(|c: char| c.is_whitespace() || c == ';' || c == '{' || c == '}')
+        .filter(|w| !w.is_empty());
+    let mut zones = Vec::new();
+    while let Some(word) = words.next() {
+        if word == "shm_kv" {
+            zones.extend(words.next().map(str::to_owned));
+        }
+    }
+    zones
 }
 
 /// Sends `GET /` through the module and ends it: its calls fail, as with no upstream.
@@ -229,4 +261,16 @@ async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("stopped"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shm_kv_zones;
+
+    #[test]
+    fn zones_are_read_from_an_nginx_conf() {
+        let conf = "wasm {\n  module sluice /x.wasm;\n  shm_kv sluice 4m eviction=none;\n  # shm_kv old 1m;\n  shm_kv * 1m;\n}\nhttp { }";
+        assert_eq!(shm_kv_zones(conf), ["sluice", "*"]);
+        assert!(shm_kv_zones("wasm { module sluice /x.wasm; }").is_empty());
+    }
 }

@@ -8,8 +8,8 @@ fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Builds workspace package `package` for wasm32-wasip1 (release) and returns the path of
-/// its module. A nested cargo builds it into `target/wasm-modules`, a target directory of its
+/// Builds workspace package `package` for wasm32-wasip1 as it ships (`--profile wasm`) and
+/// returns the path of its module: the tests run the module the OCI artifact carries. A nested cargo builds it into `target/wasm-modules`, a target directory of its
 /// own, so it never waits on the lock of the outer build that runs the test; an up-to-date
 /// module costs one no-op cargo run. Callers keep the result for the rest of the process.
 ///
@@ -19,7 +19,7 @@ pub fn wasm_module(package: &str) -> PathBuf {
     let target = root.join("target").join("wasm-modules");
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args(["build", "-p", package, "--target", "wasm32-wasip1", "--release"])
+        .args(["build", "-p", package, "--target", "wasm32-wasip1", "--profile", "wasm"])
         .arg("--target-dir")
         .arg(&target)
         .env_clear()
@@ -31,7 +31,7 @@ pub fn wasm_module(package: &str) -> PathBuf {
         "building {package} for wasm32-wasip1 failed (is the target installed? run scripts/setup)"
     );
     let file = format!("{}.wasm", package.replace('-', "_"));
-    target.join("wasm32-wasip1").join("release").join(file)
+    target.join("wasm32-wasip1").join("wasm").join(file)
 }
 
 /// The environment for a cargo run from a test: the test's own, less what cargo set for the

@@ -570,3 +570,46 @@ fn check_config_runs_the_filters_own_validation_like_nginx_t_cannot() {
     assert!(ok, "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `check-config --nginx-conf` runs the filter in an Nginx with the zones that nginx.conf
+/// declares (issue 65): `share: process` without an `shm_kv sluice` zone is refused before a
+/// deploy (in Nginx it takes every worker down), a configuration that does not say `share`
+/// is accepted there with the filter's one error naming the zone, and examples/nginx.conf
+/// has the zone.
+#[test]
+fn check_config_told_the_nginx_conf_finds_the_zone_missing() {
+    let dir = std::env::temp_dir().join(format!("sluice-check-zone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let no_zone = dir.join("nginx.conf");
+    std::fs::write(
+        &no_zone,
+        "events {}\nwasm { module sluice /x.wasm; } # shm_kv sluice 4m;\n",
+    )
+    .expect("nginx.conf");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/nginx.conf");
+    let check = |config: &str, nginx_conf: &std::path::Path| {
+        let file = dir.join("filter.json");
+        std::fs::write(&file, config).expect("write config");
+        let out = Command::new(sluice_tests::chain::binary("sluice-harness"))
+            .args(["check-config", "--wasm"])
+            .arg(sluice_tests::chain::filter_wasm())
+            .arg("--config")
+            .arg(&file)
+            .arg("--nginx-conf")
+            .arg(nginx_conf)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .expect("run sluice-harness");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), said)
+    };
+    let process = r#"{"check": {"cluster": "127.0.0.1:8081"}, "share": "process"}"#;
+    let unsaid = r#"{"check": {"cluster": "127.0.0.1:8081"}}"#;
+    let (ok, said) = check(process, &no_zone);
+    assert!(!ok && said.contains("shm_kv"), "{said}");
+    let (ok, said) = check(unsaid, &no_zone);
+    assert!(ok && said.contains("shm_kv sluice 32m eviction=none;"), "{said}");
+    let (ok, said) = check(process, std::path::Path::new(example));
+    assert!(ok && !said.contains("shm_kv"), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -23,9 +23,7 @@ impl Config {
                 .unwrap_or_default(),
             lease: f.opt("lease", Lease::read),
             debit: f.opt("debit", Debit::read),
-            share: f
-                .opt("share", |v| named(v, Share::from_name, "process or worker"))
-                .unwrap_or_default(),
+            share: f.opt("share", |v| named(v, Share::from_name, "process or worker")),
             slots: f.opt("slots", Json::u64).unwrap_or(DEFAULT_SLOTS),
         };
         f.finish().map(|()| c)

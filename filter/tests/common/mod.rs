@@ -93,6 +93,11 @@ pub fn cluster(flavor: Flavor) -> &'static str {
 pub fn config_in(flavor: Flavor) -> Value {
     let mut config = config();
     config["check"]["cluster"] = cluster(flavor).into();
+    if flavor == Flavor::Nginx {
+        // As examples/nginx.conf says it, beside its `shm_kv sluice` zone (Nginx's default is
+        // each worker: `Share::default_on`).
+        config["share"] = "process".into();
+    }
     config
 }
 

@@ -95,7 +95,11 @@ fn give(c: &mut Ctx<'_>, data: &[u8], ret_data: i32, ret_size: i32) -> HostResul
     };
     match (
         write_u32(c, ret_data, addr as u32),
-        write_u32(c, ret_size, data.len() as u32),
+        write_u32(
+            c,
+            ret_size,
+            (data.len() as u32).saturating_add(c.data().options.overstated_sizes),
+        ),
     ) {
         (Some(()), Some(())) => OK,
         _ => status(Status::BadArgument),
