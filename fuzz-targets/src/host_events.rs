@@ -4,8 +4,10 @@
 //! answers of any content to the calls the module made, the clock), raw calls of its
 //! exports that no well-behaved host makes: a context never created or already deleted, a
 //! call token never issued or answered twice, a body size beyond the buffer, callbacks in
-//! any order. What must hold: the module never traps, and every answer it gives itself is
-//! a 429 or a 503.
+//! any order. And a hostile host: shared data overwritten with any bytes (as a corrupted
+//! or foreign writer would leave it), buffers reported longer than they are. What must hold:
+//! the module never traps, every answer it gives itself is a 429 or a 503, and its memory
+//! stays within [`MAX_MEMORY`].
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -15,13 +17,18 @@ use sluice_harness::{CallResponse, Flavor, HarnessError, Host, HostOptions, Outc
 /// Events read from one input, at most.
 const MAX_EVENTS: usize = 96;
 
+/// The module's linear memory after any input's events, at most: what it grows to is bounded
+/// by its tables (16 slots here, `max_keys` 4), not by what the events send.
+const MAX_MEMORY: usize = 16 << 20;
+
 /// The configurations an input starts the filter with: the check path alone; leases,
 /// debits and a local bucket shared by the process; each worker its own.
 const CONFIGS: [&str; 3] = [
     r#"{"check": {"cluster": "sluice_check", "timeout_ms": 25}, "identities": {"user": {"header": "x-user-id"}}}"#,
     r#"{"check": {"cluster": "sluice_check"}, "identities": {"ip": {}, "user": {"header": "x-user-id"}},
         "local": {"by": "ip", "rate_per_s": 5, "burst": 5, "max_keys": 4},
-        "lease": {"tick_ms": 10, "poll_ms": 10}, "debit": {"header": "x-tokens-used"}, "slots": 16}"#,
+        "lease": {"tick_ms": 10, "poll_ms": 10}, "debit": {"header": "x-tokens-used"}, "slots": 16,
+        "share": "process"}"#,
     r#"{"check": {"cluster": "sluice_check"}, "identities": {"api_key": {"header": "x-api-key"}},
         "local": {"by": "api_key", "rate_per_s": 1, "burst": 1}, "failure": {"mode": "closed",
         "breaker": {"failures": 1, "cooldown_ms": 5}}, "share": "worker"}"#,
@@ -162,6 +169,10 @@ pub fn host_events(data: &[u8]) {
             Err(e) => panic!("{e}"),
         }
     }
+    for host in &mut workers {
+        let memory = host.memory_bytes();
+        assert!(memory <= MAX_MEMORY, "the module grew to {memory} bytes");
+    }
 }
 
 /// One event on `host`; a stream's outcome when it has one.
@@ -204,7 +215,38 @@ fn event(host: &mut Host, input: &mut Input<'_>, streams: &mut Vec<u32>) -> Resu
         7 | 8 => host
             .advance(Duration::from_millis(u64::from(input.byte()) * 4))
             .map(|()| None),
+        9 if input.byte() < 32 => {
+            hostile(host, input);
+            Ok(None)
+        }
         _ => raw(host, input, streams).map(|_| None),
+    }
+}
+
+/// The host turns hostile for what follows: a key of its shared data overwritten with any
+/// bytes, or every buffer it hands over reported longer than it is (or honest again).
+fn hostile(host: &mut Host, input: &mut Input<'_>) {
+    if input.byte() & 1 == 0 {
+        host.overstate_sizes([0, 0, 1, 8, 4096, u32::MAX][input.below(6)]);
+        return;
+    }
+    let shared = host.shared_data_handle();
+    let keys = shared.keys();
+    if let Some(key) = keys.get(input.below(keys.len().max(1))) {
+        let value = match input.below(3) {
+            // The value it held, cut short or with a byte changed: nearly right.
+            0 => {
+                let mut v = shared.get(key).map(|(v, _)| v).unwrap_or_default();
+                let at = input.below(v.len().max(1));
+                v.truncate(at.max(usize::from(input.byte() & 1 == 1) * v.len()));
+                if let Some(b) = v.get_mut(at) {
+                    *b ^= input.byte() | 1;
+                }
+                v
+            }
+            _ => input.bytes(),
+        };
+        shared.corrupt(key, value);
     }
 }
 

@@ -35,6 +35,11 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pace_headers", pace_headers),
     ("filter_config", filter_config),
     ("host_events", host_events),
+    ("edge_sniff", edge_sniff),
+    ("redis_address", redis_address),
+    ("redis_replies", redis_replies),
+    ("rls_descriptors", rls_descriptors),
+    ("held_leases", held_leases),
 ];
 
 /// Core's JSON reader (`sluice_core::json::parse`), every value walked through its
@@ -260,4 +265,152 @@ pub fn filter_config(data: &[u8]) {
         assert!((10..=1_000).contains(&tick), "tick: {config:?}");
     }
     let _ = config.check.credential();
+}
+
+/// The service edge's sniffer of a connection's first bytes (`edge::sniffed`), which reads
+/// raw client bytes before any HTTP parser: the input's first byte says how to cut the rest
+/// into reads. However they are cut, the state is the same, and the one a reference reading
+/// of the whole gives: HTTP/2 exactly when the bytes begin with its 24-byte preface, still
+/// sniffing while they are a proper prefix of it, else HTTP/1.1 whose headers have ended
+/// exactly when a CRLFCRLF came.
+pub fn edge_sniff(data: &[u8]) {
+    use sluice_service::edge::sniffed;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const END: &[u8] = b"\r\n\r\n";
+    let Some((&cut, bytes)) = data.split_first() else {
+        return;
+    };
+    let expected = if bytes.starts_with(PREFACE) {
+        "H2".to_owned()
+    } else if PREFACE.starts_with(bytes) {
+        format!("Start {{ seen: {} }}", bytes.len())
+    } else if bytes.windows(END.len()).any(|w| w == END) {
+        "Busy".to_owned()
+    } else {
+        let matched = (0..END.len()).rev().find(|&j| bytes.ends_with(&END[..j])).unwrap_or(0);
+        format!("Headers {{ matched: {matched} }}")
+    };
+    let step = usize::from(cut).max(1);
+    let reads: Vec<&[u8]> = bytes.chunks(step).collect();
+    assert_eq!(sniffed(&reads), expected, "read {step} bytes at a time: {bytes:?}");
+    let (a, b) = bytes.split_at(usize::from(cut).min(bytes.len()));
+    assert_eq!(sniffed(&[a, &[], b]), expected, "read as {a:?}, nothing, then {b:?}");
+}
+
+/// The Redis address parser (`Address::parse`, `--store`'s URL): any text is an address or an
+/// error that says how to write one; an address has a host and nonzero ports; and a password
+/// given in the URL shows in neither the address's `Debug`, its error, nor `redact`.
+pub fn redis_address(data: &[u8]) {
+    use sluice_service::store::redis::{redact, Address};
+    let Ok(url) = std::str::from_utf8(data) else {
+        return;
+    };
+    // The password as the URL writes it (percent-encoded), when it is long enough and
+    // written once, so that finding it elsewhere means it leaked.
+    let secret = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password)
+        .filter(|p| p.len() >= 4 && url.matches(*p).count() == 1);
+    let redacted = redact(url);
+    let shown = match Address::parse(url) {
+        Ok(address) => {
+            assert!(!address.hosts.is_empty(), "no host: {address:?}");
+            for (host, port) in &address.hosts {
+                assert!(!host.is_empty() && *port > 0, "{host:?}:{port} in {address:?}");
+            }
+            format!("{address:?}")
+        }
+        Err(e) => {
+            let said = e.to_string();
+            assert!(
+                said.contains("redis://"),
+                "an error that does not say the forms: {said}"
+            );
+            said
+        }
+    };
+    if let Some(secret) = secret {
+        assert!(!redacted.contains(secret), "redact shows the password: {redacted}");
+        assert!(!shown.contains(secret), "the password shows: {shown}");
+    }
+}
+
+/// The readers of the check script's replies (`store::redis::reply`): numbers of any count
+/// and value (the input, eight bytes a number; its first byte the group's number of rules)
+/// are a decision a rule, or a grant, only when there are exactly as many as the script
+/// sends, each decision keeping its rule's limit; anything else is a protocol error.
+pub fn redis_replies(data: &[u8]) {
+    use sluice_service::store::redis::reply::{decisions, grant};
+    let Some((&rules, rest)) = data.split_first() else {
+        return;
+    };
+    let reply: Vec<i64> = rest
+        .chunks(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            i64::from_le_bytes(b)
+        })
+        .collect();
+    let limits: Vec<u64> = (0..u64::from(rules % 8)).map(|i| 10 + i).collect();
+    match decisions(&reply, &limits) {
+        Ok(stamped) => {
+            assert_eq!(reply.len(), 1 + 5 * limits.len(), "{reply:?}");
+            let kept: Vec<u64> = stamped.iter().map(|s| s.decision.limit).collect();
+            assert_eq!(kept, limits);
+        }
+        Err(e) => assert_ne!(reply.len(), 1 + 5 * limits.len(), "{reply:?}: {e}"),
+    }
+    match grant(&reply, 7, "grant") {
+        Ok(g) => assert!(reply.len() == 8 && g.decision.limit == 7, "{reply:?}"),
+        Err(e) => assert_ne!(reply.len(), 8, "{reply:?}: {e}"),
+    }
+}
+
+/// Envoy RLS descriptor matching (`DescriptorSet::find`, `limits_for`) over
+/// examples/ratelimit.yaml: the input's first line is the domain, then `key=value` entries a
+/// line, a blank line between descriptors. Whatever a proxy sends: one answer a descriptor,
+/// a lone descriptor's the same as `find`'s, and the same twice.
+pub fn rls_descriptors(data: &[u8]) {
+    use sluice_service::grpc::config::parse;
+    use sluice_service::grpc::descriptors::DescriptorSet;
+    static SET: std::sync::OnceLock<DescriptorSet> = std::sync::OnceLock::new();
+    let set = SET.get_or_init(|| {
+        let yaml = include_str!("../../examples/ratelimit.yaml");
+        DescriptorSet::new(vec![parse(yaml).expect("the example reads")]).expect("the example builds")
+    });
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (domain, rest) = text.split_once('\n').unwrap_or((text, ""));
+    let descriptors: Vec<Vec<(&str, &str)>> = rest
+        .split("\n\n")
+        .map(|d| d.lines().map(|l| l.split_once('=').unwrap_or((l, ""))).collect())
+        .collect();
+    let found = set.limits_for(domain, descriptors.iter().map(Vec::as_slice));
+    assert_eq!(found.len(), descriptors.len());
+    let again = set.limits_for(domain, descriptors.iter().map(Vec::as_slice));
+    let ids = |f: &[Option<(&_, String)>]| {
+        f.iter()
+            .map(|l| l.as_ref().map(|(_, id)| id.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&found), ids(&again), "not the same twice");
+    if let [one] = &descriptors[..] {
+        let alone = set.find(domain, one).map(|(_, id)| id);
+        assert_eq!(ids(&found), vec![alone], "limits_for and find differ");
+    }
+}
+
+/// Core's decoder of a held lease as shared data keeps it (`Held::decode`): the filter reads
+/// whatever another worker, an older module or a corrupted zone left. Any bytes decode or
+/// not without a panic, and what decodes encodes back to bytes that decode the same.
+pub fn held_leases(data: &[u8]) {
+    use sluice_core::lease::held::Held;
+    if let Some((key, held)) = Held::decode(data) {
+        let again = Held::decode(&held.encode(&key));
+        assert_eq!(again, Some((key, held)), "{data:?}");
+    }
 }

@@ -573,6 +573,11 @@ impl Host {
         self.store.data().options.shared_data.get(key)
     }
 
+    /// The process's shared data this host reads and writes (a handle: clones share it).
+    pub fn shared_data_handle(&self) -> crate::SharedData {
+        self.store.data().options.shared_data.clone()
+    }
+
     /// Calls the module has made into the host so far, every import's (to count a path's).
     pub fn host_calls(&self) -> u64 {
         self.store.data().host_calls
@@ -598,6 +603,12 @@ impl Host {
     /// Names of imported host functions the harness answered with `Unimplemented`.
     pub fn unimplemented_calls(&self) -> &[String] {
         &self.store.data().unimplemented
+    }
+
+    /// From now on, report every buffer handed to the module `by` bytes longer than it is
+    /// ([`HostOptions::overstated_sizes`]; 0: honest again).
+    pub fn overstate_sizes(&mut self, by: u32) {
+        self.store.data_mut().options.overstated_sizes = by;
     }
 
     /// Size of the module's linear memory in bytes.

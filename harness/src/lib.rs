@@ -102,6 +102,22 @@ impl SharedData {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The keys held, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.with(|m| m.keys().cloned().collect());
+        keys.sort();
+        keys
+    }
+
+    /// Overwrites key `key` with `value` as another writer would, bumping its CAS: a
+    /// hostile or corrupted host's shared data, to test the module's readers of it.
+    pub fn corrupt(&self, key: &str, value: Vec<u8>) {
+        self.with(|m| {
+            let cas = m.get(key).map_or(1, |(_, cas)| cas.wrapping_add(1));
+            m.insert(key.to_owned(), (value, cas));
+        });
+    }
 }
 
 impl Default for HostOptions {

@@ -168,8 +168,9 @@ struct Timeouts {
 /// that wait for the client: [`Watch::Start`], [`Watch::Headers`] and [`Watch::Idle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Watch {
-    /// The first bytes: `seen` of them so far, all matching the HTTP/2 preface or not.
-    Start { seen: usize, h2: bool },
+    /// The first bytes: `seen` of them so far, each the HTTP/2 preface's (a byte that is not
+    /// makes the connection HTTP/1.1's at once).
+    Start { seen: usize },
     /// An HTTP/1.1 request's headers, `matched` bytes into their end.
     Headers { matched: usize },
     /// An HTTP/1.1 request being served, until its response starts.
@@ -184,16 +185,18 @@ impl Watch {
     /// The state after reading `bytes`.
     fn read(self, bytes: &[u8]) -> Watch {
         match self {
-            Watch::Start { seen, h2 } => {
+            Watch::Start { seen } => {
                 let take = bytes.len().min(SNIFFED_BYTES - seen);
-                let h2 = h2 && bytes[..take] == H2_PREFACE[seen..seen + take];
-                if seen + take < SNIFFED_BYTES {
-                    Watch::Start { seen: seen + take, h2 }
-                } else if h2 {
-                    Watch::H2
+                if bytes[..take] != H2_PREFACE[seen..seen + take] {
+                    // HTTP/1.1: its request began with the preface's first `seen` bytes, then
+                    // these; its headers may have ended in either (the preface holds a CRLFCRLF).
+                    Watch::Headers { matched: 0 }
+                        .read_headers(&H2_PREFACE[..seen])
+                        .read_headers(bytes)
+                } else if seen + take < SNIFFED_BYTES {
+                    Watch::Start { seen: seen + take }
                 } else {
-                    // The sniffed bytes are the first request's own: look for its headers' end in all.
-                    Watch::Headers { matched: 0 }.read_headers(bytes)
+                    Watch::H2
                 }
             }
             Watch::Headers { .. } => self.read_headers(bytes),
@@ -225,12 +228,23 @@ impl Watch {
     }
 }
 
+/// What the edge makes of a connection whose first bytes come in `chunks`, as its read watch
+/// names it (`Start { seen: 3 }`, `Headers { matched: 2 }`, `Busy`, `H2`): the same however
+/// the bytes are cut (the fuzz target `edge_sniff` holds it to that, and to HTTP/2 exactly
+/// when they begin with the preface).
+pub fn sniffed(chunks: &[&[u8]]) -> String {
+    let watch = chunks
+        .iter()
+        .fold(Watch::Start { seen: 0 }, |watch, chunk| watch.read(chunk));
+    format!("{watch:?}")
+}
+
 impl Conn {
     fn new(io: Box<dyn Io>, place: OwnedSemaphorePermit, timeouts: Timeouts) -> Conn {
         Conn {
             io,
             _place: place,
-            watch: Watch::Start { seen: 0, h2: true },
+            watch: Watch::Start { seen: 0 },
             timeouts,
             deadline: Box::pin(tokio::time::sleep(timeouts.header)),
         }
@@ -452,5 +466,31 @@ async fn handshake(tls: &TlsAcceptor, io: Box<dyn Io>, timeout: Duration) -> Opt
 async fn until_stopped(stop: &mut watch::Receiver<bool>) {
     if stop.wait_for(|s| *s).await.is_err() {
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{sniffed, H2_PREFACE};
+
+    #[test]
+    fn a_request_whose_headers_end_in_the_sniffed_bytes_is_seen_however_they_are_read() {
+        // 18 bytes of HTTP/1.0 request, then the next one's start: its headers end inside the
+        // 24 bytes sniffed for the HTTP/2 preface. Read in two, the end was in the first read
+        // and looked for in the second only: the connection waited for headers that had come
+        // (and a slow answer met the header timeout).
+        let bytes = b"GET / HTTP/1.0\r\n\r\nGET /x";
+        for cut in 0..=bytes.len() {
+            let (a, b) = bytes.split_at(cut);
+            assert_eq!(sniffed(&[a, b]), "Busy", "read as {a:?} then {b:?}");
+        }
+        assert_eq!(
+            sniffed(&[b"GET / HTTP/1.0\r\n\r\n"]),
+            "Busy",
+            "shorter than the preface"
+        );
+        assert_eq!(sniffed(&[b"GET / HT"]), "Headers { matched: 0 }");
+        assert_eq!(sniffed(&[&H2_PREFACE[..10], &H2_PREFACE[10..]]), "H2");
+        assert_eq!(sniffed(&[&H2_PREFACE[..20]]), "Start { seen: 20 }");
     }
 }

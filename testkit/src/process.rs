@@ -25,12 +25,38 @@ pub fn free_port() -> u16 {
     for attempt in 0u32..10_000 {
         let draw = RandomState::new().hash_one(attempt) % span;
         let port = PORTS.start + u16::try_from(draw).unwrap_or(0);
-        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() && claim(port) {
             given.insert(port);
             return port;
         }
     }
     panic!("no free loopback port in {PORTS:?}");
+}
+
+/// Claims `port` for this process among the test processes that run at once (nextest runs
+/// each test in its own): a file named for it in a directory they share, made only if none
+/// is there, or if the one there is older than a test run lasts. Two processes drawing the
+/// same port between one's draw and its server's bind made that server fail to start (seen:
+/// "Address already in use" in a full run); now the second draws again.
+fn claim(port: u16) -> bool {
+    const HELD_FOR: Duration = Duration::from_secs(15 * 60);
+    let dir = std::env::temp_dir().join("sluice-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join(port.to_string());
+    let made = std::fs::OpenOptions::new().write(true).create_new(true).open(&file);
+    match made {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let age = std::fs::metadata(&file)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            // A stale claim is taken over (written again: its time is now).
+            age.is_some_and(|age| age > HELD_FOR) && std::fs::write(&file, b"").is_ok()
+        }
+        // No shared directory to claim in: the draw alone, as before.
+        Err(_) => true,
+    }
 }
 
 /// Waits until something accepts connections on 127.0.0.1:`port`; panics after `timeout`.

@@ -26,6 +26,7 @@ mod check_script;
 mod connection;
 mod library;
 mod link;
+pub mod reply;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -353,24 +354,7 @@ impl RedisStore {
             call.keys.push(keys::lease(key, id));
         }
         let reply: Vec<i64> = library::run(&*self.connection()?, &self.scripts.check, &call).await?;
-        let n = |v: &i64| u64::try_from(*v).unwrap_or(0);
-        let us = |v: &i64| Micros::new(n(v));
-        let [at, units, ends, allowed, remaining, reset, retry, delay] = reply[..] else {
-            return Err(StoreError::Protocol(format!("{op} script returned {reply:?}")));
-        };
-        Ok(Grant {
-            units: n(&units),
-            granted_at: us(&at),
-            expires_at: us(&ends),
-            decision: Decision {
-                allowed: allowed == 1,
-                limit: limit.limit(),
-                remaining: n(&remaining),
-                reset_after: us(&reset),
-                retry_after: us(&retry),
-                delay: us(&delay),
-            },
-        })
+        reply::grant(&reply, limit.limit(), op)
     }
 
     /// Gives back up to `unspent` units of the lease `id` of `key`, if it has not ended;
@@ -409,29 +393,8 @@ impl RedisStore {
             }
             _ => library::run(connection, &self.scripts.check, &call).await?,
         };
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        let us = |v: i64| Micros::new(n(v));
-        let (Some(&at), rest) = (reply.first(), reply.get(1..).unwrap_or_default()) else {
-            return Err(StoreError::Protocol(format!("script returned {reply:?}")));
-        };
-        if rest.len() != 5 * group.len() {
-            return Err(StoreError::Protocol(format!("script returned {reply:?}")));
-        }
-        Ok(group
-            .iter()
-            .zip(rest.chunks_exact(5))
-            .map(|(item, d)| Stamped {
-                decision: Decision {
-                    allowed: d[0] == 1,
-                    limit: item.part.limit.limit(),
-                    remaining: n(d[1]),
-                    reset_after: us(d[2]),
-                    retry_after: us(d[3]),
-                    delay: us(d[4]),
-                },
-                at: us(at),
-            })
-            .collect())
+        let limits: Vec<u64> = group.iter().map(|item| item.part.limit.limit()).collect();
+        reply::decisions(&reply, &limits)
     }
 
     /// Round trip to Redis.
