@@ -6,15 +6,19 @@
 //!
 //! Each lane is pumped by a task of its own, so a check given up meanwhile (its timeout)
 //! cannot leave a lane waiting for ever. A call that fails fails every check in it: each
-//! is then answered by its rules' failure policies, as a check alone would be.
+//! is then answered by its rules' failure policies, as a check alone would be. Each call
+//! takes the store's live connection as it is then: a lane kept busy by steady load once
+//! held the one it started with, and after a Sentinel failover kept calling the dead master
+//! for as long as the load lasted (issue 65's failover test, failing closed, never came back).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use arc_swap::ArcSwapOption;
 use redis::Script;
 use tokio::sync::oneshot;
 
-use super::connection::Connection;
+use super::connection::{Connection, Engine};
 use super::library::{self, CheckCall};
 use crate::store::StoreError;
 
@@ -45,7 +49,7 @@ impl Batcher {
     pub(super) async fn decide(
         self: &Arc<Self>,
         lane: u16,
-        connection: &Arc<Connection>,
+        live: &Arc<ArcSwapOption<Connection>>,
         script: &Script,
         call: CheckCall,
         rules: usize,
@@ -58,7 +62,7 @@ impl Batcher {
             !std::mem::replace(&mut lane.busy, true)
         };
         if start {
-            tokio::spawn(self.clone().pump(lane, connection.clone(), script.clone()));
+            tokio::spawn(self.clone().pump(lane, live.clone(), script.clone()));
         }
         answer
             .await
@@ -66,7 +70,7 @@ impl Batcher {
     }
 
     /// Sends the lane's waiting checks, one call at a time, until none waits.
-    async fn pump(self: Arc<Self>, lane: u16, connection: Arc<Connection>, script: Script) {
+    async fn pump(self: Arc<Self>, lane: u16, live: Arc<ArcSwapOption<Connection>>, script: Script) {
         loop {
             let batch = {
                 let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -77,9 +81,18 @@ impl Batcher {
                 }
                 std::mem::take(&mut l.waiting)
             };
-            if let [alone] = &batch[..] {
-                let answer = library::run(&connection, &script, &alone.call).await;
-                if let Some(w) = batch.into_iter().next() {
+            let Some(connection) = live.load_full() else {
+                for w in batch {
+                    let _ = w
+                        .reply
+                        .send(Err(StoreError::Unavailable("not connected to Redis".into())));
+                }
+                continue;
+            };
+            // One check, or a server without the library's `batch` (a failover to one): each alone.
+            if batch.len() == 1 || connection.engine != Engine::Functions {
+                for w in batch {
+                    let answer = library::run(&connection, &script, &w.call).await;
                     let _ = w.reply.send(answer);
                 }
                 continue;

@@ -201,11 +201,15 @@ impl Link {
             }
             Deployment::Sentinel { .. } => self.single(self.sentinel_master().await?).await?,
         };
-        // Connected means usable: a server that lets the connection in but refuses its
-        // commands (no password given, a user without rights) is an error now.
+        self.ready(connection).await
+    }
+
+    /// `connection`, once it is usable: a server that lets the connection in but refuses its
+    /// commands (no password given, a user without rights) is an error now, and its engine is
+    /// the library of Functions where the server takes it (loaded there if it is not yet).
+    async fn ready(&self, mut connection: Connection) -> Result<Connection, StoreError> {
         let pong: String = connection.query(&redis::cmd("PING")).await.map_err(|e| self.hint(e))?;
         tracing::debug!(store = %self.address, %pong, "connected");
-        let mut connection = connection;
         connection.engine = if self.options.script_only {
             Engine::Script
         } else {
@@ -390,10 +394,17 @@ pub(super) async fn follow(
         if named == current {
             continue;
         }
-        match link.single(client).await {
+        // Made ready as `open` makes the first: without it the new master's connection ran
+        // the script (EVALSHA) and no batch, whatever the server could do.
+        let connection = match link.single(client).await {
+            Ok(connection) => link.ready(connection).await,
+            Err(e) => Err(e),
+        };
+        match connection {
             Ok(connection) => {
+                tracing::warn!(store = %link.address, master = %named, was = %current, engine = ?connection.engine,
+                               "following Sentinel to a new master");
                 live.store(Some(Arc::new(connection.reporting_to(stale.clone()))));
-                tracing::warn!(store = %link.address, master = %named, was = %current, "following Sentinel to a new master");
                 current = named;
             }
             Err(e) => tracing::warn!(store = %link.address, master = %named, "cannot reach the new master yet: {e}"),

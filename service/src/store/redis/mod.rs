@@ -388,7 +388,7 @@ impl RedisStore {
                     Kind::Cluster(_) => group.first().map_or(0, |i| keys::slot(i.key)),
                 };
                 batcher
-                    .decide(lane, connection, &self.scripts.check, call, group.len())
+                    .decide(lane, &self.live, &self.scripts.check, call, group.len())
                     .await?
             }
             _ => library::run(connection, &self.scripts.check, &call).await?,
