@@ -160,6 +160,14 @@ thread_local! {
     static LAST_ALLOCATION: Cell<(*mut u8, usize)> = const { Cell::new((null_mut(), 0)) };
 }
 
+/// The module's linear memory, in bytes (0 off wasm: the filter's unit tests).
+pub fn memory_bytes() -> usize {
+    #[cfg(target_arch = "wasm32")]
+    return core::arch::wasm32::memory_size(0) * 65_536;
+    #[cfg(not(target_arch = "wasm32"))]
+    0
+}
+
 /// The host had the module allocate `size` bytes at `data` (null: none could be).
 pub fn allocated(data: *mut u8, size: usize) {
     LAST_ALLOCATION.set((data, size));

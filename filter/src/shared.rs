@@ -14,7 +14,7 @@ use crate::config::{Config, Share};
 use crate::debits::Debits;
 use crate::leases::Leasing;
 use crate::metrics::Metrics;
-use crate::proxy::SharedData;
+use crate::proxy::{Proxy, SharedData};
 use crate::slots::fnv1a;
 
 /// Keys the fallback buckets hold when the configuration has no local prefilter.
@@ -36,6 +36,19 @@ pub struct Shared {
     /// Whether this worker has looked at its host for the `trusted_hops` warning
     /// ([`crate::identity::warn_of_trust_in_envoy`]), which it does on its first request.
     pub host_looked_at: bool,
+    /// The VM's memory as last counted into `metrics.vm_memory_bytes`.
+    pub memory_counted: usize,
+}
+
+impl Shared {
+    /// Counts what the VM's memory grew by since it was last counted (a compare a request;
+    /// a host call only when it grew).
+    pub fn count_memory(&mut self, p: &mut impl Proxy, now_bytes: usize) {
+        if now_bytes > self.memory_counted {
+            p.count(self.metrics.vm_memory_bytes, (now_bytes - self.memory_counted) as u64);
+            self.memory_counted = now_bytes;
+        }
+    }
 }
 
 /// The shared-data keys' prefix for the configuration `bytes`: a configuration of its own
@@ -87,6 +100,7 @@ impl Shared {
             leasing,
             debits,
             host_looked_at: false,
+            memory_counted: 0,
         })
     }
 

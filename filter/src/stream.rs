@@ -55,7 +55,11 @@ impl Stream {
     /// The request's headers came.
     pub fn on_http_request_headers(&mut self) -> Action {
         let flow = &mut self.flow;
-        with_shared(&self.shared, |s| flow.on_request_headers(s, &mut Abi, now_us())).unwrap_or(Action::Continue)
+        with_shared(&self.shared, |s| {
+            s.count_memory(&mut Abi, crate::host::memory_bytes());
+            flow.on_request_headers(s, &mut Abi, now_us())
+        })
+        .unwrap_or(Action::Continue)
     }
 
     /// The upstream's response headers came.

@@ -460,6 +460,9 @@ fn streams_reset_with_their_check_out_leave_nothing_behind(flavor: Flavor) {
         after, warmed,
         "VM memory grew from {warmed} to {after} bytes over 100,000 resets"
     );
+    // What the VM tells its host it holds (a real Envoy's test reads it there).
+    let said = host.metric("sluice_filter_vm_memory_bytes");
+    assert_eq!(said, Some(after as i64), "the memory counter");
 }
 
 /// Opens a stream from 6.6.6.6 and delivers request headers with `method`.
