@@ -7,5 +7,6 @@
 mod format;
 
 pub use format::{
-    denial_body, format_headers, retry_after_secs, write_denial_body, write_headers, HeaderBuf, HeaderMode, Quota,
+    denial_body, expose_headers, format_headers, retry_after_secs, write_denial_body, write_headers, HeaderBuf,
+    HeaderMode, Quota, EXPOSE_HEADERS,
 };

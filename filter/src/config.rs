@@ -27,6 +27,10 @@ pub struct Config {
     pub failure: Failure,
     /// Which rate-limit headers to send.
     pub headers: HeaderMode,
+    /// Whether a CORS request's response (one whose request has `Origin`) names the headers
+    /// the filter adds in `Access-Control-Expose-Headers`, so that a page on another origin
+    /// can read them (`cors_expose`, on unless false).
+    pub cors_expose: bool,
     /// Leased quotas: the filter matches the service's rules itself and spends leases of
     /// leased rules locally; absent, every request is an exact check.
     pub lease: Option<Lease>,

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use sluice_core::headers::{denial_body, format_headers, write_headers, HeaderBuf, Quota};
+use sluice_core::headers::{
+    denial_body, expose_headers, format_headers, write_headers, HeaderBuf, Quota, EXPOSE_HEADERS,
+};
 use sluice_core::identity::{bounded, ip_key};
 use sluice_core::lease::book::QuotaKey;
 use sluice_core::rules::host::is_host;
@@ -48,6 +50,9 @@ pub struct Flow {
     response_headers: HeaderBuf,
     /// The request as a debit would name it, while a cost learnt after the response may come.
     debit: Option<CheckRequest>,
+    /// The request is a CORS one whose response names the filter's headers to its page
+    /// ([`is_cors`]); read with the request's headers, the only time Envoy lends them.
+    cors: bool,
 }
 
 impl Flow {
@@ -60,6 +65,7 @@ impl Flow {
             }
         }
         self.read_identities(s, p);
+        self.cors = s.config.cors_expose && is_cors(p);
         if let Some(action) = self.by_local_bucket(s, p, now) {
             return action;
         }
@@ -103,6 +109,12 @@ impl Flow {
 
     /// The upstream's response headers: the quota's headers added, a debit queued.
     pub fn on_response_headers(&mut self, s: &mut Shared, p: &mut impl Proxy) -> Action {
+        if !self.response_headers.is_empty() && self.cors {
+            let names = self.response_headers.iter().map(|(name, _)| name);
+            if let Some(value) = expose_headers(p.response_header(EXPOSE_HEADERS).as_deref(), names) {
+                p.set_response_header(EXPOSE_HEADERS, &value);
+            }
+        }
         for (name, value) in self.response_headers.iter() {
             p.add_response_header(name, value);
         }
@@ -149,7 +161,7 @@ impl Flow {
             return None;
         }
         p.count(s.metrics.denied_local, 1);
-        deny_by_bucket(s, p, &d, "local", now);
+        deny_by_bucket(s, p, &d, ("local", self.cors), now);
         Some(Action::Pause)
     }
 
@@ -193,7 +205,10 @@ impl Flow {
         );
         if mode == FailureMode::Closed {
             p.count(s.metrics.failed_closed, 1);
-            let headers = [("content-type", "application/json"), ("retry-after", "1")];
+            let mut headers = vec![("content-type", "application/json"), ("retry-after", "1")];
+            if self.cors {
+                headers.push((EXPOSE_HEADERS, "Retry-After"));
+            }
             p.respond(503, &headers, UNAVAILABLE.as_bytes());
             return false;
         }
@@ -203,7 +218,7 @@ impl Flow {
         if d.allowed {
             return true;
         }
-        deny_by_bucket(s, p, &d, "fallback", now);
+        deny_by_bucket(s, p, &d, ("fallback", self.cors), now);
         false
     }
 
@@ -251,7 +266,7 @@ impl Flow {
             if let (Some(rule), Some(leasing)) = (&answer.policy, s.leasing.as_mut()) {
                 leasing.refused(p, &self.leased, rule, &answer, now.instant_ms());
             }
-            deny(s, p, &quota);
+            deny(s, p, &quota, self.cors);
             return false;
         }
         if answer.policy.is_some() {
@@ -327,7 +342,7 @@ impl Flow {
                     retry_after_ms: Some(retry_after_ms),
                     ..Quota::from_lease(&rule, &left, now.instant_ms())
                 };
-                deny(s, p, &quota);
+                deny(s, p, &quota, self.cors);
                 Some(Action::Pause)
             }
             ByLease::Check(quotas) => {
@@ -408,10 +423,27 @@ fn request_of(p: &impl Proxy, identities: BTreeMap<String, String>) -> CheckRequ
     }
 }
 
-/// Answers 429 with headers describing `quota`.
-fn deny(s: &Shared, p: &mut impl Proxy, quota: &Quota<'_>) {
+/// Whether the request is a browser's from a page on another origin, whose page sees only
+/// the response headers `Access-Control-Expose-Headers` names: it carries `Origin` (sent by
+/// every CORS request; the filter cannot wait for `Access-Control-Allow-Origin`, which
+/// Envoy's CORS filter, before it in the chain, adds after it). A same-origin request with
+/// `Origin` (a POST) gets a header its browser ignores. One header read, with the request's:
+/// Envoy answers no request header once the filter's request callback has returned (seen in
+/// Envoy 1.40: read on the response, the page read no quota).
+fn is_cors(p: &impl Proxy) -> bool {
+    p.request_header("origin").is_some()
+}
+
+/// Answers 429 with headers describing `quota` (named in `Access-Control-Expose-Headers` for
+/// a CORS request, unless the configuration says not to).
+fn deny(s: &Shared, p: &mut impl Proxy, quota: &Quota<'_>, cors: bool) {
     let mut headers = Vec::with_capacity(8);
     format_headers(quota, s.config.headers, &mut headers);
+    if cors {
+        if let Some(names) = expose_headers(None, headers.iter().map(|(name, _)| *name)) {
+            headers.push((EXPOSE_HEADERS, names));
+        }
+    }
     headers.push(("content-type", "application/json".into()));
     let pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let body = denial_body(quota.retry_after_ms.unwrap_or(1_000));
@@ -419,7 +451,7 @@ fn deny(s: &Shared, p: &mut impl Proxy, quota: &Quota<'_>) {
 }
 
 /// Answers 429 for a local or fallback bucket's denial `d`.
-fn deny_by_bucket(s: &Shared, p: &mut impl Proxy, d: &Decision, policy: &'static str, now: Micros) {
+fn deny_by_bucket(s: &Shared, p: &mut impl Proxy, d: &Decision, (policy, cors): (&'static str, bool), now: Micros) {
     let quota = Quota::from_decision(policy, d, buckets::WINDOW.instant_ms(), now.instant_ms());
-    deny(s, p, &quota);
+    deny(s, p, &quota, cors);
 }

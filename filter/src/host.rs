@@ -40,6 +40,13 @@ mod abi {
             value: *const u8,
             value_size: usize,
         ) -> u32;
+        pub fn proxy_replace_header_map_value(
+            map: u32,
+            key: *const u8,
+            key_size: usize,
+            value: *const u8,
+            value_size: usize,
+        ) -> u32;
         pub fn proxy_get_buffer_bytes(
             buffer: u32,
             start: usize,
@@ -205,6 +212,15 @@ pub fn response_header(name: &str) -> Option<String> {
 }
 
 /// Adds a header to the upstream's response.
+/// Sets response header `name` to `value`, in place of any it had (added if it had none).
+pub fn set_response_header(name: &str, value: &str) {
+    let map = HTTP_RESPONSE_HEADERS;
+    // SAFETY: pointers and lengths of live strings.
+    let status =
+        unsafe { abi::proxy_replace_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
+    check("a response header", status);
+}
+
 pub fn add_response_header(name: &str, value: &str) {
     let map = HTTP_RESPONSE_HEADERS;
     // SAFETY: pointers and lengths of live strings.
@@ -470,6 +486,10 @@ impl Proxy for Abi {
 
     fn add_response_header(&mut self, name: &str, value: &str) {
         add_response_header(name, value);
+    }
+
+    fn set_response_header(&mut self, name: &str, value: &str) {
+        set_response_header(name, value);
     }
 
     fn respond(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) {

@@ -35,6 +35,8 @@ pub trait Proxy: SharedData {
     fn property(&self, segments: &[&str]) -> Option<String>;
     /// Adds a header to the upstream's response.
     fn add_response_header(&mut self, name: &str, value: &str);
+    /// Sets a header of the upstream's response, in place of any it had.
+    fn set_response_header(&mut self, name: &str, value: &str);
     /// Answers the stream with a local response.
     fn respond(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]);
     /// Dispatches `method path` (with a JSON `body`, the credential and `extra` headers) to

@@ -116,6 +116,7 @@ impl Host {
             root_id: 1,
             next_context: 1,
             current: 1,
+            hook: None,
             streams: Default::default(),
             calls: Default::default(),
             next_token: 0,
@@ -255,9 +256,10 @@ impl Host {
 
     fn step(&mut self, stream: u32, hook: &'static str, args: &[i32], pausable: bool) -> Result<Outcome, HarnessError> {
         let before = self.stream(stream).and_then(|s| s.local_response.clone());
-        let action = self
-            .with_context(stream, |h| h.call(hook, args))?
-            .map_or(Action::Continue, Action::from_raw);
+        self.store.data_mut().hook = Some(hook);
+        let called = self.with_context(stream, |h| h.call(hook, args));
+        self.store.data_mut().hook = None;
+        let action = called?.map_or(Action::Continue, Action::from_raw);
         let after = self.stream(stream).and_then(|s| s.local_response.clone());
         if let Some(resp) = after.filter(|a| Some(a) != before.as_ref()) {
             return Ok(Outcome::LocalResponse(resp));

@@ -130,6 +130,8 @@ pub(crate) struct HostState {
     pub root_id: u32,
     pub next_context: u32,
     pub current: u32,
+    /// The stream callback running, if one is (`proxy_on_response_headers`...).
+    pub hook: Option<&'static str>,
     pub streams: HashMap<u32, Stream>,
     pub calls: BTreeMap<u32, PendingCall>,
     pub next_token: u32,

@@ -824,3 +824,65 @@ async fn reset_on_one_connection(port: u16, first: u32, n: u32) {
     drop(client);
     let _ = tokio::time::timeout(Duration::from_secs(5), driver).await;
 }
+
+/// Issue 66: a page on one origin calling an API on another reads the limits. Debian's
+/// Chromium, the JS SDK on a page of `http://localhost:P`, the API through a real Envoy at
+/// `http://127.0.0.1:E` whose CORS filter allows that origin and exposes nothing (the plain
+/// configuration: `allow_origin_string_match`, no `expose_headers`), Sluice's filter behind
+/// it. Every request the SDK sends ends 200 and reads its quota, and a plain `fetch` reads a
+/// 429's `Retry-After`: the filter names its headers in `Access-Control-Expose-Headers`. When
+/// only its 429s named them (its first build read `Origin` on the response, where Envoy lends
+/// no request header), the SDK read no quota on its 200s, sent its burst, and 10 of 30 ended
+/// 429: this test failed so.
+#[test]
+fn a_page_on_another_origin_reads_the_limits_through_envoy() {
+    const TEN_A_SECOND: &str =
+        "[[rule]]\nname = \"per-ip\"\nby = \"ip\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\n";
+    let page_port = free_port();
+    let cors_policy: &'static str = Box::leak(
+        format!(
+            "                      typed_per_filter_config:\n                        envoy.filters.http.cors:\n                          \"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy\n                          allow_origin_string_match: [{{ exact: \"http://localhost:{page_port}\" }}]\n                          allow_methods: \"GET\"\n                      routes:\n"
+        )
+        .into_boxed_str(),
+    );
+    let cors_filter = "                http_filters:\n                  - name: envoy.filters.http.cors\n                    typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors }\n";
+    let chain = real_envoy_with(
+        TEN_A_SECOND,
+        0,
+        vec![
+            ("                      routes:\n", cors_policy),
+            ("                http_filters:\n", cors_filter),
+        ],
+    );
+    let api = format!("http://127.0.0.1:{}", chain.envoys[0].port);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../sdk-js/test/cross-origin.mjs");
+    let out = std::process::Command::new("node")
+        .arg(script)
+        .args([api.as_str(), &page_port.to_string(), "30"])
+        .output()
+        .expect("node runs (bash scripts/setup installs it, and sdk-js's node_modules)");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the page did not run (is the JS SDK built? `(cd sdk-js && npm run build)`): {printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said: serde_json::Value = serde_json::from_str(printed.trim()).expect("one line of JSON");
+    println!("{said}");
+    assert_eq!(said["errors"], serde_json::json!([]), "the page's errors");
+    let sdk = said["result"]["sdk"].as_array().expect("the SDK's answers");
+    assert_eq!(sdk.len(), 30);
+    let ended_200 = sdk.iter().filter(|a| a["status"] == 200).count();
+    let quota_read = sdk.iter().filter(|a| a["limit"] == 10).count();
+    assert_eq!(
+        (ended_200, quota_read),
+        (30, 30),
+        "of 30: ended 200, read the quota: {sdk:?}"
+    );
+    let refused = &said["result"]["refused"];
+    assert!(
+        refused["retryAfter"].as_str().is_some_and(|r| r.parse::<u64>().is_ok()),
+        "a 429's Retry-After, read across origins: {refused}"
+    );
+    assert_eq!(refused["limit"], "10", "{refused}");
+}

@@ -185,6 +185,28 @@ pub fn write_headers(quota: &Quota<'_>, mode: HeaderMode, buf: &mut HeaderBuf) {
     }
 }
 
+/// The response header a browser reads to let a page on another origin see other headers
+/// (the Fetch standard's CORS-safelisted response headers leave out every rate-limit one).
+pub const EXPOSE_HEADERS: &str = "access-control-expose-headers";
+
+/// An `Access-Control-Expose-Headers` value naming `names` besides those `existing` (the
+/// response's own, if any) names: theirs first, then each of ours they lack, compared without
+/// case, none twice. `None` when they name all of ours already: nothing to write.
+pub fn expose_headers<'a>(existing: Option<&str>, names: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut out = existing.map(str::trim).unwrap_or("").to_owned();
+    let named = |out: &str, name: &str| out.split(',').any(|n| n.trim().eq_ignore_ascii_case(name));
+    let before = out.len();
+    for name in names {
+        if !named(&out, name) {
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            out.push_str(name);
+        }
+    }
+    (out.len() > before).then_some(out)
+}
+
 /// Appends the headers for `quota` to `out` as owned `(name, value)` pairs: the
 /// convenience form of [`write_headers`], which allocates one `String` per header.
 pub fn format_headers(quota: &Quota<'_>, mode: HeaderMode, out: &mut Vec<(&'static str, String)>) {
@@ -370,5 +392,24 @@ mod tests {
         let mut out = String::new();
         push_sf_string(&mut out, "a\"b\\c\nd");
         assert_eq!(out, r#""a\"b\\cd""#);
+    }
+
+    #[test]
+    fn exposed_names_merge_with_the_responses_own_without_repeats() {
+        let ours = ["X-RateLimit-Limit", "RateLimit", "Retry-After"];
+        assert_eq!(
+            expose_headers(None, ours).as_deref(),
+            Some("X-RateLimit-Limit, RateLimit, Retry-After")
+        );
+        assert_eq!(
+            expose_headers(Some(" ETag,ratelimit "), ours).as_deref(),
+            Some("ETag,ratelimit, X-RateLimit-Limit, Retry-After")
+        );
+        assert_eq!(
+            expose_headers(Some("retry-after, x-ratelimit-limit, RATELIMIT"), ours),
+            None
+        );
+        assert_eq!(expose_headers(Some("x"), []), None);
+        assert_eq!(expose_headers(Some(""), ["A", "a"]).as_deref(), Some("A"));
     }
 }

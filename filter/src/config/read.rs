@@ -21,6 +21,7 @@ impl Config {
                     named(v, HeaderMode::from_name, "all, legacy, ietf or none")
                 })
                 .unwrap_or_default(),
+            cors_expose: f.opt("cors_expose", Json::bool).unwrap_or(true),
             lease: f.opt("lease", Lease::read),
             debit: f.opt("debit", Debit::read),
             share: f.opt("share", |v| named(v, Share::from_name, "process or worker")),

@@ -47,6 +47,10 @@ impl Proxy for Fake {
         self.added.push((name.to_owned(), value.to_owned()));
     }
 
+    fn set_response_header(&mut self, name: &str, value: &str) {
+        self.response.insert(name.to_owned(), value.to_owned());
+    }
+
     fn respond(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
         let headers = headers
             .iter()
@@ -259,4 +263,59 @@ fn failing_open_admits_within_the_fallback_bucket_and_the_breaker_stops_calling(
     assert!(p.calls.is_empty(), "the breaker is open");
     Flow::default().on_request_headers(&mut s, &mut p, Micros::from_secs(7));
     assert_eq!(p.calls.len(), 1, "after the cooldown, a probe");
+}
+
+/// Issue 66: a page on another origin sees only the response headers
+/// `Access-Control-Expose-Headers` names. A request with `Origin` gets the filter's headers
+/// named there, merged with what the response named; a 429 names its own; a request without
+/// `Origin`, or a configuration with `"cors_expose": false`, gets no such header.
+#[test]
+fn a_cors_request_is_told_which_headers_it_may_read() {
+    let cors = |p: &mut Fake| {
+        p.request.insert("origin".into(), "https://app.example".into());
+    };
+    let (mut s, mut flow, mut p) = (shared(CHECKED), Flow::default(), get("/api"));
+    cors(&mut p);
+    flow.on_request_headers(&mut s, &mut p, Micros::SECOND);
+    p.answer = Some(("200".into(), DENIED.into()));
+    flow.on_call_response(&mut s, &mut p, Micros::new(1_010_000));
+    let (_, headers, _) = &p.responded[0];
+    let exposed =
+        "X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset, RateLimit-Policy, RateLimit, Retry-After";
+    assert!(has(headers, "access-control-expose-headers", exposed), "{headers:?}");
+
+    let (mut flow, mut p) = (Flow::default(), get("/api"));
+    cors(&mut p);
+    p.response
+        .insert("access-control-expose-headers".into(), "ETag, ratelimit".into());
+    flow.on_request_headers(&mut s, &mut p, Micros::from_secs(2));
+    p.answer = Some(("200".into(), ALLOWED.into()));
+    flow.on_call_response(&mut s, &mut p, Micros::new(2_010_000));
+    flow.on_response_headers(&mut s, &mut p);
+    assert_eq!(
+        p.response.get("access-control-expose-headers").map(String::as_str),
+        Some("ETag, ratelimit, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset, RateLimit-Policy")
+    );
+    assert!(has(&p.added, "x-ratelimit-limit", "5"), "{:?}", p.added);
+
+    // Not a CORS request: nothing exposed.
+    let (mut flow, mut p) = (Flow::default(), get("/api"));
+    flow.on_request_headers(&mut s, &mut p, Micros::from_secs(3));
+    p.answer = Some(("200".into(), ALLOWED.into()));
+    flow.on_call_response(&mut s, &mut p, Micros::new(3_010_000));
+    flow.on_response_headers(&mut s, &mut p);
+    assert_eq!(p.response.get("access-control-expose-headers"), None);
+
+    // Turned off.
+    let off = CHECKED.replacen('{', r#"{"cors_expose": false, "#, 1);
+    let (mut s, mut flow, mut p) = (shared(&off), Flow::default(), get("/api"));
+    cors(&mut p);
+    flow.on_request_headers(&mut s, &mut p, Micros::SECOND);
+    p.answer = Some(("200".into(), DENIED.into()));
+    flow.on_call_response(&mut s, &mut p, Micros::new(1_010_000));
+    let (_, headers, _) = &p.responded[0];
+    assert!(
+        !headers.iter().any(|(k, _)| k == "access-control-expose-headers"),
+        "{headers:?}"
+    );
 }

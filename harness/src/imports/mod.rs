@@ -108,6 +108,15 @@ fn give(c: &mut Ctx<'_>, data: &[u8], ret_data: i32, ret_size: i32) -> HostResul
 
 /// The map of `kind` for the current context, if it has one.
 fn map_mut(s: &mut HostState, kind: MapType) -> Option<&mut HeaderMap> {
+    // Envoy lends a filter the request's headers in its request callbacks, not its response
+    // ones (seen in Envoy 1.40: `Origin` read in `proxy_on_response_headers` came back empty).
+    let responding = s.hook.is_some_and(|h| h.starts_with("proxy_on_response"));
+    if responding
+        && s.options.flavor == Flavor::Envoy
+        && matches!(kind, MapType::RequestHeaders | MapType::RequestTrailers)
+    {
+        return None;
+    }
     match kind {
         MapType::CallResponseHeaders => s.call_reply.as_mut().map(|r| &mut r.headers),
         MapType::CallResponseTrailers => s.call_reply.as_mut().map(|r| &mut r.trailers),
