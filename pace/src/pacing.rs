@@ -379,6 +379,7 @@ impl Pacer {
             now_ms,
             sent_ms,
             first_ms,
+            rivals: pending,
             cost,
             denied,
         });

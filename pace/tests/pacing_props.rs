@@ -359,6 +359,15 @@ fn hundred_requests_at_50_per_second_burst_10() {
     }
 }
 
+/// `PROPTEST_CASES` when set (`PROPTEST_CASES=100000 cargo test -p sluice-pace --release
+/// --test pacing_props`), else `default`: a fixed count would ignore it.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(default)
+}
+
 fn epoch() -> impl Strategy<Value = Epoch> {
     prop_oneof![
         Just(Epoch::SlowapiLate),
@@ -368,7 +377,7 @@ fn epoch() -> impl Strategy<Value = Epoch> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
 
     /// A token bucket never refuses a paced client, whatever its parameters, the latency
     /// and the concurrency, and the client reaches at least what the most cautious client
@@ -595,7 +604,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2_000))]
+    #![proptest_config(ProptestConfig::with_cases(cases(2_000)))]
 
     /// Any sequence of calls with any values: no panic, never earlier than now, and never
     /// "wait for an answer" with nothing in flight.
@@ -627,4 +636,29 @@ fn zz_repro() {
     let mut pacer = Pacer::new();
     let out = simulate(&mut server, &mut pacer, 11, 5, (40, 0), true);
     assert_eq!(out.denials, 0, "{:?}", out.admitted_ms);
+}
+
+/// The case `a_window_learned_from_a_late_epoch_reset_is_never_refused` found at 100,000
+/// cases (issue 66): slowapi's late reset, 32 a second, 18 at once, jitter up to 19 ms.
+#[test]
+fn a_late_epoch_reset_learned_with_eighteen_at_once_keeps_the_pace() {
+    let (limit, window_ms) = (32, 1_000);
+    let mut server = FirstHitWindow {
+        limit,
+        window_ms,
+        end_ms: 0,
+        count: 0,
+        epoch: Epoch::SlowapiLate,
+    };
+    let mut pacer = Pacer::new();
+    let n = limit * 8;
+    let out = simulate(&mut server, &mut pacer, n, 18, (0, 19), true);
+    let span = out.admitted_ms.last().copied().unwrap_or(0) - out.admitted_ms.first().copied().unwrap_or(0);
+    let per_s: Vec<usize> = (0..=span / 1_000)
+        .map(|s| out.admitted_ms.iter().filter(|t| **t / 1_000 == s).count())
+        .collect();
+    eprintln!("admitted per second: {per_s:?}; span {span} ms");
+    assert_eq!(out.denials, 0);
+    let most = limit * (span / window_ms + 1);
+    assert!(most <= n + 3 * limit, "{n} in {span} ms, of {most}");
 }
