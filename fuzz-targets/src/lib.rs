@@ -40,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("redis_replies", redis_replies),
     ("rls_descriptors", rls_descriptors),
     ("held_leases", held_leases),
+    ("rlqs_reports", rlqs_reports),
 ];
 
 /// Core's JSON reader (`sluice_core::json::parse`), every value walked through its
@@ -415,4 +416,57 @@ pub fn held_leases(data: &[u8]) {
         let again = Held::decode(&held.encode(&key));
         assert_eq!(again, Some((key, held)), "{data:?}");
     }
+}
+
+/// What the RLQS server makes of Envoy's reports (`grpc::rlqs::bucket`, `assign`): a bucket id
+/// of any entries (the input's text: `key=value` a line, after eight bytes of numbers: the
+/// requests used, the seconds they took, a grant, a ttl) read into a key or refused, resolved
+/// against examples/rlqs.toml, and the demand it shows sized into a bucket. A key holds at
+/// most 32 entries of 1 to 1,024 bytes; a resolved rule is a leased one of the set; a demand
+/// is at most what was used; a plan stays within the rule's rate and, where a grant can pay
+/// for a token a second at all, within what one grant holds; a fit within what was granted.
+pub fn rlqs_reports(data: &[u8]) {
+    use std::collections::HashMap;
+
+    use sluice_service::grpc::rlqs::assign::{demand_per_s, fit, plan, Room, Strategy};
+    use sluice_service::grpc::rlqs::bucket::{key_of, resolve, Resolved, MAX_ENTRIES, MAX_ENTRY_BYTES};
+    static RULES: std::sync::OnceLock<RuleSet> = std::sync::OnceLock::new();
+    let rules = RULES.get_or_init(|| {
+        RuleSet::from_toml(include_str!("../../examples/rlqs.toml")).expect("the example reads")
+    });
+    let Some((numbers, text)) = data.split_first_chunk::<8>() else {
+        return;
+    };
+    let [used, seconds, granted, ttl, per_s, capacity, domain, prefix] = numbers.map(u64::from);
+    let Ok(text) = std::str::from_utf8(text) else {
+        return;
+    };
+    let entries: HashMap<String, String> = text
+        .lines()
+        .map(|l| l.split_once('=').unwrap_or((l, "")))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    if let Ok(key) = key_of(&entries) {
+        assert!(key.len() <= MAX_ENTRIES);
+        assert!(key.iter().all(|(k, v)| (1..=MAX_ENTRY_BYTES).contains(&k.len()) && (1..=MAX_ENTRY_BYTES).contains(&v.len())));
+        let domain = ["", "per-user-leased", "edge"][(domain % 3) as usize];
+        if let Resolved::Of { rule, .. } = resolve(&key, domain, rules, (prefix % 129) as u8) {
+            assert!(rules.rule(&rule).is_some_and(|r| r.lease_ttl.is_some()), "{rule}");
+        }
+    }
+    // Scaled so that every size meets every other: counts of a few to thousands.
+    let used = used * used;
+    let demand = demand_per_s(used, seconds * 1_000);
+    assert!(demand <= used, "{demand}/s of {used} used");
+    let ttl = ttl % 10 + 1;
+    let room = Room { per_s: per_s * 4, capacity: capacity * capacity };
+    let planned = plan(demand, room, ttl);
+    if let Strategy::Bucket { burst, per_s } = planned {
+        assert!(burst >= 1 && per_s >= 1 && per_s <= room.per_s.max(1), "{planned:?} in {room:?}");
+        if 2 * room.capacity >= 2 * ttl + 1 {
+            assert!(planned.units(ttl) <= room.capacity, "{planned:?} for {ttl} s in {room:?}");
+        }
+    }
+    let given = fit(granted * granted, planned, ttl);
+    assert!(given.units(ttl) <= granted * granted, "{given:?} of {}", granted * granted);
 }
