@@ -692,8 +692,10 @@ fn the_local_prefilter_bounds_one_client_over_four_workers() {
 /// reset; the filter's VMs (`sluice_filter_vm_memory_bytes`, every worker's memory summed)
 /// hold after 100,000 resets what they held after 10,000, give or take a page a worker; no
 /// trap, no crash. Envoy's own heap is printed, not bounded: it moved +7 % and +19 % in two
-/// runs over the same 90,000 resets, with the filter's VMs flat in both (Envoy's connections
-/// to the stalled cluster churn at the rate of the calls).
+/// runs over the same 90,000 resets, with the filter's VMs flat in both; carried on to
+/// 280,000 resets once, it went 19.1, 23.5, 22.4, 20.8 MB at 10k, 100k, 190k and 280k: churn
+/// (Envoy's connections to the stalled cluster come and go at the rate of the calls), no
+/// growth.
 #[test]
 fn streams_reset_while_their_check_is_out_leave_envoy_flat() {
     // A breaker that stays closed as long as it can: an open one would send no more calls.
