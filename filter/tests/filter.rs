@@ -671,7 +671,51 @@ fn trusting_forwarded_hops_in_envoy_is_warned_of_once(flavor: Flavor) {
 }
 
 // Each behaviour above, on both hosts: `name::envoy` and `name::nginx`.
+/// Issue 66: a CORS request (`Origin`) gets the headers the filter adds named in
+/// `Access-Control-Expose-Headers`, merged with the upstream's, on an admitted answer and on
+/// its 429 — on both hosts, whose request headers Envoy lends only to the request callback.
+fn a_cors_request_is_told_which_headers_it_may_read(flavor: Flavor) {
+    let mut host = host_in(flavor);
+    let origin = [("origin", "https://app.example")];
+    let (s, _) = request(&mut host, "9.9.9.9, 203.0.113.21", "/api", &origin);
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, answer(true, 57, 47_000, 0)).unwrap();
+    let upstream = [(":status", "200"), ("access-control-expose-headers", "ETag")];
+    host.response_headers(s, &upstream, false).unwrap();
+    let headers = &host.stream(s).unwrap().response_headers;
+    let exposed: Vec<&str> = headers
+        .iter()
+        .filter(|(k, _)| k == "access-control-expose-headers")
+        .map(|(_, v)| std::str::from_utf8(v).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        exposed,
+        ["ETag, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset, RateLimit-Policy, RateLimit"]
+    );
+    let (s, _) = request(&mut host, "9.9.9.9, 203.0.113.22", "/api", &origin);
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, answer(false, 0, 3_000, 0)).unwrap();
+    let refused = host.stream(s).unwrap().local_response.clone().expect("a 429");
+    let named = refused
+        .headers
+        .iter()
+        .find(|(k, _)| k == "access-control-expose-headers");
+    assert!(
+        named.is_some_and(|(_, v)| v.ends_with("Retry-After")),
+        "{:?}",
+        refused.headers
+    );
+    // No `Origin`: nothing named.
+    let (s, _) = request(&mut host, "9.9.9.9, 203.0.113.23", "/api", &[]);
+    let (call, _) = the_call(&host);
+    host.respond_call(call.token, answer(true, 57, 47_000, 0)).unwrap();
+    host.response_headers(s, &[(":status", "200")], false).unwrap();
+    let headers = &host.stream(s).unwrap().response_headers;
+    assert!(!headers.iter().any(|(k, _)| k == "access-control-expose-headers"));
+}
+
 on_both_hosts!(
+    a_cors_request_is_told_which_headers_it_may_read,
     an_allowed_request_is_checked_resumed_and_gets_the_headers,
     a_global_denial_is_a_429_with_exact_headers_and_body,
     the_local_prefilter_answers_at_once_without_a_call,
