@@ -147,6 +147,10 @@ fn host_port(text: &str, default_port: u16) -> Result<(String, u16), AddressErro
         return Err(bad());
     }
     let port = port.map_or(Ok(default_port), |p| p.parse().map_err(|_| bad()))?;
+    if port == 0 {
+        // Nothing listens on port 0 (found by the fuzz target `redis_address`: "h:00").
+        return Err(AddressError(format!("{text:?}: port 0 is no port")));
+    }
     Ok((host.to_owned(), port))
 }
 
@@ -252,6 +256,7 @@ mod tests {
             ("redis+sentinel://s1:1", "ends with /MASTER_NAME"),
             ("redis+cluster://a:1/0", "no path"),
             ("redis://h:port", "is not HOST:PORT"),
+            ("redis+cluster://u:hunter2@a:00,b:1", "port 0 is no port"),
             ("redis://h:1/x", "not a database number"),
             ("redis://h:1?tls=1", "no query"),
             ("u:hunter2@h:1", "not a Redis address"),
