@@ -315,7 +315,13 @@ pub fn redis_address(data: &[u8]) {
         .and_then(|(_, rest)| rest.rsplit_once('@'))
         .and_then(|(userinfo, _)| userinfo.split_once(':'))
         .map(|(_, password)| password)
-        .filter(|p| p.len() >= 4 && url.matches(*p).count() == 1 && !p.contains(['*', '@']));
+        .filter(|p| p.len() >= 4 && url.matches(*p).count() == 1 && !p.contains(['*', '@']))
+        // Nor a word of the message every error ends with (its second find: "diss", in "rediss").
+        .filter(|p| {
+            !Address::parse("")
+                .map_or_else(|e| e.to_string(), |_| String::new())
+                .contains(*p)
+        });
     let redacted = redact(url);
     let shown = match Address::parse(url) {
         Ok(address) => {
