@@ -310,8 +310,19 @@ pub fn redis_address(data: &[u8]) {
     // once, and holds neither `*` nor `@`, so that finding it elsewhere means it leaked (the
     // redaction's own `***` and the host after it could spell one otherwise: the target's
     // first find, `regression-password-spelled-by-the-redaction`).
+    // Only past a scheme the parser knows: an unknown one is quoted as written, escaped (a
+    // NUL shows as `\0`), which can spell anything (its fourth find).
+    const SCHEMES: [&str; 6] = [
+        "redis",
+        "rediss",
+        "redis+cluster",
+        "rediss+cluster",
+        "redis+sentinel",
+        "rediss+sentinel",
+    ];
     let secret = url
         .split_once("://")
+        .filter(|(scheme, _)| SCHEMES.contains(scheme))
         .and_then(|(_, rest)| rest.rsplit_once('@'))
         .and_then(|(userinfo, _)| userinfo.split_once(':'))
         .map(|(_, password)| password)
