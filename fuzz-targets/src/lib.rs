@@ -352,8 +352,14 @@ pub fn redis_address(data: &[u8]) {
         }
     };
     if let Some(secret) = secret {
-        assert!(!redacted.contains(secret), "redact shows the password: {redacted}");
-        assert!(!shown.contains(secret), "the password shows: {shown}");
+        // What the same URL shows with another password: text the password happens to spell
+        // there (the default port, a host) is not the password shown (its fifth find).
+        let other = url.replacen(&format!(":{secret}@"), ":Zq9xZq9x@", 1);
+        let shown_other = Address::parse(&other).map_or_else(|e| e.to_string(), |a| format!("{a:?}"));
+        if !shown_other.contains(secret) && !redact(&other).contains(secret) {
+            assert!(!redacted.contains(secret), "redact shows the password: {redacted}");
+            assert!(!shown.contains(secret), "the password shows: {shown}");
+        }
     }
 }
 

@@ -143,7 +143,9 @@ fn host_port(text: &str, default_port: u16) -> Result<(String, u16), AddressErro
             None => (text, None),
         },
     };
-    if host.is_empty() {
+    // A name or an address: no control characters, no spaces (found by the fuzz target
+    // `redis_address`: a host of three NULs was taken, and shown).
+    if host.is_empty() || host.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(bad());
     }
     let port = port.map_or(Ok(default_port), |p| p.parse().map_err(|_| bad()))?;
@@ -257,6 +259,7 @@ mod tests {
             ("redis+cluster://a:1/0", "no path"),
             ("redis://h:port", "is not HOST:PORT"),
             ("redis+cluster://u:hunter2@a:00,b:1", "port 0 is no port"),
+            ("redis+sentinel://u:hunter2@\0\0,s2/m", "is not HOST:PORT"),
             ("redis://h:1/x", "not a database number"),
             ("redis://h:1?tls=1", "no query"),
             ("u:hunter2@h:1", "not a Redis address"),
