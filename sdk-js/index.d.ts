@@ -83,7 +83,10 @@ export interface QueueOptions {
   };
 }
 
-/** A retry about to be waited for. */
+/** A retry about to be waited for. A request refused by a server that advertises no quota
+ *  goes back to its bucket's queue instead, which learns the server's rate from the refusals
+ *  and holds it as long as that takes: it is reported with a `delayMs` of 0 (the wait is the
+ *  queue's) and spends no retry budget. */
 export interface RetryEvent {
   /** The bucket of the request. */
   key: string;

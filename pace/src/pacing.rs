@@ -13,7 +13,10 @@
 //!
 //! * **Nothing known yet**: the first request goes at once; the others wait for its
 //!   answer (one probe), so a burst of queued requests never floods a server whose quota
-//!   is unknown. A server that answers without rate-limit headers is not paced.
+//!   is unknown. A server that answers without rate-limit headers is met with a slow start
+//!   (the in-flight window grows with each admission) until it refuses a request; from its
+//!   refusals the rate it allows is learned (`pacing/silent.rs`), and [`Pacer::adapts`]
+//!   tells the SDKs to queue a refused request again rather than retry it.
 //! * **Budget**: the pacer keeps a *lower bound* of what the server still holds. From a
 //!   response it knows `remaining` at that moment; it subtracts every request that was in
 //!   flight when that request was sent or sent after it (the server may have counted them
@@ -64,9 +67,11 @@ use crate::headers::RateLimitInfo;
 
 mod bucket;
 mod learned;
+mod silent;
 
 pub use bucket::{BucketPacer, Cost};
 use learned::{Answered, Learner};
+use silent::Silent;
 
 /// Tuning of a [`Pacer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +120,8 @@ pub struct Pacer {
     whole_at_reset: bool,
     /// The last answer's remaining and its reset instant.
     last_seen: Option<(u64, u64)>,
+    /// The rate learned from refusals while no answer gave a quota.
+    silent: Silent,
 }
 
 /// A request in flight.
@@ -297,6 +304,13 @@ impl Pacer {
         &self.config
     }
 
+    /// Whether the rate is being learned from the server's refusals, its answers giving no
+    /// quota: a refused request is then queued again, its wait this pacer's, rather than
+    /// retried on the retry budget.
+    pub fn adapts(&self) -> bool {
+        self.known.is_none() && self.silent.adapts()
+    }
+
     /// Requests sent and not yet answered.
     pub fn in_flight(&self) -> u64 {
         self.outstanding.len() as u64
@@ -332,6 +346,7 @@ impl Pacer {
         };
         self.outstanding.insert(ticket, sent);
         self.sends = self.sends.saturating_add(1);
+        self.silent.on_send(now_ms);
         let spacing = self.known.as_ref().map_or(0, |k| self.spread(k).0.time_for(cost));
         self.tat_ms = self.tat_ms.max(now_ms).saturating_add(spacing);
         ticket
@@ -368,6 +383,17 @@ impl Pacer {
             self.retry_at_ms = self.retry_at_ms.max(now_ms.saturating_add(retry));
         }
         let Some(remaining) = info.remaining else {
+            if self.known.is_none() {
+                self.silent.observe(&silent::Answer {
+                    ticket,
+                    sent_ms,
+                    now_ms,
+                    refused: info.refused,
+                    retry_at_ms: info.retry_after_ms.map(|_| self.retry_at_ms),
+                    in_flight: self.outstanding.len() as u64,
+                    next_ticket: self.sends,
+                });
+            }
             return; // no quota in this response: keep what we knew
         };
         let reset_after = info.reset_after_ms;
@@ -518,7 +544,14 @@ impl Pacer {
     pub fn next_send_at_cost(&self, now_ms: u64, cost: u64) -> Option<u64> {
         let floor = now_ms.max(self.retry_at_ms);
         let Some(k) = &self.known else {
-            return (self.answered || self.outstanding.is_empty()).then_some(floor);
+            if !self.answered {
+                return self.outstanding.is_empty().then_some(floor);
+            }
+            let probing = self
+                .silent
+                .probes_from()
+                .is_some_and(|t| self.outstanding.range(t..).next().is_some());
+            return self.silent.next_send_at(floor, self.outstanding.len() as u64, probing);
         };
         if self.learner.knows() {
             // The learned window bounds the budget; nothing is spread.
@@ -596,10 +629,12 @@ mod tests {
             probe,
         );
         assert_eq!(p.next_send_at(1_020), Some(3_010));
-        // A server without quota headers is not paced.
-        p.on_send(3_010);
+        // A server without quota headers is met with a slow start: its answer let one
+        // more go beside the next.
         p.on_send(3_010);
         assert_eq!(p.next_send_at(3_011), Some(3_011));
+        p.on_send(3_011);
+        assert_eq!(p.next_send_at(3_012), None);
     }
 
     #[test]

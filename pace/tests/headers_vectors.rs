@@ -143,6 +143,7 @@ proptest! {
                 window_ms: ietf.then_some(window_s * 1000),
                 // Legacy's reset is an epoch; the others' IETF `t` a delay, which wins.
                 reset_is_instant: !ietf,
+                refused: status == 429,
                 ..RateLimitInfo::default()
             };
             prop_assert_eq!(got, want);

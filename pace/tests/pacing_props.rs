@@ -24,6 +24,9 @@ struct Answer {
     /// Sent instead of the quota's headers: `X-RateLimit-Limit`, `-Remaining` and this
     /// `X-RateLimit-Reset` (epoch seconds), and `Retry-After` on every answer.
     epoch_reset: Option<String>,
+    /// Sent instead of any quota: nothing but a 429 and, if `true`, its `Retry-After` in
+    /// whole seconds, rounded up ([`Quiet`]).
+    quiet: Option<bool>,
 }
 
 /// The simulation's time 0 on the clock the headers' epochs count from (unix ms).
@@ -78,6 +81,7 @@ impl Server for TokenBucket {
             reset_after_ms: (full - self.units).div_ceil(self.limit),
             retry_after_ms,
             epoch_reset: None,
+            quiet: None,
         }
     }
     fn window_ms(&self) -> u64 {
@@ -109,6 +113,7 @@ impl Server for FixedWindow {
             reset_after_ms: reset,
             retry_after_ms: if allowed { 0 } else { reset },
             epoch_reset: None,
+            quiet: None,
         }
     }
     fn window_ms(&self) -> u64 {
@@ -168,6 +173,7 @@ impl Server for FirstHitWindow {
                 Epoch::FastifyDelay => (self.end_ms - now_ms).div_ceil(1_000).to_string(),
                 epoch => epoch.text(self.end_ms),
             }),
+            quiet: None,
         }
     }
     fn window_ms(&self) -> u64 {
@@ -193,9 +199,70 @@ impl Server for EpochBucket {
     }
 }
 
+/// At most `limit` in any `window_ms`, a log of the admitted requests' times (Django REST
+/// framework's throttles): a refusal's `Retry-After` is when the oldest leaves the window.
+struct SlidingLog {
+    limit: u64,
+    window_ms: u64,
+    log: VecDeque<u64>,
+}
+
+impl Server for SlidingLog {
+    fn decide(&mut self, now_ms: u64, _cost: u64) -> Answer {
+        while self.log.front().is_some_and(|&t| t + self.window_ms <= now_ms) {
+            self.log.pop_front();
+        }
+        let allowed = (self.log.len() as u64) < self.limit;
+        if allowed {
+            self.log.push_back(now_ms);
+        }
+        let leaves = self.log.front().map_or(0, |&t| t + self.window_ms - now_ms);
+        Answer {
+            allowed,
+            limit: self.limit,
+            remaining: self.limit - self.log.len() as u64,
+            reset_after_ms: leaves,
+            retry_after_ms: if allowed { 0 } else { leaves },
+            epoch_reset: None,
+            quiet: None,
+        }
+    }
+    fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+}
+
+/// A server that says nothing of its quota: a 429, and `Retry-After` if `retry_after`.
+struct Quiet {
+    server: Box<dyn Server>,
+    retry_after: bool,
+    /// The server's `retry_after_ms` counts seconds ([`FirstHitWindow`]'s).
+    in_seconds: bool,
+}
+
+impl Server for Quiet {
+    fn decide(&mut self, now_ms: u64, cost: u64) -> Answer {
+        let answer = self.server.decide(now_ms, cost);
+        let scale = if self.in_seconds { 1_000 } else { 1 };
+        Answer {
+            quiet: Some(self.retry_after),
+            retry_after_ms: answer.retry_after_ms * scale,
+            ..answer
+        }
+    }
+    fn window_ms(&self) -> u64 {
+        self.server.window_ms()
+    }
+}
+
 /// What the client reads from an answer decided at `decided_ms` and received at `now_ms`.
 fn read(answer: &Answer, server: &dyn Server, decided_ms: u64, now_ms: u64, via_headers: bool) -> RateLimitInfo {
     let status = if answer.allowed { 200 } else { 429 };
+    if let Some(retry_after) = answer.quiet {
+        let secs = answer.retry_after_ms.div_ceil(1_000).to_string();
+        let headers = retry_after.then_some(("Retry-After", secs.as_str()));
+        return parse_headers(status, headers, EPOCH_MS + now_ms);
+    }
     if let Some(reset) = &answer.epoch_reset {
         let (limit, remaining) = (answer.limit.to_string(), answer.remaining.to_string());
         let retry = answer.retry_after_ms.to_string();
@@ -626,6 +693,107 @@ proptest! {
                 None => prop_assert!(pacer.in_flight() > 0),
             }
             let _ = pacer.delay_ms(now);
+        }
+    }
+}
+
+/// Which server a silent case runs against.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// Aligned windows.
+    Fixed,
+    /// Windows from the first request after the last one ended (slowapi, Flask-Limiter).
+    FirstHit,
+    /// Django REST framework's log.
+    Sliding,
+    /// A token bucket of a window's burst.
+    Bucket,
+}
+
+fn silent_server(kind: Kind, limit: u64, window_ms: u64, retry_after: bool) -> Quiet {
+    let server: Box<dyn Server> = match kind {
+        Kind::Fixed => Box::new(FixedWindow {
+            limit,
+            window_ms,
+            window: 0,
+            count: 0,
+        }),
+        Kind::FirstHit => Box::new(FirstHitWindow {
+            limit,
+            window_ms,
+            end_ms: 0,
+            count: 0,
+            epoch: Epoch::SlowapiLate,
+        }),
+        Kind::Sliding => Box::new(SlidingLog {
+            limit,
+            window_ms,
+            log: VecDeque::new(),
+        }),
+        Kind::Bucket => Box::new(TokenBucket::new(limit, window_ms, limit)),
+    };
+    Quiet {
+        server,
+        retry_after,
+        in_seconds: matches!(kind, Kind::FirstHit),
+    }
+}
+
+/// `n` requests at once against a silent server: the refusals among what it saw, and the
+/// admitted over the most a client could have had admitted in the same span.
+fn against_silent(
+    kind: Kind,
+    limit: u64,
+    window_ms: u64,
+    retry_after: bool,
+    n: u64,
+    concurrency: u64,
+    rtt: (u64, u64),
+) -> (f64, f64) {
+    let mut server = silent_server(kind, limit, window_ms, retry_after);
+    let mut pacer = Pacer::new();
+    let out = simulate(&mut server, &mut pacer, n, concurrency, rtt, true);
+    let span = out.admitted_ms.last().copied().unwrap_or(0);
+    let most = limit * (span / window_ms + 1);
+    let refused = out.denials as f64 / (n + out.denials) as f64;
+    (refused, n as f64 / most as f64)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
+
+    /// A server that advertises nothing, refusing with or without `Retry-After`: six windows'
+    /// quota at once, the refused requests queued again. The rate is learned from what it
+    /// admits between refusals: it refuses at most a fifth of what it sees, and the client
+    /// reaches 0.7 of what it allows (issue 66).
+    #[test]
+    fn a_silent_server_is_met_at_its_pace(
+        kind in prop_oneof![Just(Kind::Fixed), Just(Kind::FirstHit), Just(Kind::Sliding), Just(Kind::Bucket)],
+        limit in 5u64..40,
+        window_s in 1u64..3,
+        retry_after in any::<bool>(),
+        concurrency in 4u64..60,
+        latency in 0u64..10,
+        jitter in 0u64..5,
+    ) {
+        let n = limit * 6;
+        let (refused, share) = against_silent(kind, limit, window_s * 1_000, retry_after, n, concurrency, (latency, jitter));
+        prop_assert!(refused <= 0.2, "{:.0} % refused", refused * 100.0);
+        prop_assert!(share >= 0.7, "{share:.2} of the allowed rate");
+    }
+}
+
+/// Issue 66's silent servers, as simulated: ten a second, sixty at once.
+#[test]
+fn ten_a_second_to_silent_servers() {
+    for kind in [Kind::Fixed, Kind::FirstHit, Kind::Sliding, Kind::Bucket] {
+        for retry_after in [false, true] {
+            let (refused, share) = against_silent(kind, 10, 1_000, retry_after, 60, 60, (1, 1));
+            eprintln!(
+                "{kind:?}, Retry-After {retry_after}: {:.0} % refused, {share:.2} of the rate",
+                refused * 100.0
+            );
+            assert!(refused <= 0.2 && share >= 0.7, "{kind:?}, Retry-After {retry_after}");
         }
     }
 }

@@ -197,11 +197,19 @@ export function createFetch(options = {}) {
         const bucket = bucketNamed(key);
         const ticket = await bucket.acquire(signal, cost);
         await heldBack(hostKey(new URL(request.url)), signal);
-        const { response, info, floor, error } = await attempt(bucket, ticket, retryable ? request.clone() : request);
+        const { response, info, floor, error, requeue } = await attempt(
+          bucket,
+          ticket,
+          retryable ? request.clone() : request,
+        );
         const worth = error
           ? opts.retryNetworkErrors && isNetworkError(error)
           : opts.retryStatuses.includes(response.status);
-        const delay = retryable && worth ? schedule(backoff, started, floor) : undefined;
+        // A refusal from a server that advertises no quota: the bucket's pacer learned from
+        // it and holds the bucket, so the request queues again at once (delay 0), spending
+        // no retry, for as long as the schedule lets a request be retried at all.
+        const requeued = requeue && clock() - started <= b.maxElapsedMs ? 0 : undefined;
+        const delay = retryable && worth ? (requeued ?? schedule(backoff, started, floor)) : undefined;
         if (delay === undefined) {
           if (error) throw error;
           return expose(response, info, retries);
@@ -228,11 +236,11 @@ export function createFetch(options = {}) {
     }
     const quota = parse(response.status, response.headers, Date.now());
     try {
-      bucket.answered(quota, ticket);
+      const requeue = bucket.answered(quota, ticket) && response.status === 429;
       const info = plain(quota);
       if (info.global && info.retryAfterMs !== undefined) hold(hostKey(new URL(request.url)), info.retryAfterMs);
       learn(response.url || request.url, quota.bucketName);
-      return { response, info, floor: quota.serverFloorMs() };
+      return { response, info, floor: quota.serverFloorMs(), requeue };
     } finally {
       quota.free();
     }
@@ -361,10 +369,13 @@ class Bucket {
     this.pacer = null;
   }
 
+  /** Records an answer; returns whether the pacer learns the quota from refusals (then a
+   *  refused request queues again rather than being retried). */
   answered(quota, ticket) {
     this.pacer?.observe(quota, this.clock(), ticket);
     this.inFlight -= 1;
     this.pump();
+    return this.pacer?.adapts() ?? false;
   }
 
   failed(ticket) {

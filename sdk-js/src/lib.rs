@@ -314,6 +314,11 @@ impl Pacer {
     pub fn observe(&mut self, quota: &Quota, now_ms: f64, ticket: f64) {
         self.0.observe(&quota.0, whole(now_ms), whole(ticket));
     }
+    /// Whether the requests quota is learned from the server's refusals, its answers giving
+    /// none: a refused request then queues again rather than being retried.
+    pub fn adapts(&self) -> bool {
+        self.0.adapts()
+    }
     /// The earliest time the next request may go (`nowMs` or later), or `undefined` to
     /// wait for an answer to a request in flight.
     #[wasm_bindgen(js_name = nextSendAt)]

@@ -12,8 +12,8 @@
 // `express-rate-limit-draft-7` (combined RateLimit and RateLimit-Policy),
 // `express-rate-limit-draft-8` (IETF structured RateLimit and RateLimit-Policy), each with the
 // default memory store; `fastify-rate-limit` (@fastify/rate-limit's x-ratelimit-* with the
-// reset in delta seconds, its local store). The SDKs' tests run every kind listed in
-// vectors/servers.json.
+// reset in delta seconds, its local store); `express-rate-limit-silent` (every header off: a
+// bare 429). The SDKs' tests run every kind listed in vectors/servers.json.
 import process from 'node:process';
 
 const [kind, limitArg, windowArg] = process.argv.slice(2);
@@ -33,6 +33,7 @@ async function expressServer(headers) {
     'draft-6': { standardHeaders: 'draft-6', legacyHeaders: false },
     'draft-7': { standardHeaders: 'draft-7', legacyHeaders: false },
     'draft-8': { standardHeaders: 'draft-8', legacyHeaders: false },
+    silent: { standardHeaders: false, legacyHeaders: false },
   };
   app.get('/stats', (req, res) => res.json(counts));
   app.use((req, res, next) => {

@@ -74,6 +74,12 @@ impl Pacer {
     fn observe(&mut self, info: PyRef<'_, RateLimitInfo>, now_ms: u64, ticket: u64) {
         self.0.observe(&info.0, now_ms, ticket);
     }
+    /// Whether the requests quota is learned from the server's refusals, its answers giving
+    /// none: a refused request then queues again rather than being retried.
+    #[getter]
+    fn adapts(&self) -> bool {
+        self.0.adapts()
+    }
     /// Requests sent and not yet answered.
     #[getter]
     fn in_flight(&self) -> u64 {

@@ -143,10 +143,11 @@ impl Client {
             let permit = inner.queues.acquire(&key, cost).await?;
             let host = bucket_key(request.url());
             inner.holds.wait(&host).await;
+            let mut requeue = false;
             let attempt = match inner.http.execute(request).await {
                 Ok(response) => {
                     let quota = read_quota(&response);
-                    permit.answered(&quota);
+                    requeue = permit.answered(&quota) && quota.refused;
                     if let (true, Some(ms)) = (quota.global, quota.retry_after_ms) {
                         inner.holds.hold(host, ms);
                     }
@@ -171,7 +172,13 @@ impl Client {
                 ),
                 Err(error) => (None, inner.retry.retries_error(error).then_some(None)),
             };
+            // A refusal from a server that advertises no quota: the bucket's pacer learned
+            // from it and holds the bucket, so the request queues again, spending no retry,
+            // for as long as the schedule lets a request be retried at all.
+            let requeues =
+                requeue && retry_floor.is_some() && elapsed_ms(started) <= inner.retry.backoff.max_elapsed_ms;
             let delay = match retry_floor {
+                Some(floor) if requeues => Some((Duration::ZERO, floor)),
                 Some(floor) if copy.is_some() => self.schedule(&mut backoff, started, floor).map(|d| (d, floor)),
                 _ => None,
             };
@@ -199,10 +206,9 @@ impl Client {
 
     /// The delay before the next retry, if the schedule and the budget allow one.
     fn schedule(&self, backoff: &mut Backoff, started: Instant, floor_ms: Option<u64>) -> Option<Duration> {
-        let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let delay = {
             let mut rng = self.inner.rng.lock().unwrap_or_else(PoisonError::into_inner);
-            retry_delay(backoff, elapsed, floor_ms, &mut *rng)?
+            retry_delay(backoff, elapsed_ms(started), floor_ms, &mut *rng)?
         };
         self.inner.budget.try_withdraw().then(|| Duration::from_millis(delay))
     }
@@ -222,6 +228,11 @@ impl Client {
     pub fn retries_available(&self) -> u64 {
         self.inner.budget.available()
     }
+}
+
+/// Milliseconds since `started`.
+fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The quota a response advertises.

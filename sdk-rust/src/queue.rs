@@ -279,19 +279,21 @@ pub(crate) struct Permit<'a> {
 }
 
 impl Permit<'_> {
-    /// The request got a response advertising `info`.
-    pub(crate) fn answered(mut self, info: &RateLimitInfo) {
-        self.finish(Some(info));
+    /// The request got a response advertising `info`. Returns whether its bucket's pacer
+    /// learns the quota from refusals ([`BucketPacer::adapts`]): a refused request then
+    /// queues again instead of being retried.
+    pub(crate) fn answered(mut self, info: &RateLimitInfo) -> bool {
+        self.finish(Some(info))
     }
 
     /// The request got no response.
     pub(crate) fn failed(mut self) {
-        self.finish(None);
+        let _ = self.finish(None);
     }
 
-    fn finish(&mut self, info: Option<&RateLimitInfo>) {
+    fn finish(&mut self, info: Option<&RateLimitInfo>) -> bool {
         if self.done {
-            return;
+            return false;
         }
         self.done = true;
         let now = self.queues.now_ms();
@@ -301,14 +303,16 @@ impl Permit<'_> {
             None => state.pacer.on_failure(self.ticket),
         }
         state.in_flight = state.in_flight.saturating_sub(1);
+        let adapts = self.queues.config.pacing && state.pacer.adapts();
         drop(state);
         self.bucket.changed.notify_waiters();
+        adapts
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        self.finish(None);
+        let _ = self.finish(None);
     }
 }
 

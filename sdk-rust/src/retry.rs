@@ -63,7 +63,10 @@ impl RetryPolicy {
     }
 }
 
-/// A retry about to be waited for, as reported to a [`RetryHook`].
+/// A retry about to be waited for, as reported to a [`RetryHook`]. A request refused by a
+/// server that advertises no quota goes back to its bucket's queue instead, which learns
+/// the server's rate from the refusals and holds it for as long as that takes: it is
+/// reported with a `delay` of zero (the wait is the queue's) and spends no retry budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryEvent {
     /// The bucket the request belongs to.

@@ -21,6 +21,9 @@ pub struct RateLimitInfo {
     /// is not a success: a 2xx's `Retry-After` asks for no wait (slowapi and Flask-Limiter
     /// send one on every answer) and is not read.
     pub retry_after_ms: Option<u64>,
+    /// The server refused the request for its rate (a 429). With no quota besides, the
+    /// pacer learns the rate from such refusals (`pacing/silent.rs`).
+    pub refused: bool,
     /// The name the server gives the quota: the IETF policy, else Discord's
     /// `X-RateLimit-Bucket` or GitHub's `x-ratelimit-resource`. The SDKs key their buckets
     /// by it, so routes the server counts together are paced together.
@@ -81,7 +84,11 @@ impl UnitQuota {
 impl RateLimitInfo {
     /// Whether any rate-limit header was read.
     pub fn is_empty(&self) -> bool {
-        *self == RateLimitInfo::default()
+        *self
+            == RateLimitInfo {
+                refused: self.refused,
+                ..RateLimitInfo::default()
+            }
     }
 
     /// The name of the bucket the server counts this response's requests in: the policy,
@@ -309,6 +316,7 @@ where
             read_combined(&mut info, value);
         }
     }
+    info.refused = status == 429;
     if !(200..300).contains(&status) {
         info.retry_after_ms = raw
             .retry_after_ms

@@ -67,6 +67,12 @@ impl BucketPacer {
         }
     }
 
+    /// Whether the requests quota is learned from refusals ([`Pacer::adapts`]): a refused
+    /// request is then queued again rather than retried.
+    pub fn adapts(&self) -> bool {
+        self.requests.adapts()
+    }
+
     /// Requests sent and not yet answered.
     pub fn in_flight(&self) -> u64 {
         self.requests.in_flight()

@@ -144,6 +144,7 @@ class Engine:
                 with self.lock:
                     self.queues.failed(permit)
                 raise
+            requeue = False
             if error is not None:
                 with self.lock:
                     self.queues.failed(permit)
@@ -153,13 +154,19 @@ class Engine:
                 status, headers = call.read(response)
                 info = _core.parse_headers(status, headers, time.time_ns() // 1_000_000)
                 with self.lock:
-                    self.queues.answered(permit, info)
+                    requeue = self.queues.answered(permit, info) and status == 429
                     if info.global_ and info.retry_after_ms is not None:
                         self._hold(call.host, info.retry_after_ms)
                     self._learn(call, info.bucket_name)
                 worth = status in o.retry_statuses
                 floor = info.server_floor_ms if worth else None
-            delay = self._schedule(backoff, started, floor) if retryable and worth else None
+            # A refusal from a server that advertises no quota: the bucket's pacer learned
+            # from it and holds the bucket, so the request queues again at once (delay 0),
+            # spending no retry, for as long as the schedule lets a request be retried at all.
+            delay = None
+            if retryable and worth:
+                requeued = requeue and now_ms() - started <= b.max_elapsed_ms
+                delay = 0 if requeued else self._schedule(backoff, started, floor)
             if delay is None:
                 if error is not None:
                     raise error

@@ -145,9 +145,12 @@ class Queues:
         place.bucket.waiting.remove(place)
         place.bucket.wake()
 
-    def answered(self, permit: Permit, info: _core.RateLimitInfo) -> None:
-        """The request of ``permit`` got a response advertising ``info``."""
+    def answered(self, permit: Permit, info: _core.RateLimitInfo) -> bool:
+        """The request of ``permit`` got a response advertising ``info``. Returns whether
+        its bucket's pacer learns the quota from refusals: a refused request then queues
+        again rather than being retried."""
         self._finish(permit, info)
+        return permit.bucket.pacer is not None and permit.bucket.pacer.adapts
 
     def failed(self, permit: Permit) -> None:
         """The request of ``permit`` got no response."""

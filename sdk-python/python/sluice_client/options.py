@@ -96,7 +96,10 @@ class QueueConfig:
 
 @dataclass(frozen=True)
 class RetryEvent:
-    """A retry about to be waited for, as given to ``on_retry``."""
+    """A retry about to be waited for, as given to ``on_retry``. A request refused by a
+    server that advertises no quota goes back to its bucket's queue instead, which learns the
+    server's rate from the refusals and holds it as long as that takes: it is given with a
+    ``delay_ms`` of 0 (the wait is the queue's) and spends no retry budget."""
 
     key: str
     """The bucket of the request."""
