@@ -259,16 +259,19 @@ mod tests {
         }
         s.observe(&answer(10, 10, 11, true, 11));
         assert!(s.adapts());
-        assert_eq!(s.next_send_at(11, 0, false), Some(111), "a probe after 100 ms");
-        assert_eq!(s.next_send_at(111, 1, true), None, "one probe at a time");
-        // Refused: three times the hold.
-        s.observe(&answer(11, 111, 112, true, 12));
-        assert_eq!(s.next_send_at(112, 0, false), Some(412));
-        // Admitted at 1,000: ten in a second.
-        s.observe(&answer(12, 1_000, 1_001, false, 13));
-        assert_eq!(s.next_send_at(1_001, 0, false), Some(1_100));
-        s.on_send(1_100);
-        assert_eq!(s.next_send_at(1_100, 1, false), Some(1_200));
+        assert_eq!(s.next_send_at(11, 0, false), Some(511), "a probe after 500 ms");
+        assert_eq!(s.next_send_at(511, 1, true), None, "one probe at a time");
+        // Refused: twice the hold.
+        s.observe(&answer(11, 511, 512, true, 12));
+        assert_eq!(s.next_send_at(512, 0, false), Some(1_512));
+        // Admitted when sent at 1,512: ten in 1.512 s, 151 ms each.
+        s.observe(&answer(12, 1_512, 1_513, false, 13));
+        assert_eq!(s.next_send_at(1_513, 0, false), Some(1_664));
+        // Found by a refused probe, a lower bound: the rate doubles within 2 s.
+        s.on_send(1_664);
+        assert_eq!(s.next_send_at(1_664, 1, false), Some(1_664 + 141));
+        s.on_send(3_512);
+        assert_eq!(s.next_send_at(3_512, 1, false), Some(3_512 + 76));
     }
 
     #[test]
