@@ -830,3 +830,160 @@ fn a_late_epoch_reset_learned_with_eighteen_at_once_keeps_the_pace() {
     let most = limit * (span / window_ms + 1);
     assert!(most <= n + 3 * limit, "{n} in {span} ms, of {most}");
 }
+
+/// The AWS SDKs' "adaptive" retry mode's client-side rate limiter, as botocore writes it
+/// (`retries/adaptive.py`, `throttling.py`, `bucket.py`): off until the first throttle; the
+/// sending rate measured in half-second buckets (smoothing 0.8); on a throttle the bucket's
+/// rate becomes 0.7 × the lesser of the measured rate and its own, and grows back along
+/// CUBIC (`0.4 (t − K)³ + max`), never past twice the measured rate; a request waits for a
+/// token. Times in seconds, as botocore keeps them.
+struct AwsAdaptive {
+    enabled: bool,
+    fill_rate: f64,
+    capacity: f64,
+    tokens: f64,
+    refilled_s: f64,
+    measured: f64,
+    bucket_s: f64,
+    count: f64,
+    last_max: f64,
+    last_throttle_s: f64,
+}
+
+impl AwsAdaptive {
+    const BETA: f64 = 0.7;
+    const SCALE: f64 = 0.4;
+
+    fn new() -> AwsAdaptive {
+        AwsAdaptive {
+            enabled: false,
+            fill_rate: 0.5,
+            capacity: 1.0,
+            tokens: 0.0,
+            refilled_s: 0.0,
+            measured: 0.0,
+            bucket_s: 0.0,
+            count: 0.0,
+            last_max: 0.0,
+            last_throttle_s: 0.0,
+        }
+    }
+
+    fn refill(&mut self, t: f64) {
+        self.tokens = (self.tokens + (t - self.refilled_s) * self.fill_rate).min(self.capacity);
+        self.refilled_s = t;
+    }
+
+    /// When a request may go, in ms.
+    fn next_send_at(&mut self, now_ms: u64) -> u64 {
+        if !self.enabled {
+            return now_ms;
+        }
+        self.refill(now_ms as f64 / 1e3);
+        if self.tokens >= 1.0 {
+            return now_ms;
+        }
+        now_ms + ((1.0 - self.tokens) / self.fill_rate * 1e3).ceil() as u64
+    }
+
+    fn on_send(&mut self, now_ms: u64) {
+        if self.enabled {
+            self.refill(now_ms as f64 / 1e3);
+            self.tokens -= 1.0;
+        }
+    }
+
+    fn on_answer(&mut self, now_ms: u64, throttled: bool) {
+        let t = now_ms as f64 / 1e3;
+        self.count += 1.0;
+        let bucket = (t * 2.0).floor() / 2.0;
+        if bucket > self.bucket_s {
+            let rate = self.count / (bucket - self.bucket_s);
+            self.measured = rate * 0.8 + self.measured * 0.2;
+            (self.count, self.bucket_s) = (0.0, bucket);
+        }
+        let new_rate = if throttled {
+            let current = if self.enabled {
+                self.measured.min(self.fill_rate)
+            } else {
+                self.measured
+            };
+            self.last_max = current;
+            self.last_throttle_s = t;
+            self.enabled = true;
+            current * Self::BETA
+        } else {
+            let k = (self.last_max * (1.0 - Self::BETA) / Self::SCALE).cbrt();
+            Self::SCALE * (t - self.last_throttle_s - k).powi(3) + self.last_max
+        };
+        let rate = new_rate.min(2.0 * self.measured);
+        if self.enabled {
+            self.refill(t);
+            self.fill_rate = rate.max(0.5);
+            self.capacity = rate.max(1.0);
+            self.tokens = self.tokens.min(self.capacity);
+        }
+    }
+}
+
+/// [`against_silent`] for the AWS model: its refused share and the share of the rate.
+fn aws_against_silent(kind: Kind, limit: u64, window_ms: u64, n: u64, concurrency: u64, latency_ms: u64) -> (f64, f64) {
+    let mut server = silent_server(kind, limit, window_ms, true);
+    let mut client = AwsAdaptive::new();
+    let mut responses: VecDeque<(u64, bool)> = VecDeque::new();
+    let (mut queued, mut now, mut in_flight, mut denials) = (n, 0u64, 0u64, 0u64);
+    let mut admitted_ms = Vec::new();
+    while (admitted_ms.len() as u64) < n {
+        while let Some(&(at, allowed)) = responses.front().filter(|r| r.0 <= now) {
+            responses.pop_front();
+            in_flight -= 1;
+            client.on_answer(at, !allowed);
+            if allowed {
+                admitted_ms.push(at - latency_ms);
+            } else {
+                denials += 1;
+                queued += 1; // queued again at once, as Sluice's SDKs do: only the limiter paces
+            }
+        }
+        if admitted_ms.len() as u64 == n {
+            break;
+        }
+        let mut wake = u64::MAX;
+        while queued > 0 && in_flight < concurrency {
+            let at = client.next_send_at(now);
+            if at > now {
+                wake = at;
+                break;
+            }
+            client.on_send(now);
+            queued -= 1;
+            in_flight += 1;
+            let allowed = server.decide(now + latency_ms, 1).allowed;
+            responses.push_back((now + 2 * latency_ms, allowed));
+        }
+        let next = wake.min(responses.front().map_or(u64::MAX, |r| r.0));
+        assert!(next != u64::MAX && next < 10_000_000, "stuck at {now} ms");
+        now = now.max(next);
+    }
+    let span = admitted_ms.iter().copied().max().unwrap_or(0);
+    let most = limit * (span / window_ms + 1);
+    (denials as f64 / (n + denials) as f64, n as f64 / most as f64)
+}
+
+/// The anchor issue 66 named: against the same silent servers, sixty at once, Sluice's pacer
+/// (given no `Retry-After`, which the AWS model does not read either) is refused less and
+/// reaches at least the rate the AWS SDKs' adaptive mode does, refused requests queued again
+/// at once in both.
+#[test]
+fn learning_from_admissions_beats_the_aws_adaptive_mode() {
+    for kind in [Kind::Fixed, Kind::FirstHit, Kind::Sliding, Kind::Bucket] {
+        let (ours_refused, ours_share) = against_silent(kind, 10, 1_000, false, 60, 60, (1, 0));
+        let (aws_refused, aws_share) = aws_against_silent(kind, 10, 1_000, 60, 60, 1);
+        eprintln!(
+            "{kind:?}: Sluice {:.0} % refused, {ours_share:.2} of the rate; AWS adaptive {:.0} % refused, {aws_share:.2}",
+            ours_refused * 100.0,
+            aws_refused * 100.0
+        );
+        assert!(ours_refused < aws_refused && ours_share >= aws_share, "{kind:?}");
+    }
+}
