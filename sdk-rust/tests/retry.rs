@@ -144,3 +144,38 @@ async fn the_retry_budget_stops_retries_when_spent() {
     assert_eq!(second.retries(), 0, "no budget left");
     assert_eq!(server.hits(), 3);
 }
+
+/// A server that says nothing of its quota: its refusals teach the bucket's pacer its rate,
+/// and a refused request goes back to the queue, so the retry budget, here none at all, is
+/// not what ends it (issue 66). The retry hook hears each one, with no delay of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_servers_refusals_queue_again_without_the_retry_budget() {
+    let server = Server::start(5, 5).await;
+    let requeued = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&requeued);
+    let client = Client::builder()
+        .retry_budget(sluice_client::BudgetConfig {
+            ratio: 0.0,
+            min_retries: 0,
+        })
+        .on_retry(move |event| log.lock().expect("lock").push(event.delay))
+        .build()
+        .expect("client");
+    let url = server.url("/silent");
+    let sends: Vec<_> = (0..20)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { client.send(client.get(url)).await.expect("response").status() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for send in sends {
+        statuses.push(send.await.expect("task"));
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let requeued = requeued.lock().expect("lock").clone();
+    assert!(server.denials() > 0, "the server refused some: the path was taken");
+    assert_eq!(requeued.len(), server.denials(), "each refusal queued again");
+    assert!(requeued.iter().all(|d| d.is_zero()), "{requeued:?}");
+    assert_eq!(client.retries_available(), 0);
+}

@@ -67,6 +67,7 @@ impl Server {
         });
         let app = Router::new()
             .route("/limited", any(limited))
+            .route("/silent", any(silent))
             .route("/deny-first", any(deny_first))
             .route("/gate", any(gate))
             .with_state(Arc::clone(&state));
@@ -123,6 +124,26 @@ fn reply(status: StatusCode, quota: &Quota<'_>) -> Response {
         }
     }
     response
+}
+
+/// `/limited`'s bucket, saying nothing of it: a bare 429 or 200 (as Flask-Limiter and
+/// slowapi do by default).
+async fn silent(State(s): State<Arc<ServerState>>) -> Response {
+    s.hits.fetch_add(1, Ordering::SeqCst);
+    let mut bucket = s.bucket.lock().expect("lock");
+    let at = Instant::now();
+    let allowed = s
+        .limit
+        .decide(&mut bucket, Micros::from_duration(at.duration_since(s.started)), 1)
+        .allowed;
+    drop(bucket);
+    s.log.lock().expect("lock").push((at, if allowed { 200 } else { 429 }));
+    if allowed {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        s.denials.fetch_add(1, Ordering::SeqCst);
+        (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response()
+    }
 }
 
 async fn limited(State(s): State<Arc<ServerState>>) -> Response {
