@@ -139,6 +139,25 @@ test('the retry budget stops retries when spent', async (t) => {
   assert.equal(server.hits, 3);
 });
 
+// A server that says nothing of its quota: its refusals teach the bucket's pacer its rate,
+// and a refused request goes back to the queue, so the retry budget, here none at all, is
+// not what ends it (issue 66). `onRetry` hears each one, with no delay of its own.
+test("a silent server's refusals queue again without the retry budget", async (t) => {
+  const server = await startServer({ limit: 5, burst: 5 });
+  t.after(() => server.close());
+  const requeued = [];
+  const fetch = createFetch({ budget: { ratio: 0, minRetries: 0 }, onRetry: (e) => requeued.push(e.delayMs) });
+  const answers = await Promise.all(Array.from({ length: 20 }, () => fetch(`${server.url}/silent`)));
+  assert.deepEqual(
+    answers.map((r) => r.status),
+    Array(20).fill(200),
+  );
+  assert.ok(server.denials > 0, 'the server refused some: the path was taken');
+  assert.equal(requeued.length, server.denials, 'each refusal queued again');
+  assert.ok(requeued.every((d) => d === 0), String(requeued));
+  assert.equal(fetch.retriesAvailable(), 0);
+});
+
 test('a full queue fails fast and an aborted waiter leaves it at once', async (t) => {
   const server = await startServer();
   t.after(() => server.close());

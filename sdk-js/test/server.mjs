@@ -68,6 +68,18 @@ export async function startServer({ limit = 50, burst = 10, denyFirst = 0, files
       s.log.push([now, allowed ? 200 : 429, url.pathname]);
       return reply(res, allowed ? 200 : 429, quota);
     }
+    if (url.pathname === '/silent') {
+      // `/limited`'s bucket, saying nothing of it: a bare 429 or 200.
+      s.hits += 1;
+      const now = elapsed();
+      const d = limiter.decide(Math.floor(now), 1);
+      const allowed = d.allowed;
+      d.free();
+      if (!allowed) s.denials += 1;
+      s.log.push([now, allowed ? 200 : 429, url.pathname]);
+      res.writeHead(allowed ? 200 : 429, { 'content-type': 'text/plain' });
+      return res.end(allowed ? 'ok' : 'slow down');
+    }
     if (url.pathname === '/deny-first') {
       const denied = s.hits < s.denyFirst;
       s.hits += 1;

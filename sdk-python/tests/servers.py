@@ -84,6 +84,17 @@ class LimitedServer:
             if not d.allowed:
                 lines.append(("Retry-After", str(max(1, -(-d.retry_after_ms // 1000)))))
             return self.reply(h, status, lines)
+        if path == "/silent":
+            # `/limited`'s bucket, saying nothing of it: a bare 429 or 200.
+            with self.lock:
+                self.hits += 1
+                now = _ms(self.started)
+                allowed = self.limiter.decide(int(now)).allowed
+                status = 200 if allowed else 429
+                if not allowed:
+                    self.denials += 1
+                self.log.append((now, status, path))
+            return self.reply(h, status, [])
         if path == "/deny-first":
             with self.lock:
                 denied = self.hits < self.deny_first

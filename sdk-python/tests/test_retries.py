@@ -106,6 +106,28 @@ def test_the_retry_budget_stops_retries_when_spent(limited):
     assert server.hits == 3
 
 
+def test_a_silent_servers_refusals_queue_again_without_the_retry_budget(limited):
+    """A server that says nothing of its quota: its refusals teach the bucket's pacer its
+    rate, and a refused request goes back to the queue, so the retry budget, here none at
+    all, is not what ends it (issue 66). ``on_retry`` hears each one, with no delay."""
+    server = limited(limit=5, burst=5)
+    requeued = []
+    transport = sluice_client.AsyncTransport(
+        retry_budget=BudgetConfig(ratio=0, min_retries=0), on_retry=lambda e: requeued.append(e.delay_ms)
+    )
+
+    async def main():
+        async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+            return await asyncio.gather(*(client.get(f"{server.url}/silent") for _ in range(20)))
+
+    answers = asyncio.run(main())
+    assert [r.status_code for r in answers] == [200] * 20
+    assert server.denials > 0, "the server refused some: the path was taken"
+    assert len(requeued) == server.denials, "each refusal queued again"
+    assert all(d == 0 for d in requeued), requeued
+    assert transport.retries_available() == 0
+
+
 @pytest.mark.parametrize("retry, expected", [(True, 2), (False, 0)])
 def test_connection_errors_are_retried_only_when_configured(retry, expected):
     url = f"http://127.0.0.1:{free_port()}/"
