@@ -92,6 +92,7 @@ fn answers(c: &mut Criterion) {
         rules: vec![rule("per-user"), rule("per-ip"), rule("burst")],
         delay_ms: 0,
         degraded: false,
+        slots: Vec::new(),
     };
     c.bench_function("check answer/json (ours, three rules)", |b| {
         b.iter(|| black_box(&answer).to_json())

@@ -39,6 +39,12 @@ pub enum LeaseError {
          sliding_window_counter, token_bucket or gcra with `lease = true`"
     )]
     SlidingLog,
+    /// A concurrency limit's slots come back when requests end, not as time passes.
+    #[error(
+        "concurrency cannot be leased: a slot is given back when its request ends, which a lease of units \
+         spent ahead cannot follow; leave `lease` (and `global`) out of a concurrency rule"
+    )]
+    Concurrency,
     /// A shaping limit delays requests instead of refusing them.
     #[error("a shaping limit (max_delay) cannot be leased: a request's delay is decided when it arrives")]
     Shaping,
@@ -51,6 +57,7 @@ pub fn leasable(limit: &Limit) -> Result<(), LeaseError> {
     }
     match limit.algorithm() {
         Algorithm::SlidingWindowLog => Err(LeaseError::SlidingLog),
+        Algorithm::Concurrency => Err(LeaseError::Concurrency),
         _ => Ok(()),
     }
 }

@@ -10,6 +10,9 @@ use crate::json::{self, Fields, Json, JsonError};
 use crate::rules::host::{is_host, MAX_HOST_BYTES};
 use crate::text::truncate;
 
+mod slots;
+pub use slots::{Slot, SlotsRequest, SlotsResponse, MAX_SLOTS_A_CALL};
+
 /// The longest a shaped request is held (a rule's `max_delay`, the service's `/v1/wait`):
 /// the request holds a proxy stream and a connection meanwhile.
 pub const MAX_HOLD_MS: u64 = 60_000;
@@ -51,7 +54,7 @@ pub struct WireError(pub String);
 /// `POST /v1/check` request body.
 ///
 /// `{"identities": {"ip": "203.0.113.9", "user": "42"}, "method": "GET", "path": "/api/search", "cost": 1}`
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckRequest {
     /// Identity name (`ip`, `user`, `api_key`, `tier`, `header:<name>`) → value; at most
     /// [`MAX_IDENTITIES`], keys 1 to [`MAX_IDENTITY_BYTES`] bytes, values at most that.
@@ -79,22 +82,24 @@ impl CheckRequest {
         if !matches!(body.trim_ascii_start().first(), Some(b'{') | None) {
             return Err(WireError("invalid check request: expected a JSON object".into()));
         }
-        let read = |doc: &Json<'_>| {
-            let mut f = doc.object()?;
-            let req = CheckRequest {
-                identities: f.req("identities", read_identities),
-                method: f.req("method", Json::string),
-                path: f.req("path", Json::string),
-                cost: f.opt("cost", Json::u64).unwrap_or(1),
-                host: f.opt("host", Json::string),
-            };
-            f.finish().map(|()| req)
-        };
         let req = json::parse(body)
-            .and_then(|doc| read(&doc))
+            .and_then(|doc| CheckRequest::read(&doc))
             .map_err(|e| WireError(format!("invalid check request: {e}")))?;
         req.validate()?;
         Ok(req)
+    }
+
+    /// Reads a request's fields from a JSON object, unvalidated.
+    pub(crate) fn read(doc: &Json<'_>) -> Result<CheckRequest, JsonError> {
+        let mut f = doc.object()?;
+        let req = CheckRequest {
+            identities: f.req("identities", read_identities),
+            method: f.req("method", Json::string),
+            path: f.req("path", Json::string),
+            cost: f.opt("cost", Json::u64).unwrap_or(1),
+            host: f.opt("host", Json::string),
+        };
+        f.finish().map(|()| req)
     }
 
     /// The request as JSON, as [`CheckRequest::from_json`] reads it.
@@ -228,6 +233,9 @@ pub struct CheckResponse {
     pub delay_ms: u64,
     /// The decision came from a node-local fallback: the store was unreachable.
     pub degraded: bool,
+    /// The concurrency slots the request took: the caller gives each back when the request
+    /// ends, and renews it while the request runs (`POST /v1/slots`). Empty for a refusal.
+    pub slots: Vec<Slot>,
 }
 
 impl Default for CheckResponse {
@@ -244,6 +252,7 @@ impl Default for CheckResponse {
             rules: Vec::new(),
             delay_ms: 0,
             degraded: false,
+            slots: Vec::new(),
         }
     }
 }
@@ -367,6 +376,10 @@ impl CheckResponse {
         json::write_each(o.out(), &self.rules, |out, r| r.write(out));
         o.u64("delay_ms", self.delay_ms);
         o.bool("degraded", self.degraded);
+        if !self.slots.is_empty() {
+            o.key("slots");
+            json::write_each(o.out(), &self.slots, |out, slot| slot.write(out));
+        }
         o.end();
         out
     }
@@ -389,6 +402,7 @@ impl CheckResponse {
                 rules: f.opt("rules", |v| v.each(RuleResult::read)).unwrap_or_default(),
                 delay_ms: number(&mut f, "delay_ms"),
                 degraded: f.opt("degraded", Json::bool).unwrap_or(false),
+                slots: f.opt("slots", |v| v.each(Slot::read)).unwrap_or_default(),
             };
             f.finish_lenient().map(|()| answer)
         };

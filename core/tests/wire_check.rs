@@ -313,6 +313,7 @@ fn responses_round_trip_and_parse_leniently() {
             }],
             delay_ms: 0,
             degraded: false,
+            slots: Vec::new(),
         }
     );
     let json = r.to_json().into_bytes();
@@ -409,6 +410,10 @@ proptest! {
                 .collect(),
             delay_ms: numbers[3],
             degraded,
+            slots: (allowed && !degraded)
+                .then(|| sluice_core::wire::Slot { rule: "in-flight".into(), at: numbers[4], window_ms: numbers[5] })
+                .into_iter()
+                .collect(),
         };
         let json = r.to_json();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();

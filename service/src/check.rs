@@ -10,7 +10,7 @@ use sluice_core::identity::ip_identity;
 use sluice_core::rules::{Rule, MISSING};
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 
-use crate::decide::{count, decide_limits, matched, refused_for_missing, settle};
+use crate::decide::{count, decide_limits, matched, refused_for_missing, settle, slots_held};
 use crate::metrics::{Api, Verdict};
 use crate::node::Node;
 
@@ -58,5 +58,9 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     };
     settle(node, &matched, degraded, &req.path, now_ms);
     let outcomes: Vec<RuleOutcome<'_>> = matched.iter().filter_map(|m| m.outcome(degraded)).collect();
-    CheckResponse::from_outcomes(&outcomes, now_ms)
+    let mut answer = CheckResponse::from_outcomes(&outcomes, now_ms);
+    if answer.allowed {
+        answer.slots = slots_held(&matched);
+    }
+    answer
 }

@@ -15,10 +15,12 @@
 use std::borrow::Cow;
 use std::time::Instant;
 
+use sluice_core::algorithm::Algorithm;
 use sluice_core::algorithm::{passes, Part};
 use sluice_core::rules::{FailureMode, Global, Rule, RuleSet};
+use sluice_core::wire::Slot;
 use sluice_core::wire::{CheckResponse, RuleOutcome};
-use sluice_core::{Decision, Limit};
+use sluice_core::{Decision, Limit, Micros};
 
 use crate::console::Answer;
 use crate::metrics::Verdict;
@@ -84,6 +86,8 @@ pub struct Matched<'a> {
     /// Its decision; `None` until decided, and for good when a global rule refused the
     /// request before this limit was counted.
     pub decision: Option<Decision>,
+    /// When the store decided it (unix µs), if the store did: a concurrency slot's name.
+    pub at: Option<Micros>,
 }
 
 impl<'a> Matched<'a> {
@@ -103,6 +107,7 @@ impl<'a> Matched<'a> {
                 cost,
             },
             decision: None,
+            at: None,
         }
     }
 
@@ -215,9 +220,11 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
             Settled::Wait(_) | Settled::Ask => break,
         }
     }
+    let mut stamped_at: Vec<Option<Micros>> = vec![None; items.len()];
     let (mut decisions, degraded) = match store_decide(node, &items).await {
         Ok(stamps) => {
             let decisions: Vec<Decision> = stamps.iter().map(|s| s.decision).collect();
+            stamped_at = stamps.iter().map(|s| Some(s.at)).collect();
             if !node.owed.is_empty() {
                 // The store is back: what the fallback admitted of these keys is spent now,
                 // before this request answers; the other keys' beside it.
@@ -250,10 +257,28 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     } else if passed {
         owe(node, &targets, &decisions);
     }
-    for (m, d) in limits.iter_mut().zip(decisions) {
+    for ((m, d), at) in limits.iter_mut().zip(decisions).zip(stamped_at) {
         m.decision = Some(d);
+        m.at = at;
     }
     degraded
+}
+
+/// The concurrency slots a request that passed holds: one per concurrency limit the store
+/// admitted it on (a fallback's slots are not named: they expire in the fallback).
+pub fn slots_held(limits: &[Matched<'_>]) -> Vec<Slot> {
+    limits
+        .iter()
+        .filter(|m| m.target.limit.algorithm() == Algorithm::Concurrency)
+        .filter_map(|m| {
+            let at = m.at.filter(|_| m.decision.is_some_and(|d| d.allowed))?;
+            Some(Slot {
+                rule: m.name.to_owned(),
+                at: at.as_u64(),
+                window_ms: m.window_ms,
+            })
+        })
+        .collect()
 }
 
 /// Seeds the fallback bucket of every target that fails open with this node's share of

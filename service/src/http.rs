@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use sluice_core::lease::wire::LeaseRequest;
-use sluice_core::wire::{CheckRequest, MAX_HOLD_MS};
+use sluice_core::wire::{CheckRequest, SlotsRequest, MAX_HOLD_MS};
 
 use crate::check::check;
 use crate::exchange::LeaseError;
@@ -53,6 +53,7 @@ pub fn router(node: Arc<Node>) -> Router {
     let data = Router::new()
         .route("/v1/check", post(check_handler))
         .route("/v1/debit", post(debit_handler))
+        .route("/v1/slots", post(slots_handler))
         .route("/v1/wait", get(wait))
         .route("/v1/lease", post(lease_handler))
         .route("/v1/rules", get(rules_for_proxies));
@@ -185,6 +186,25 @@ async fn debit_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result
     match crate::quota::debit(&node, &req).await {
         Ok(answer) => json_body(answer.to_json()),
         Err(e) => ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("nothing spent: {e}")).into_response(),
+    }
+}
+
+/// `POST /v1/slots`: a request's concurrency slots given back or renewed (see
+/// [`crate::slots`]). 503 when the store cannot answer: the slots stay as they were, and
+/// expire unless renewed.
+async fn slots_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result<Bytes, BytesRejection>) -> Response {
+    let raw = match body(raw) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let mut req = match SlotsRequest::from_json(&raw) {
+        Ok(req) => req,
+        Err(e) => return bad(e.0).into_response(),
+    };
+    req.request = crate::check::canonical(req.request, node.config.ipv6_prefix);
+    match crate::slots::slots(&node, &req).await {
+        Ok(answer) => json_body(answer.to_json()),
+        Err(e) => ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("slots unchanged: {e}")).into_response(),
     }
 }
 

@@ -35,6 +35,7 @@ pub mod quota;
 pub mod refusals;
 pub mod region;
 pub mod rules_source;
+pub mod slots;
 pub mod store;
 pub mod trace;
 pub mod violations;

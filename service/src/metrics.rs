@@ -83,6 +83,8 @@ pub struct Metrics {
     refusals_remembered: Gauge,
     fallback_settled: Counter,
     fallback_unsettled: Counter,
+    slots_released: Counter,
+    slots_renewed: Counter,
     /// The rate limit quota service's counters.
     pub rlqs: Arc<RlqsStats>,
 }
@@ -164,6 +166,16 @@ impl Default for Metrics {
                 "fallback_unsettled_units",
                 "Units the fallback admitted that were not kept to be spent in the store (--max-keys reached)",
             ),
+            slots_released: counter(
+                r,
+                "slots_released",
+                "Concurrency slots given back when their request ended (POST /v1/slots)",
+            ),
+            slots_renewed: counter(
+                r,
+                "slots_renewed",
+                "Concurrency slots renewed while their request ran (POST /v1/slots, renew)",
+            ),
             refusals_remembered: {
                 let gauge = Gauge::default();
                 r.register(
@@ -202,6 +214,16 @@ impl Metrics {
     /// Counts one rule's verdict.
     pub fn check(&self, rule: &str, verdict: Verdict) {
         self.checks.count(rule, verdict as usize);
+    }
+
+    /// Counts `n` concurrency slots given back, or renewed.
+    pub fn slots(&self, renewed: bool, n: u64) {
+        let counter = if renewed {
+            &self.slots_renewed
+        } else {
+            &self.slots_released
+        };
+        counter.inc_by(n);
     }
 
     /// Counts a check `rule` allowed with at most a fifth of its limit left (nothing when
@@ -634,6 +656,8 @@ mod tests {
             "sluice_refusals_remembered",
             "sluice_fallback_settled_units_total",
             "sluice_fallback_unsettled_units_total",
+            "sluice_slots_released_total",
+            "sluice_slots_renewed_total",
             "sluice_rlqs_usages_total",
             "sluice_rlqs_usages_ignored_total",
             "sluice_rlqs_assignments_total",

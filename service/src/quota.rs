@@ -6,7 +6,7 @@
 //! a debit refuses nothing. A node in a region peeks and debits its regional rules only:
 //! its global rules are spent from leases the node holds (see [`crate::region`]).
 
-use sluice_core::algorithm::peeked;
+use sluice_core::algorithm::{peeked, Algorithm};
 use sluice_core::rules::{Rule, RuleSet};
 use sluice_core::wire::{CheckRequest, CheckResponse, RuleOutcome};
 
@@ -63,7 +63,11 @@ pub async fn peek_limits(node: &Node, limits: &mut [Matched<'_>]) -> bool {
 pub async fn debit(node: &Node, req: &CheckRequest) -> Result<CheckResponse, StoreError> {
     let rules = node.rules();
     let now_ms = node.clock.now().instant_ms();
-    let mut matched = matched(node, &rules, found(node, &rules, req), req.cost, now_ms);
+    // A concurrency rule counts requests in flight, which a cost learnt afterwards is not.
+    let found = found(node, &rules, req)
+        .into_iter()
+        .filter(|(rule, _)| rule.limit.algorithm() != Algorithm::Concurrency);
+    let mut matched = matched(node, &rules, found, req.cost, now_ms);
     for m in &mut matched {
         let t = &m.target;
         let taken = within(node.config.store_timeout, node.store.take(&t.key, &t.limit, t.cost)).await?;

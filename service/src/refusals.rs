@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use sluice_core::algorithm::Algorithm;
 use sluice_core::{Decision, Limit, Micros};
 use tokio::sync::watch;
 
@@ -212,7 +213,9 @@ impl Refusals {
                 }
                 continue;
             }
-            if part.shadow || part.cost == 0 || d.retry_after == Micros::ZERO {
+            // A concurrency refusal stands only until some request ends, which no time says.
+            let frees_by_time = part.limit.algorithm() != Algorithm::Concurrency;
+            if part.shadow || part.cost == 0 || d.retry_after == Micros::ZERO || !frees_by_time {
                 continue;
             }
             let refusal = Refusal {

@@ -417,7 +417,7 @@ fn check_rules(file: &std::path::Path) -> (bool, String, String) {
 fn check_rules_names_every_problem_and_its_line() {
     let examples = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples"));
     let (ok, out, _) = check_rules(&examples.join("rules.toml"));
-    assert!(ok && out.ends_with(": valid, 7 rules\n"), "{out}");
+    assert!(ok && out.ends_with(": valid, 8 rules\n"), "{out}");
     let (ok, out, _) = check_rules(&examples.join("ratelimit.yaml"));
     assert!(ok && out.ends_with(": valid, 5 descriptor limits\n"), "{out}");
 

@@ -47,15 +47,15 @@ fn started() -> (RedisServer, tokio::runtime::Runtime, RedisStore) {
     (server, rt, store)
 }
 
-/// Any limit of any algorithm (index 6: the leaky bucket shaping), and its window in µs.
+/// Any limit of any algorithm (index 7: the leaky bucket shaping), and its window in µs.
 fn limit() -> impl Strategy<Value = Limit> {
     limit_of(1..3_000)
 }
 
 /// [`limit`], its window `window_ms` long.
 fn limit_of(window_ms: std::ops::Range<u64>) -> impl Strategy<Value = Limit> {
-    (0usize..7, 1u64..30, window_ms, 0u64..40, 0u64..2_000).prop_map(|(a, limit, window_ms, burst, max_delay_ms)| {
-        let (algorithm, shaping) = if a == 6 {
+    (0usize..8, 1u64..30, window_ms, 0u64..40, 0u64..2_000).prop_map(|(a, limit, window_ms, burst, max_delay_ms)| {
+        let (algorithm, shaping) = if a == 7 {
             (Algorithm::LeakyBucket, true)
         } else {
             (Algorithm::ALL[a], false)

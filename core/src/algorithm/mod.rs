@@ -10,6 +10,7 @@
 //! whose numbers would break that promise.
 
 mod all;
+pub mod concurrency;
 mod fixed_window;
 mod gcra;
 mod sliding_window_counter;
@@ -47,17 +48,21 @@ pub enum Algorithm {
     SlidingWindowCounter,
     /// Generic cell rate algorithm: a token bucket kept as one timestamp.
     Gcra,
+    /// At most `limit` requests in flight at once; a slot is given back when its request
+    /// ends, or `window` after its holder last renewed it (see [`concurrency`]).
+    Concurrency,
 }
 
 impl Algorithm {
     /// Every algorithm, in a fixed order.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 7] = [
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
         Algorithm::SlidingWindowCounter,
         Algorithm::Gcra,
+        Algorithm::Concurrency,
     ];
 
     /// The name used in rule files and on the wire.
@@ -69,6 +74,7 @@ impl Algorithm {
             Algorithm::SlidingWindowLog => "sliding_window_log",
             Algorithm::SlidingWindowCounter => "sliding_window_counter",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -81,7 +87,7 @@ impl fmt::Display for Algorithm {
 
 /// An algorithm name that is not one of [`Algorithm::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("unknown algorithm {0:?}: expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter, gcra")]
+#[error("unknown algorithm {0:?}: expected one of token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter, gcra, concurrency")]
 pub struct UnknownAlgorithm(pub String);
 
 impl FromStr for Algorithm {
@@ -235,6 +241,13 @@ impl LimitBuilder {
             Algorithm::SlidingWindowCounter if limit.checked_mul(window_ms).is_none_or(|v| v >= EXACT_LIMIT) => {
                 too_large("limit", format!("limit {limit} × {window_ms}ms reaches 2^53"))
             }
+            Algorithm::Concurrency if limit > concurrency::MAX_SLOTS => too_large(
+                "limit",
+                format!(
+                    "{limit} requests in flight: a concurrency rule holds at most {} (each check reads the slots held)",
+                    concurrency::MAX_SLOTS
+                ),
+            ),
             _ => Ok(Limit {
                 algorithm,
                 limit,
@@ -311,6 +324,7 @@ impl Limit {
             Algorithm::FixedWindow => fixed_window::decide(self, state, now, cost),
             Algorithm::SlidingWindowLog => sliding_window_log::decide(self, state, now, cost),
             Algorithm::SlidingWindowCounter => sliding_window_counter::decide(self, state, now, cost),
+            Algorithm::Concurrency => concurrency::decide(self, state, now, cost),
         }
     }
 
@@ -339,8 +353,31 @@ impl Limit {
             Algorithm::TokenBucket => token_bucket::refund(self, state, cost),
             Algorithm::Gcra | Algorithm::LeakyBucket => gcra::refund(self, state, admitted_at, cost),
             Algorithm::FixedWindow => fixed_window::refund(self, state, admitted_at, cost),
-            Algorithm::SlidingWindowLog => sliding_window_log::refund(state, admitted_at, cost),
+            Algorithm::SlidingWindowLog | Algorithm::Concurrency => {
+                sliding_window_log::refund(state, admitted_at, cost)
+            }
             Algorithm::SlidingWindowCounter => sliding_window_counter::refund(self, state, admitted_at, cost),
+        }
+    }
+
+    /// A concurrency limit's slots given back: up to `cost` taken or last renewed at `at`;
+    /// the slots freed (0 for any other algorithm, and for slots that expired or were given
+    /// back already).
+    pub fn release(&self, state: &mut State, at: Micros, cost: u64) -> u64 {
+        match self.algorithm {
+            Algorithm::Concurrency => concurrency::release(state, at, cost.max(1)),
+            _ => 0,
+        }
+    }
+
+    /// A concurrency limit's renewal: moves up to `cost` slots taken or last renewed at `at`
+    /// to `now`, so they live another window; the slots moved (0 for any other algorithm,
+    /// and for slots that expired or were given back). Giving a slot back is a
+    /// [`Limit::refund`] at its time.
+    pub fn renew(&self, state: &mut State, at: Micros, now: Micros, cost: u64) -> u64 {
+        match self.algorithm {
+            Algorithm::Concurrency => concurrency::renew(state, at, now, cost.max(1)),
+            _ => 0,
         }
     }
 
@@ -354,7 +391,7 @@ impl Limit {
             }
             (Algorithm::Gcra | Algorithm::LeakyBucket, State::Tat(tat)) => tat.saturating_sub(now),
             (Algorithm::FixedWindow, State::Window { id, .. }) => ((id + 1) * self.window).saturating_sub(now),
-            (Algorithm::SlidingWindowLog, State::Log { entries, .. }) => entries
+            (Algorithm::SlidingWindowLog | Algorithm::Concurrency, State::Log { entries, .. }) => entries
                 .back()
                 .map_or(Micros::ZERO, |&(ts, _)| (ts + self.window).saturating_sub(now)),
             (Algorithm::SlidingWindowCounter, State::Counter { id, .. }) => {
@@ -387,7 +424,8 @@ pub enum State {
         /// Cost admitted in this window.
         count: u64,
     },
-    /// Sliding window log: admitted (time, cost) pairs, oldest first, and their total.
+    /// Sliding window log and concurrency: admitted (time, cost) pairs, oldest first, and
+    /// their total (a concurrency slot's time is when it was taken or last renewed).
     Log {
         /// Admitted (time, cost) pairs, oldest first; one entry per distinct time.
         entries: VecDeque<(Micros, u64)>,

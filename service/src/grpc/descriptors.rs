@@ -470,6 +470,13 @@ fn limit(spec: RateLimitSpec, shadow: bool, path: &str) -> Result<DescriptorLimi
         .unit
         .ok_or("rate_limit has no unit: give second, minute, hour, day, week, month or year (or unlimited: true)")?;
     let algorithm = spec.algorithm.unwrap_or(Algorithm::FixedWindow);
+    if algorithm == Algorithm::Concurrency {
+        return Err(
+            "algorithm concurrency cannot be a descriptor's: Envoy's rate limit protocol has no call that gives a \
+             slot back when the request ends; put the concurrency rule in the rule file for the filter or /v1/check"
+                .into(),
+        );
+    }
     let built = match spec.requests_per_unit {
         0 => None, // refuses every request
         n => Some(

@@ -171,6 +171,7 @@ impl RateLimiter {
                             cost: asked[index].cost,
                         },
                         decision: None,
+                        at: None,
                     },
                 }),
                 None if limit.unlimited => statuses[index].limit_remaining = u32::MAX,

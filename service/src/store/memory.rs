@@ -171,6 +171,22 @@ impl MemoryStore {
         }
     }
 
+    /// Gives back or renews slots of a concurrency limit: see `Store::slots`.
+    pub fn slots(&self, key: &str, limit: &Limit, at: Micros, cost: u64, renew: bool) -> (u64, Micros) {
+        let mut shard = self.lock(self.shard_index(key));
+        let now = self.clock.now();
+        let mut state = shard.state(key, now);
+        let found = if renew {
+            limit.renew(&mut state, at, now, cost)
+        } else {
+            limit.release(&mut state, at, cost)
+        };
+        if found > 0 {
+            shard.keep(key, limit, state, now);
+        }
+        (found, now)
+    }
+
     fn shard_index(&self, key: &str) -> usize {
         self.hasher.hash_one(key) as usize & (SHARDS - 1)
     }

@@ -157,6 +157,24 @@ impl Store {
         }
     }
 
+    /// A concurrency limit's slots under `key` taken or last renewed at `at`, up to `cost`
+    /// of them: given back when their request ended (`renew` false), or moved to now while
+    /// it runs (`renew` true). The slots found (0: expired or given back already), and the
+    /// store's time, a renewed slot's new name.
+    pub async fn slots(
+        &self,
+        key: &str,
+        limit: &Limit,
+        at: Micros,
+        cost: u64,
+        renew: bool,
+    ) -> Result<(u64, Micros), StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.slots(key, limit, at, cost, renew)),
+            Store::Redis(r) => r.slots(key, limit, at, cost, renew).await,
+        }
+    }
+
     /// Records that `member` (a node) wants `per_s` units a second of the limit `key` for the
     /// next `ttl_ms`, and answers what every member whose record has not expired wants in
     /// all. The memory store serves one node, so its total is that node's own.

@@ -2,7 +2,8 @@
 -- sluice-core's `decide_all`. The request passes when every enforced rule admits it; only
 -- then does each rule that admitted it (shadow rules too) keep its new state.
 -- `run(op, KEYS, ARGV, base)`: op 'decide' | 'peek' | 'refund' | 'grant' | 'take' |
--- 'giveback'; ARGV[base] the clock (see common); ARGV[base + 1] for a refund the time the
+-- 'giveback' | 'release' | 'renew' (a concurrency rule's slots at ARGV[base + 1]: {now, the
+-- slots found}); ARGV[base] the clock (see common); ARGV[base + 1] for a refund the time the
 -- admissions were made at, for a grant the lease's length (otherwise unused); then one
 -- value per rule, "<algorithm>:<shadow 1/0>:<cost>:<limit>:<a>:<b>:<c>": the request's cost
 -- to it (a grant: what is asked; a giveback: what is returned), the limit and its three
@@ -168,6 +169,10 @@ local function run_op(op, KEYS, ARGV, base)
       return back
     elseif op == 'refund' then
       algorithm.refund(k1, k2, limit, a, b, c, at, cost)
+    elseif op == 'release' then
+      return {now, algorithm.refund(k1, k2, limit, a, b, c, at, cost)}
+    elseif op == 'renew' then
+      return {now, algorithm.renew(k1, k2, limit, a, b, c, at, cost)}
     end
   end
   return 0

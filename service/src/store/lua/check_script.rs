@@ -4,13 +4,14 @@
 //! ceiling without depending on the service.
 
 /// The check's body: the shared helpers, each algorithm, then the driver, `run`.
-const CHECK: [&str; 7] = [
+const CHECK: [&str; 8] = [
     include_str!("common.lua"),
     include_str!("token_bucket.lua"),
     include_str!("gcra.lua"),
     include_str!("fixed_window.lua"),
     include_str!("sliding_window_log.lua"),
     include_str!("sliding_window_counter.lua"),
+    include_str!("concurrency.lua"),
     include_str!("check.lua"),
 ];
 
@@ -29,7 +30,9 @@ pub fn library_name() -> String {
 }
 
 /// The operations the driver runs; the library has a function `<library>_<op>` for each.
-pub const OPS: [&str; 6] = ["decide", "peek", "refund", "grant", "take", "giveback"];
+pub const OPS: [&str; 8] = [
+    "decide", "peek", "refund", "grant", "take", "giveback", "release", "renew",
+];
 
 /// The source of the check script, as loaded into Redis (for load tools and tests): the op
 /// first in `ARGV`, then the driver's arguments.

@@ -357,6 +357,27 @@ impl RedisStore {
         reply::grant(&reply, limit.limit(), op)
     }
 
+    /// Gives back or renews slots of a concurrency limit: see `Store::slots`.
+    pub async fn slots(
+        &self,
+        key: &str,
+        limit: &Limit,
+        at: Micros,
+        cost: u64,
+        renew: bool,
+    ) -> Result<(u64, Micros), StoreError> {
+        let item = single(key, limit, cost);
+        let call = check_call(&[item], if renew { "renew" } else { "release" }, self.now(), at);
+        let reply: Vec<i64> = library::run(&*self.connection()?, &self.scripts.check, &call).await?;
+        match reply[..] {
+            [now, found] => Ok((
+                u64::try_from(found).unwrap_or(0),
+                Micros::new(u64::try_from(now).unwrap_or(0)),
+            )),
+            _ => Err(StoreError::Protocol(format!("a slots call answered {reply:?}"))),
+        }
+    }
+
     /// Gives back up to `unspent` units of the lease `id` of `key`, if it has not ended;
     /// never more than it still holds. The units taken back.
     pub async fn give_back(&self, key: &str, limit: &Limit, id: u64, unspent: u64) -> Result<u64, StoreError> {
@@ -584,6 +605,7 @@ fn check_call(group: &[Item<'_>], op: &'static str, now: Option<Micros>, at: Mic
             Algorithm::FixedWindow => ("fixed_window", [limit.window().as_u64(), 0, 0]),
             Algorithm::SlidingWindowLog => ("sliding_window_log", [limit.window().as_u64(), 0, 0]),
             Algorithm::SlidingWindowCounter => ("sliding_window_counter", [limit.window().as_u64(), 0, 0]),
+            Algorithm::Concurrency => ("concurrency", [limit.window().as_u64(), 0, 0]),
         };
         let shadow = if item.part.shadow { ":1" } else { ":0" };
         let cost = item.part.cost.max(1); // as core's `Limit::decide` takes it
