@@ -36,6 +36,9 @@ pub struct Config {
     pub lease: Option<Lease>,
     /// Costs learnt after the response, spent at the service; absent, none are.
     pub debit: Option<Debit>,
+    /// Concurrency slots the check took, given back when each request ends and renewed
+    /// while it runs; absent, a slot is never given back and frees only when it expires.
+    pub concurrency: Option<Concurrency>,
     /// Who keeps the local and fallback buckets and the breaker: the process (every worker
     /// of one Envoy or Nginx together) or each worker. Absent: the host's default
     /// ([`Share::default_on`]), which the root settles at configuration.
@@ -94,6 +97,34 @@ pub struct Debit {
     pub path: String,
     /// The root context's timer (ms) when leases do not set it: debits go out on it.
     pub tick_ms: u64,
+}
+
+fn default_slots_path() -> String {
+    "/v1/slots".into()
+}
+
+fn default_slots_tick_ms() -> u64 {
+    10
+}
+
+/// The concurrency rules' slots: the root gives back the slots of the requests that ended
+/// and renews those of the requests still running, on its tick.
+#[derive(Debug, Clone)]
+pub struct Concurrency {
+    /// The service's slots endpoint (`POST`).
+    pub path: String,
+    /// The root context's timer (ms): a slot is given back at most this long after its
+    /// request ended, so it sets how much of the limit a backend sees used.
+    pub tick_ms: u64,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        Concurrency {
+            path: default_slots_path(),
+            tick_ms: default_slots_tick_ms(),
+        }
+    }
 }
 
 fn default_rules_path() -> String {
@@ -164,11 +195,13 @@ fn default_token_header() -> String {
 }
 
 impl Config {
-    /// The root context's timer, when leases or debits need one: the shorter of theirs.
+    /// The root context's timer, when leases, debits or concurrency slots need one: the
+    /// shortest of theirs.
     pub fn tick_ms(&self) -> Option<u64> {
         let lease = self.lease.as_ref().map(|l| l.tick_ms);
         let debit = self.debit.as_ref().map(|d| d.tick_ms);
-        lease.into_iter().chain(debit).min()
+        let concurrency = self.concurrency.as_ref().map(|c| c.tick_ms);
+        lease.into_iter().chain(debit).chain(concurrency).min()
     }
 }
 
@@ -402,6 +435,10 @@ impl Config {
             header_name("debit.header", &debit.header)?;
             endpoint("debit.path", &debit.path)?;
             range("debit.tick_ms", debit.tick_ms, 10, 1_000)?;
+        }
+        if let Some(concurrency) = &self.concurrency {
+            endpoint("concurrency.path", &concurrency.path)?;
+            range("concurrency.tick_ms", concurrency.tick_ms, 1, 1_000)?;
         }
         header_name("check.token_header", &self.check.token_header)?;
         if let Some(token) = &self.check.token {

@@ -50,6 +50,10 @@ pub struct Flow {
     response_headers: HeaderBuf,
     /// The request as a debit would name it, while a cost learnt after the response may come.
     debit: Option<CheckRequest>,
+    /// The checked request, kept while its answer may name concurrency slots to give back.
+    checked: Option<CheckRequest>,
+    /// Its slots' record ([`crate::in_flight`]), marked ended with the stream.
+    holding_slots: Option<u64>,
     /// The request is a CORS one whose response names the filter's headers to its page
     /// ([`is_cors`]); read with the request's headers, the only time Envoy lends them.
     cors: bool,
@@ -123,10 +127,14 @@ impl Flow {
         Action::Continue
     }
 
-    /// The stream ended: a probe that never got its answer frees the breaker.
+    /// The stream ended: a probe that never got its answer frees the breaker, and the
+    /// request's concurrency slots go back.
     pub fn on_log(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) {
         if self.probe {
             s.breaker.release_probe(p, now);
+        }
+        if let (Some(id), Some(in_flight)) = (self.holding_slots.take(), s.in_flight.as_mut()) {
+            in_flight.end(id);
         }
     }
 
@@ -184,6 +192,9 @@ impl Flow {
             Ok(_) => {
                 self.called_at = now;
                 self.check_body = body;
+                if s.in_flight.is_some() {
+                    self.checked = Some(request.clone());
+                }
                 p.count(s.metrics.checked, 1);
                 Action::Pause
             }
@@ -273,11 +284,35 @@ impl Flow {
             write_headers(&quota, s.config.headers, &mut self.response_headers);
         }
         p.count(metrics.allowed, 1);
+        if !answer.slots.is_empty() {
+            self.hold_slots(s, p, answer.slots, now);
+        }
         if answer.delay_ms > 0 {
             p.count(metrics.delayed, 1);
             return !self.hold(s, p, answer.delay_ms);
         }
         true
+    }
+
+    /// Records the concurrency slots the check took, to give them back when the stream ends.
+    fn hold_slots(&mut self, s: &mut Shared, p: &mut impl Proxy, slots: Vec<sluice_core::wire::Slot>, now: Micros) {
+        let held = match (s.in_flight.as_mut(), self.checked.take()) {
+            (Some(in_flight), Some(request)) => in_flight.hold(request, slots, now.instant_ms()),
+            _ => None,
+        };
+        self.holding_slots = held;
+        if held.is_some() {
+            return;
+        }
+        p.count(s.metrics.slots_lost, 1);
+        if s.in_flight.is_none() && !std::mem::replace(&mut s.said_no_concurrency, true) {
+            p.log(
+                LogLevel::Warn,
+                "sluice-filter: a concurrency rule gave this request a slot, but the configuration has no \
+                 \"concurrency\" block: the filter cannot give it back when the request ends, so it frees only \
+                 when it expires (the rule's window). Add \"concurrency\": {} to the filter's configuration; said once",
+            );
+        }
     }
 
     /// Sends the check once more after a failure that came at once — a refused or reset

@@ -35,6 +35,7 @@ mod flow;
 #[allow(unsafe_code)]
 mod host;
 pub mod identity;
+mod in_flight;
 mod lease_table;
 mod leases;
 mod metrics;

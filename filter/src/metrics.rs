@@ -42,6 +42,10 @@ pub struct Metrics {
     pub debit_units: u32,
     /// Debits lost: the queue full, the call not sent, or no answer from the service.
     pub debits_failed: u32,
+    /// Requests' concurrency slots given back (a call sent), and those not (no
+    /// configuration, the table full, a call not sent): those expire at the service.
+    pub slots_released: u32,
+    pub slots_lost: u32,
     /// The VMs' linear memory, summed over the plugin's VMs (every worker's): each adds what
     /// its memory grew by, seen at its next request. Wasm memory never shrinks, so a counter.
     pub vm_memory_bytes: u32,
@@ -74,6 +78,8 @@ impl Metrics {
             debits: counter("sluice_filter_debits"),
             debit_units: counter("sluice_filter_debit_units"),
             debits_failed: counter("sluice_filter_debits_failed"),
+            slots_released: counter("sluice_filter_slots_released"),
+            slots_lost: counter("sluice_filter_slots_lost"),
             vm_memory_bytes: counter("sluice_filter_vm_memory_bytes"),
         }
     }

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use sluice_core::lease::book::QuotaKey;
-use sluice_core::wire::CheckResponse;
+use sluice_core::wire::{CheckResponse, SlotsResponse};
 use sluice_core::Micros;
 
 use crate::clock::now_us;
@@ -34,6 +34,13 @@ pub struct Root {
 fn answered(s: &mut Shared, p: &mut impl Proxy, token: u32, body: usize, now: Micros) {
     if let Some(quotas) = s.debits.as_mut().and_then(|d| d.answered(token)) {
         debit_answered(s, p, &quotas, now);
+        return;
+    }
+    if let Some(in_flight) = s.in_flight.as_mut().filter(|f| f.is_renewal(token)) {
+        let answer = (status(p) == 200)
+            .then(|| p.call_body(body.min(MAX_ANSWER_BYTES)))
+            .and_then(|body| SlotsResponse::from_json(&body).ok());
+        in_flight.renewed(token, answer, now.instant_ms());
         return;
     }
     let status = status(p);
@@ -119,6 +126,26 @@ fn send_debits(s: &mut Shared, p: &mut impl Proxy) {
             Err(why) => {
                 p.log(LogLevel::Warn, &format!("sluice-filter: debit not sent ({why})"));
                 p.count(s.metrics.debits_failed, 1);
+            }
+        }
+    }
+}
+
+/// Gives back the slots of the requests that ended and renews those still running
+/// (`crate::in_flight`).
+fn send_slot_calls(s: &mut Shared, p: &mut impl Proxy, now: Micros) {
+    let Some(in_flight) = s.in_flight.as_mut() else { return };
+    let check = &s.config.check;
+    for out in in_flight.due(now.instant_ms()) {
+        let request = ("POST", in_flight.config.path.as_str());
+        match p.call(check, request, Some(&out.body), &[], u64::from(check.timeout_ms)) {
+            Ok(token) if out.renew => in_flight.renewing(token, out.id),
+            Ok(_) => p.count(s.metrics.slots_released, 1),
+            Err(why) => {
+                p.log(LogLevel::Warn, &format!("sluice-filter: slots call not sent ({why})"));
+                if !out.renew {
+                    p.count(s.metrics.slots_lost, 1);
+                }
             }
         }
     }
@@ -219,6 +246,7 @@ impl Root {
         let Some(shared) = &self.shared else { return };
         with_shared(shared, |s| {
             send_debits(s, &mut Abi);
+            send_slot_calls(s, &mut Abi, now_us());
             send_lease_calls(s, &mut Abi, now_us());
         });
     }

@@ -12,6 +12,7 @@ use crate::breaker::CheckBreaker;
 use crate::buckets::{BucketSpec, Buckets};
 use crate::config::{Config, Share};
 use crate::debits::Debits;
+use crate::in_flight::InFlight;
 use crate::leases::Leasing;
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, SharedData};
@@ -33,6 +34,10 @@ pub struct Shared {
     pub leasing: Option<Leasing>,
     /// Costs learnt after the response, when the configuration names their header.
     pub debits: Option<Debits>,
+    /// The concurrency slots this worker's requests hold.
+    pub in_flight: Option<InFlight>,
+    /// Whether a check's slots came with no `concurrency` configuration (said once).
+    pub said_no_concurrency: bool,
     /// Whether this worker has looked at its host for the `trusted_hops` warning
     /// ([`crate::identity::warn_of_trust_in_envoy`]), which it does on its first request.
     pub host_looked_at: bool,
@@ -91,6 +96,7 @@ impl Shared {
         );
         let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics, table("lease/")));
         let debits = config.debit.clone().map(Debits::new);
+        let in_flight = config.concurrency.clone().map(InFlight::new);
         Ok(Shared {
             config,
             local,
@@ -99,6 +105,8 @@ impl Shared {
             metrics,
             leasing,
             debits,
+            in_flight,
+            said_no_concurrency: false,
             host_looked_at: false,
             memory_counted: 0,
         })

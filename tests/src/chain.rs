@@ -183,6 +183,8 @@ pub struct Options {
     pub envoy_workers: u32,
     /// The store is a master, a replica and three sentinels (not with `cluster_masters`).
     pub sentinel: bool,
+    /// An upstream already listening on this port, instead of the demo upstream.
+    pub upstream: Option<u16>,
 }
 
 impl Default for Options {
@@ -199,6 +201,7 @@ impl Default for Options {
             node_args: Vec::new(),
             envoy_workers: 2,
             sentinel: false,
+            upstream: None,
         }
     }
 }
@@ -241,7 +244,7 @@ pub struct Chain {
     /// How each node was started ([`Chain::restart_node`]).
     node_specs: Vec<NodeSpec>,
     dir: PathBuf,
-    _upstream: Child,
+    _upstream: Option<Child>,
 }
 
 impl Chain {
@@ -282,8 +285,13 @@ impl Chain {
         std::fs::write(dir.join("filter.json"), &filter).expect("filter config");
         std::fs::write(dir.join("admin-token"), ADMIN_TOKEN).expect("token file");
 
-        let upstream = free_port();
-        let upstream_child = Child::spawn("demo upstream", &mut upstream_command(upstream));
+        let (upstream, upstream_child) = match options.upstream {
+            Some(port) => (port, None),
+            None => {
+                let port = free_port();
+                (port, Some(Child::spawn("demo upstream", &mut upstream_command(port))))
+            }
+        };
         let node_ports = [free_port(), free_port()];
         let admin_ports = [free_port(), free_port()];
         if let Some(token) = &data_token {

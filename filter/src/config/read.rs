@@ -24,6 +24,7 @@ impl Config {
             cors_expose: f.opt("cors_expose", Json::bool).unwrap_or(true),
             lease: f.opt("lease", Lease::read),
             debit: f.opt("debit", Debit::read),
+            concurrency: f.opt("concurrency", Concurrency::read),
             share: f.opt("share", |v| named(v, Share::from_name, "process or worker")),
             slots: f.opt("slots", Json::u64).unwrap_or(DEFAULT_SLOTS),
         };
@@ -59,6 +60,17 @@ impl Debit {
             tick_ms: f.opt("tick_ms", Json::u64).unwrap_or_else(default_tick_ms),
         };
         f.finish().map(|()| d)
+    }
+}
+
+impl Concurrency {
+    fn read(v: &Json<'_>) -> Result<Concurrency, JsonError> {
+        let mut f = v.object()?;
+        let c = Concurrency {
+            path: f.opt("path", Json::string).unwrap_or_else(default_slots_path),
+            tick_ms: f.opt("tick_ms", Json::u64).unwrap_or_else(default_slots_tick_ms),
+        };
+        f.finish().map(|()| c)
     }
 }
 

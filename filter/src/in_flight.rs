@@ -1,0 +1,206 @@
+//! The concurrency slots this worker's requests hold (`POST /v1/slots`).
+//!
+//! A check that took slots answers them; the stream records them here and marks them ended
+//! when it ends, whatever way it ends (its log callback comes for a response sent, a client
+//! gone, an upstream reset, a local reply). The root, on its tick, gives back the slots of
+//! the requests that ended and renews the slots of those still running once a third of a
+//! slot's window has passed, so a slot outlives its request only if this proxy dies. Not
+//! the stream itself: a stream's call ends with the stream (see [`crate::debits`]).
+//!
+//! One call at a time per request: a renewal's answer names the slots' new times, which the
+//! release that follows must use; a request that ends while its renewal is out is given
+//! back on the tick after the answer.
+
+use std::collections::BTreeMap;
+
+use sluice_core::wire::{CheckRequest, Slot, SlotsRequest, SlotsResponse};
+
+use crate::config::Concurrency;
+
+/// Most requests holding slots at once in one worker; past it a request's slots are not
+/// recorded (and counted lost): they expire at the service.
+const MAX_HELD: usize = 10_000;
+
+/// One request's slots.
+struct Held {
+    request: CheckRequest,
+    slots: Vec<Slot>,
+    /// When they were taken or last renewed (ms).
+    renewed_ms: u64,
+    ended: bool,
+    /// A renewal call is out.
+    renewing: bool,
+}
+
+/// A call the root sends now: its body, and the request it is for.
+pub struct Out {
+    pub body: Vec<u8>,
+    pub id: u64,
+    pub renew: bool,
+}
+
+/// The slots every request of this worker holds, by the stream's hold id.
+pub struct InFlight {
+    pub config: Concurrency,
+    held: BTreeMap<u64, Held>,
+    next: u64,
+    /// Renewal calls out: call token → hold id.
+    renewals: BTreeMap<u32, u64>,
+}
+
+impl InFlight {
+    pub fn new(config: Concurrency) -> InFlight {
+        InFlight {
+            config,
+            held: BTreeMap::new(),
+            next: 0,
+            renewals: BTreeMap::new(),
+        }
+    }
+
+    /// Records a request's slots, taken at `now_ms`; its hold id, or `None` when full.
+    pub fn hold(&mut self, request: CheckRequest, slots: Vec<Slot>, now_ms: u64) -> Option<u64> {
+        if self.held.len() >= MAX_HELD {
+            return None;
+        }
+        self.next += 1;
+        let held = Held {
+            request,
+            slots,
+            renewed_ms: now_ms,
+            ended: false,
+            renewing: false,
+        };
+        self.held.insert(self.next, held);
+        Some(self.next)
+    }
+
+    /// The request `id` ended: its slots go back on the next tick.
+    pub fn end(&mut self, id: u64) {
+        if let Some(held) = self.held.get_mut(&id) {
+            held.ended = true;
+        }
+    }
+
+    /// The calls to send now: every ended request's release (forgotten here once sent), and
+    /// a renewal of every running request whose slots are a third of their window old.
+    pub fn due(&mut self, now_ms: u64) -> Vec<Out> {
+        let mut out = Vec::new();
+        self.held.retain(|&id, held| {
+            if held.renewing {
+                return true;
+            }
+            if held.ended && held.slots.is_empty() {
+                return false; // every slot expired at the service: nothing to give back
+            }
+            let window_ms = held.slots.iter().map(|s| s.window_ms).min().unwrap_or(0);
+            let renew = !held.ended && now_ms.saturating_sub(held.renewed_ms) * 3 >= window_ms;
+            if held.ended || renew {
+                let call = SlotsRequest {
+                    request: held.request.clone(),
+                    slots: held.slots.clone(),
+                    renew,
+                };
+                out.push(Out {
+                    body: call.to_json().into_bytes(),
+                    id,
+                    renew,
+                });
+            }
+            !held.ended
+        });
+        out
+    }
+
+    /// A renewal of request `id` went out as call `token` (one that did not is tried on the
+    /// next tick).
+    pub fn renewing(&mut self, token: u32, id: u64) {
+        if let Some(held) = self.held.get_mut(&id) {
+            held.renewing = true;
+            self.renewals.insert(token, id);
+        }
+    }
+
+    /// Whether call `token` is a renewal that has not been answered.
+    pub fn is_renewal(&self, token: u32) -> bool {
+        self.renewals.contains_key(&token)
+    }
+
+    /// The answer to call `token`, if it was a renewal (`answer` `None`: it failed, and the
+    /// slots keep their times). Whether the token was one.
+    pub fn renewed(&mut self, token: u32, answer: Option<SlotsResponse>, now_ms: u64) -> bool {
+        let Some(id) = self.renewals.remove(&token) else {
+            return false;
+        };
+        let Some(held) = self.held.get_mut(&id) else {
+            return true;
+        };
+        held.renewing = false;
+        if let Some(answer) = answer {
+            // A slot the service no longer has expired: there is nothing to give back.
+            held.slots = answer.slots;
+            held.renewed_ms = now_ms;
+            if held.slots.is_empty() && !held.ended {
+                held.ended = true;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> CheckRequest {
+        CheckRequest {
+            method: "GET".into(),
+            path: "/".into(),
+            cost: 1,
+            ..CheckRequest::default()
+        }
+    }
+
+    fn slot(at: u64) -> Slot {
+        Slot {
+            rule: "gpu".into(),
+            at,
+            window_ms: 3_000,
+        }
+    }
+
+    #[test]
+    fn an_ended_request_is_given_back_once_and_a_running_one_renewed_by_a_third_of_its_window() {
+        let mut f = InFlight::new(Concurrency::default());
+        let a = f.hold(request(), vec![slot(1)], 0).unwrap();
+        let b = f.hold(request(), vec![slot(2)], 0).unwrap();
+        assert!(f.due(999).is_empty(), "nothing ended, nothing a third old");
+        f.end(a);
+        let out = f.due(1_000);
+        assert_eq!(out.len(), 2);
+        let release = out.iter().find(|o| o.id == a).unwrap();
+        assert!(!release.renew);
+        let sent = SlotsRequest::from_json(&release.body).unwrap();
+        assert_eq!(sent.slots, vec![slot(1)]);
+        let renew = out.iter().find(|o| o.id == b).unwrap();
+        assert!(renew.renew);
+        assert!(f.due(1_001).iter().all(|o| o.id != a), "given back once");
+        // The renewal is out: b waits for its answer, even once ended.
+        f.renewing(7, b);
+        f.end(b);
+        assert!(f.due(5_000).is_empty());
+        let answer = SlotsResponse {
+            slots: vec![slot(4_000)],
+            found: 1,
+        };
+        assert!(f.renewed(7, Some(answer), 5_000));
+        let out = f.due(5_001);
+        let sent = SlotsRequest::from_json(&out[0].body).unwrap();
+        assert_eq!(
+            (sent.renew, sent.slots),
+            (false, vec![slot(4_000)]),
+            "released under its new time"
+        );
+        assert!(!f.renewed(7, None, 5_002), "not a renewal's token any more");
+    }
+}
