@@ -7,7 +7,7 @@
 //! # The modules, by who uses them
 //!
 //! **Deciding** — the check service and the filter:
-//! - [`algorithm`]: the six algorithms as state machines ([`Limit`], [`State`], [`Decision`]);
+//! - [`algorithm`]: the seven algorithms as state machines ([`Limit`], [`State`], [`Decision`]);
 //! - [`state_map`]: limit state per key with bounded memory (the filter's buckets, the
 //!   service's memory store and fallback buckets);
 //! - [`lease`]: leased quotas — units granted ahead of use, what each algorithm guarantees;

@@ -157,7 +157,7 @@ fn two_envoys_hold_one_identity_to_its_limit_and_free_the_slots_of_one_that_dies
         envoy_workers: 4,
         upstream: Some(upstream.port),
         envoy_edits: vec![
-            (r#""lease": {}"#, r#""lease": {}, "concurrency": {"tick_ms": 10}"#),
+            (r#""concurrency": {"tick_ms": 50}"#, r#""concurrency": {"tick_ms": 10}"#),
             (
                 r#""rate_per_s": 200, "burst": 400"#,
                 r#""rate_per_s": 100000, "burst": 100000"#,
