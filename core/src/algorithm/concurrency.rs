@@ -13,7 +13,7 @@
 use super::{sliding_window_log, Decision, Limit, Micros, State};
 
 /// Most slots one concurrency rule may have (its `limit`): each check reads every slot held.
-pub const MAX_SLOTS: u64 = 100_000;
+pub const MAX_SLOTS: u64 = 10_000;
 
 /// What a concurrency decision says for `retry_after` and `reset_after`: a second, or the
 /// rule's `window` when shorter.

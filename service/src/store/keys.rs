@@ -169,7 +169,7 @@ pub fn state_suffixes(algorithm: Algorithm) -> &'static [&'static str] {
         Algorithm::FixedWindow => &[":fw"],
         Algorithm::SlidingWindowLog => &[":log", ":logm"],
         Algorithm::SlidingWindowCounter => &[":swc"],
-        Algorithm::Concurrency => &[":slots", ":slotsm"],
+        Algorithm::Concurrency => &[":slots"],
     }
 }
 

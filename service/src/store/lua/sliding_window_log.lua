@@ -59,7 +59,6 @@ algorithms.sliding_window_log = function()
         redis.call('HINCRBY', k2, 'used', -take)
         left = left - take
       end
-      return cost - left
     end,
   }
 end
