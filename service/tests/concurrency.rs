@@ -1,6 +1,7 @@
 //! Concurrency rules in every store: the Lua script agrees with sluice-core slot for slot
 //! (taken, given back, renewed, expired), and under contention from four nodes' worth of
-//! clients no store ever has more than the limit in flight, while the limit is used.
+//! clients no store (memory, Redis, Redis Cluster, Redis Sentinel's master) ever has more
+//! than the limit in flight, while the limit is used.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use sluice_core::{Algorithm, Limit, Micros, State};
 use sluice_service::store::memory::MemoryStore;
 use sluice_service::store::redis::{RedisOptions, RedisStore};
 use sluice_service::store::Store;
-use sluice_testkit::{RedisCluster, RedisServer};
+use sluice_testkit::{RedisCluster, RedisOptions as ServerOptions, RedisSentinel, RedisServer};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -178,12 +179,14 @@ async fn redis_stores(url: &str) -> Vec<Arc<Store>> {
 fn no_store_has_more_than_the_limit_in_flight_and_each_uses_it() {
     let server = RedisServer::start();
     let cluster = RedisCluster::start(3, 0);
+    let sentinel = RedisSentinel::start(&ServerOptions::default());
     runtime().block_on(async {
         let memory = vec![Arc::new(Store::Memory(MemoryStore::new(1_000)))];
         for (name, stores) in [
             ("memory", memory),
             ("redis", redis_stores(&server.url()).await),
             ("redis cluster", redis_stores(&cluster.url()).await),
+            ("redis sentinel", redis_stores(&sentinel.url()).await),
         ] {
             let (most, done) = in_flight_under_64_clients(stores, 8).await;
             println!("{name}: at most {most} in flight, {done} requests through");
