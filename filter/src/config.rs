@@ -519,7 +519,7 @@ mod tests {
         let every_field = include_bytes!("../../fuzz/corpus/filter_config/every-field.json");
         let config = Config::parse(every_field).expect("the fuzz corpus's every-field seed is valid");
         assert_eq!(config.tick_ms(), Some(10));
-        assert!(config.debit.is_some() && config.check.token.is_some());
+        assert!(config.debit.is_some() && config.check.token.is_some() && config.concurrency.is_some());
     }
 
     #[test]

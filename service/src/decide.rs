@@ -220,11 +220,9 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
             Settled::Wait(_) | Settled::Ask => break,
         }
     }
-    let mut stamped_at: Vec<Option<Micros>> = vec![None; items.len()];
-    let (mut decisions, degraded) = match store_decide(node, &items).await {
+    let (mut decisions, degraded, stamps) = match store_decide(node, &items).await {
         Ok(stamps) => {
             let decisions: Vec<Decision> = stamps.iter().map(|s| s.decision).collect();
-            stamped_at = stamps.iter().map(|s| Some(s.at)).collect();
             if !node.owed.is_empty() {
                 // The store is back: what the fallback admitted of these keys is spent now,
                 // before this request answers; the other keys' beside it.
@@ -232,13 +230,13 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
                 crate::housekeeping::settle(node, own).await;
                 node.owed.store_answered();
             }
-            (decisions, false)
+            (decisions, false, stamps)
         }
         Err(e) => {
             tracing::debug!(error = %e, "store failed; applying each rule's failure policy");
             node.refusals.unanswered(&items);
             node.metrics.degraded();
-            (fail_over(node, &targets, &items), true)
+            (fail_over(node, &targets, &items), true, Vec::new())
         }
     };
     // A refused request took nothing: the limits that would have admitted it still hold
@@ -257,9 +255,9 @@ pub async fn decide_limits<'m, 'a: 'm>(node: &Node, limits: impl IntoIterator<It
     } else if passed {
         owe(node, &targets, &decisions);
     }
-    for ((m, d), at) in limits.iter_mut().zip(decisions).zip(stamped_at) {
+    for (i, (m, d)) in limits.iter_mut().zip(decisions).enumerate() {
         m.decision = Some(d);
-        m.at = at;
+        m.at = stamps.get(i).map(|s| s.at);
     }
     degraded
 }
