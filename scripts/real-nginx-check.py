@@ -9,11 +9,11 @@ the demo upstream, check services (examples/rules.toml, over TCP and over a Unix
 leased rule; the step-around rules), a fake service that answers `{}`, and Nginx with a
 server for each, sends hostile and ordinary traffic, and prints one PASS/FAIL line per
 check and a closing line `N passed, M failed`; exits 1 when a check failed (or the run
-stopped early), 0 when all passed. Ports 28080-28096 and 29000 on 127.0.0.1; source
+stopped early), 0 when all passed. Ports 28080-28097, 29000 and 29001 on 127.0.0.1; source
 addresses 127.0.x.y stand for clients.
 """
 import json, os, re, shutil, signal, socket, subprocess, sys, threading, time, urllib.request
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 
 RH = os.environ.get("RH", "/tmp/rh"); RUN = f"{RH}/run"
 P = os.path.dirname(os.path.dirname(os.path.abspath(__file__))); T = f"{P}/target"
@@ -80,6 +80,13 @@ results = []
 def check(name, ok, detail=""):
     results.append((name, ok)); print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}", flush=True)
 
+class Slow(BaseHTTPRequestHandler):  # an upstream that holds every request 1 s
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        time.sleep(1)
+        self.send_response(200); self.send_header("content-length", "2"); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+
 class Empty(BaseHTTPRequestHandler):  # a "check service" that answers 200 {}
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -112,6 +119,7 @@ lease_ttl = "5s"
     start([f"{T}/debug/sluice-service", "--rules", f"{P}/examples/rules.toml", "--listen", f"unix:{SOCKET}",
            "--admin-listen", "127.0.0.1:28085"])
     threading.Thread(target=HTTPServer(("127.0.0.1", 28083), Empty).serve_forever, daemon=True).start()
+    threading.Thread(target=ThreadingHTTPServer(("127.0.0.1", 29001), Slow).serve_forever, daemon=True).start()
     for p in (29000, 28081, 28082, 28084, 28085): wait_port(p)
     # Nginx's workers run as nobody when it starts as root: let them reach the socket.
     os.chmod(RUN, 0o755); os.chmod(SOCKET, 0o666)
@@ -135,9 +143,13 @@ lease_ttl = "5s"
     tight_worker = json.loads(json.dumps(tight)); tight_worker["share"] = "worker"
     # The leased server's twin whose every worker keeps its own book of leases (28096).
     lease_worker = json.loads(json.dumps(lease)); lease_worker["share"] = "worker"
+    # examples/rules.toml's concurrency rule (4 of a user's /api/generate* at once) in front
+    # of an upstream holding each request 1 s, the slots given back on the root's tick (28097).
+    slots = json.loads(json.dumps(base)); slots["concurrency"] = {"tick_ms": 10}
     open(f"{RUN}/conf/zone.conf", "w").write(NGINX_CONF)
     for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around), ("unix", unix),
-                      ("tight", tight), ("tight_worker", tight_worker), ("lease_worker", lease_worker)):
+                      ("tight", tight), ("tight_worker", tight_worker), ("lease_worker", lease_worker),
+                      ("slots", slots)):
         open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
         r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
                             "--config", f"{RUN}/conf/{name}.json", "--nginx-conf", f"{RUN}/conf/zone.conf"], capture_output=True, text=True,
@@ -159,6 +171,7 @@ lease_ttl = "5s"
     # each answer names its worker.
     for port, cfg in ((28094, tight), (28095, tight_worker), (28096, lease_worker)):
         conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:" + str(port) + ";\n        add_header x-worker $pid always;\n        location / {\n            proxy_wasm sluice '" + json.dumps(cfg) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
+    conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28097;\n        location / {\n            proxy_wasm sluice '" + json.dumps(slots) + "';\n            proxy_pass http://127.0.0.1:29001;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     open(f"{RUN}/conf/nginx.conf", "w").write(conf)
     subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf"], check=True)
     wait_port(28080); time.sleep(0.5)
@@ -168,6 +181,7 @@ lease_ttl = "5s"
         run_checks()
         share_checks()
         lease_share_check()
+        concurrency_check()
         no_zone_check(base)
     finally:
         workers1 = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
@@ -362,6 +376,25 @@ http {
     }
 }
 """
+
+def concurrency_check():
+    # 12. A concurrency rule (issue 67) over both workers: six of one user's requests at once,
+    # each from its own address (the per-IP rule apart), take the rule's four slots and two
+    # are refused; once they ended, four more all pass: the slots came back on the tick.
+    def at_once(first, n):
+        out = [None] * n
+        def one(i):
+            out[i] = get(28097, path="/api/generate", src=f"127.0.12.{first + i}", headers=b"x-user-id: gen-user\r\n")[0]
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        return out
+    first = at_once(1, 6)
+    time.sleep(0.3)
+    again = at_once(20, 4)
+    check("a concurrency rule: 4 of 6 at once pass, and 4 more pass once they ended (slots given back)",
+          sorted(first) == [200, 200, 200, 200, 429, 429] and again == [200] * 4,
+          f"at once {first}, after {again}")
 
 def no_zone_check(base):
     # 10. An nginx.conf written before `share` (no shm_kv zone) with a configuration that does
