@@ -85,6 +85,7 @@ pub struct Metrics {
     fallback_unsettled: Counter,
     slots_released: Counter,
     slots_renewed: Counter,
+    slots_not_found: Counter,
     /// The rate limit quota service's counters.
     pub rlqs: Arc<RlqsStats>,
 }
@@ -176,6 +177,11 @@ impl Default for Metrics {
                 "slots_renewed",
                 "Concurrency slots renewed while their request ran (POST /v1/slots, renew)",
             ),
+            slots_not_found: counter(
+                r,
+                "slots_not_found",
+                "Concurrency slots a release or renewal named that were no longer held: expired first (a holder too slow to renew, or gone), or given back already",
+            ),
             refusals_remembered: {
                 let gauge = Gauge::default();
                 r.register(
@@ -214,6 +220,11 @@ impl Metrics {
     /// Counts one rule's verdict.
     pub fn check(&self, rule: &str, verdict: Verdict) {
         self.checks.count(rule, verdict as usize);
+    }
+
+    /// Counts a concurrency slot a release or renewal named that was no longer held.
+    pub fn slot_not_found(&self) {
+        self.slots_not_found.inc();
     }
 
     /// Counts `n` concurrency slots given back, or renewed.
@@ -658,6 +669,7 @@ mod tests {
             "sluice_fallback_unsettled_units_total",
             "sluice_slots_released_total",
             "sluice_slots_renewed_total",
+            "sluice_slots_not_found_total",
             "sluice_rlqs_usages_total",
             "sluice_rlqs_usages_ignored_total",
             "sluice_rlqs_assignments_total",

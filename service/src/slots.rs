@@ -30,6 +30,7 @@ pub async fn slots(node: &Node, req: &SlotsRequest) -> Result<SlotsResponse, Sto
         .collect();
     for slot in &req.slots {
         let Some(&(rule, identity)) = matching.iter().find(|(rule, _)| rule.name == slot.rule) else {
+            node.metrics.slot_not_found();
             continue;
         };
         let key = node.store.keys().limit(&rule.name, identity);
@@ -38,6 +39,7 @@ pub async fn slots(node: &Node, req: &SlotsRequest) -> Result<SlotsResponse, Sto
         let call = node.store.slots(&key, &limit, at, request.cost, req.renew);
         let (found, now) = within(node.config.store_timeout, call).await?;
         if found == 0 {
+            node.metrics.slot_not_found();
             continue;
         }
         answer.found += 1;

@@ -557,3 +557,100 @@ async fn a_rule_naming_hosts_limits_only_requests_to_them() {
     assert_eq!(bad.status(), 400);
     assert!(bad.text().await.unwrap().contains("host `a b`"));
 }
+
+const SLOT_RULES: &str = r#"
+[[rule]]
+name = "in-flight"
+by = "user"
+algorithm = "concurrency"
+limit = 2
+window = "1h"
+"#;
+
+/// POSTs `body` to `/v1/slots`: its status and JSON answer.
+async fn slots_call(n: &TestNode, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = n
+        .client
+        .post(n.url("/v1/slots"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    (r.status().as_u16(), r.json().await.expect("json"))
+}
+
+#[tokio::test]
+async fn a_concurrency_slot_is_named_given_back_once_and_only_by_its_identity() {
+    let n = TestNode::start(
+        Store::Memory(MemoryStore::new(1_000)),
+        SLOT_RULES,
+        NodeConfig::default(),
+    )
+    .await;
+    let alice = json!({"user": "alice"});
+    let first = n.check(alice.clone(), "/gen").await;
+    let slot = first["slots"][0].clone();
+    assert_eq!(
+        (slot["rule"].as_str(), slot["window_ms"].as_u64()),
+        (Some("in-flight"), Some(3_600_000)),
+        "{first}"
+    );
+    assert!(n.check(alice.clone(), "/gen").await["allowed"] == true);
+    let refused = n.check(alice.clone(), "/gen").await;
+    assert_eq!(
+        (refused["allowed"].as_bool(), refused["retry_after_ms"].as_u64()),
+        (Some(false), Some(1_000))
+    );
+    assert!(refused.get("slots").is_none(), "a refusal holds nothing: {refused}");
+    let named = json!([{"rule": "in-flight", "at": slot["at"]}]);
+    let request = |who: &serde_json::Value| json!({"identities": who, "method": "GET", "path": "/gen"});
+    // Another identity naming alice's slot frees nothing of hers.
+    let (status, answer) = slots_call(
+        &n,
+        json!({"request": request(&json!({"user": "mallory"})), "slots": named}),
+    )
+    .await;
+    assert_eq!((status, answer["found"].as_u64()), (200, Some(0)), "{answer}");
+    assert_eq!(n.check(alice.clone(), "/gen").await["allowed"], false);
+    // Renewed: the slot moves to a new time, which names it from then on.
+    let (status, renewed) = slots_call(&n, json!({"request": request(&alice), "slots": named, "renew": true})).await;
+    assert_eq!((status, renewed["found"].as_u64()), (200, Some(1)), "{renewed}");
+    let moved = json!([{"rule": "in-flight", "at": renewed["slots"][0]["at"]}]);
+    let (_, stale) = slots_call(&n, json!({"request": request(&alice), "slots": named})).await;
+    assert_eq!(stale["found"].as_u64(), Some(0), "the old name is gone: {stale}");
+    let (_, released) = slots_call(&n, json!({"request": request(&alice), "slots": moved})).await;
+    assert_eq!(released["found"].as_u64(), Some(1), "{released}");
+    let (_, twice) = slots_call(&n, json!({"request": request(&alice), "slots": moved})).await;
+    assert_eq!(
+        twice["found"].as_u64(),
+        Some(0),
+        "given back twice frees nothing more: {twice}"
+    );
+    let again = n.check(alice.clone(), "/gen").await;
+    assert_eq!(again["allowed"], true, "the slot came back: {again}");
+    assert_eq!(
+        n.check(alice.clone(), "/gen").await["allowed"],
+        false,
+        "and only the one"
+    );
+    // A body that is not one names what is wrong; never a 500.
+    let (status, bad) = slots_call(&n, json!({"request": request(&alice)})).await;
+    assert_eq!(status, 400, "{bad}");
+    assert!(bad["error"].as_str().is_some_and(|e| e.contains("slots")), "{bad}");
+    let metrics = n
+        .client
+        .get(n.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "sluice_slots_released_total 1",
+        "sluice_slots_renewed_total 1",
+        "sluice_slots_not_found_total 3",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from {metrics}");
+    }
+}
