@@ -225,7 +225,8 @@ pub struct CheckResponse {
     pub reset_at: u64,
     /// Its name; absent when no rule matched.
     pub policy: Option<String>,
-    /// Its window in milliseconds.
+    /// Its window in milliseconds; 0 for a limit on requests in flight (a concurrency
+    /// rule), which has none.
     pub window_ms: u64,
     /// Every matching rule's result.
     pub rules: Vec<RuleResult>,

@@ -1,5 +1,6 @@
 //! The filter's JSON plugin configuration, validated once at `on_configure`.
 
+use sluice_core::algorithm::concurrency::MAX_SLOTS;
 use sluice_core::headers::HeaderMode;
 use sluice_core::json;
 use sluice_core::rules::FailureMode;
@@ -107,8 +108,13 @@ fn default_slots_tick_ms() -> u64 {
     10
 }
 
-/// The concurrency rules' slots: the root gives back the slots of the requests that ended
-/// and renews those of the requests still running, on its tick.
+fn default_in_flight_expiry_ms() -> u64 {
+    10_000
+}
+
+/// Requests in flight: the concurrency rules' slots, which the root gives back for the
+/// requests that ended and renews for those still running, on its tick; and the filter's own
+/// limit, when `local` says one.
 #[derive(Debug, Clone)]
 pub struct Concurrency {
     /// The service's slots endpoint (`POST`).
@@ -116,6 +122,8 @@ pub struct Concurrency {
     /// The root context's timer (ms): a slot is given back at most this long after its
     /// request ended, so it sets how much of the limit a backend sees used.
     pub tick_ms: u64,
+    /// The filter's own limit on each client's requests in flight, in front of the check.
+    pub local: Option<LocalConcurrency>,
 }
 
 impl Default for Concurrency {
@@ -123,8 +131,26 @@ impl Default for Concurrency {
         Concurrency {
             path: default_slots_path(),
             tick_ms: default_slots_tick_ms(),
+            local: None,
         }
     }
+}
+
+/// The filter's own limit on requests in flight ([`crate::local_in_flight`]): at most `limit`
+/// at once for each client by `by`, counted by every worker of the process together
+/// (`share: process`) or by each worker.
+#[derive(Debug, Clone)]
+pub struct LocalConcurrency {
+    /// The identity a client is counted by (`ip`, `user`, `api_key` or `tier`; a request
+    /// without it is counted by its IP, or not at all).
+    pub by: String,
+    /// Requests in flight at once, at most.
+    pub limit: u64,
+    /// How long a slot outlives its last renewal (ms): only a worker that died holding it
+    /// (an Nginx worker process) leaves one to expire; a running request's is renewed.
+    pub expiry_ms: u64,
+    /// A worker's own count (`share: worker`): at most this many clients.
+    pub max_keys: usize,
 }
 
 fn default_rules_path() -> String {
@@ -365,6 +391,16 @@ fn endpoint(field: &str, path: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// An identity the filter reads (`local.by`, `concurrency.local.by`).
+fn identity_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if !["ip", "user", "api_key", "tier"].contains(&name) {
+        return Err(ConfigError(format!(
+            "{field}: {name:?} is not one of ip, user, api_key, tier"
+        )));
+    }
+    Ok(())
+}
+
 fn range(field: &str, v: u64, lo: u64, hi: u64) -> Result<(), ConfigError> {
     if v < lo || v > hi {
         return Err(ConfigError(format!("{field}: {v} is out of range {lo}..={hi}")));
@@ -439,6 +475,12 @@ impl Config {
         if let Some(concurrency) = &self.concurrency {
             endpoint("concurrency.path", &concurrency.path)?;
             range("concurrency.tick_ms", concurrency.tick_ms, 1, 1_000)?;
+            if let Some(local) = &concurrency.local {
+                identity_name("concurrency.local.by", &local.by)?;
+                range("concurrency.local.limit", local.limit, 1, MAX_SLOTS)?;
+                range("concurrency.local.expiry_ms", local.expiry_ms, 1_000, 600_000)?;
+                range("concurrency.local.max_keys", local.max_keys as u64, 1, 10_000_000)?;
+            }
         }
         header_name("check.token_header", &self.check.token_header)?;
         if let Some(token) = &self.check.token {
@@ -463,12 +505,7 @@ impl Config {
             }
         }
         if let Some(local) = &self.local {
-            if !["ip", "user", "api_key", "tier"].contains(&local.by.as_str()) {
-                return Err(ConfigError(format!(
-                    "local.by: {:?} is not one of ip, user, api_key, tier",
-                    local.by
-                )));
-            }
+            identity_name("local.by", &local.by)?;
             range("local.rate_per_s", local.rate_per_s, 1, 1_000_000)?;
             range("local.burst", local.burst, 1, 10_000_000)?;
             range("local.max_keys", local.max_keys as u64, 1, 10_000_000)?;

@@ -54,6 +54,9 @@ pub struct Flow {
     checked: Option<CheckRequest>,
     /// Its slots' record ([`crate::in_flight`]), marked ended with the stream.
     holding_slots: Option<u64>,
+    /// Its slot of the filter's own limit on requests in flight ([`crate::local_in_flight`]),
+    /// given back with the stream.
+    in_flight: Option<u64>,
     /// The request is a CORS one whose response names the filter's headers to its page
     /// ([`is_cors`]); read with the request's headers, the only time Envoy lends them.
     cors: bool,
@@ -71,6 +74,9 @@ impl Flow {
         self.read_identities(s, p);
         self.cors = s.config.cors_expose && is_cors(p);
         if let Some(action) = self.by_local_bucket(s, p, now) {
+            return action;
+        }
+        if let Some(action) = self.by_in_flight(s, p, now) {
             return action;
         }
         // The method, path and host cost three host calls a request (each a value the host
@@ -136,6 +142,12 @@ impl Flow {
         if let (Some(id), Some(in_flight)) = (self.holding_slots.take(), s.in_flight.as_mut()) {
             in_flight.end(id);
         }
+        if let (Some(hold), Some(local)) = (self.in_flight.take(), s.local_in_flight.as_mut()) {
+            if local.end(p, hold, now) {
+                p.count(s.metrics.in_flight_ended, 1);
+            }
+            p.count(s.metrics.in_flight_expired, local.take_expired());
+        }
     }
 
     fn read_identities(&mut self, s: &Shared, p: &impl Proxy) {
@@ -170,6 +182,29 @@ impl Flow {
         }
         p.count(s.metrics.denied_local, 1);
         deny_by_bucket(s, p, &d, ("local", self.cors), now);
+        Some(Action::Pause)
+    }
+
+    /// The filter's own limit on the client's requests in flight: the request takes a slot it
+    /// gives back when its stream ends, or is answered 429 here, at once.
+    fn by_in_flight(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> Option<Action> {
+        let local = s.local_in_flight.as_mut()?;
+        let client = self.identities.get(&local.by).or_else(|| self.identities.get("ip"))?;
+        let taken = local.take(p, client, now);
+        let metrics = s.metrics;
+        p.count(metrics.in_flight_expired, local.take_expired());
+        if taken.decision.allowed {
+            p.count(metrics.in_flight_taken, 1);
+            if taken.hold.is_none() {
+                p.count(metrics.slots_lost, 1);
+            }
+            self.in_flight = taken.hold;
+            return None;
+        }
+        p.count(metrics.denied_in_flight, 1);
+        // A limit on requests at once has no window: its headers say none.
+        let quota = Quota::from_decision("in_flight", &taken.decision, 0, now.instant_ms());
+        deny(s, p, &quota, self.cors);
         Some(Action::Pause)
     }
 

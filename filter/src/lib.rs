@@ -38,6 +38,7 @@ pub mod identity;
 mod in_flight;
 mod lease_table;
 mod leases;
+mod local_in_flight;
 mod metrics;
 mod proxy;
 mod root;

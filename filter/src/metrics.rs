@@ -46,6 +46,13 @@ pub struct Metrics {
     /// configuration, the table full, a call not sent): those expire at the service.
     pub slots_released: u32,
     pub slots_lost: u32,
+    /// The filter's own limit on requests in flight (`concurrency.local`): requests refused
+    /// by it, slots taken and given back (held now: taken less ended and expired), and slots
+    /// a worker found expired (their holder died, an Nginx worker process, or stalled).
+    pub denied_in_flight: u32,
+    pub in_flight_taken: u32,
+    pub in_flight_ended: u32,
+    pub in_flight_expired: u32,
     /// The VMs' linear memory, summed over the plugin's VMs (every worker's): each adds what
     /// its memory grew by, seen at its next request. Wasm memory never shrinks, so a counter.
     pub vm_memory_bytes: u32,
@@ -80,6 +87,10 @@ impl Metrics {
             debits_failed: counter("sluice_filter_debits_failed"),
             slots_released: counter("sluice_filter_slots_released"),
             slots_lost: counter("sluice_filter_slots_lost"),
+            denied_in_flight: counter("sluice_filter_requests_denied_in_flight"),
+            in_flight_taken: counter("sluice_filter_in_flight_taken"),
+            in_flight_ended: counter("sluice_filter_in_flight_ended"),
+            in_flight_expired: counter("sluice_filter_in_flight_expired"),
             vm_memory_bytes: counter("sluice_filter_vm_memory_bytes"),
         }
     }

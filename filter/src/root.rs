@@ -132,8 +132,14 @@ fn send_debits(s: &mut Shared, p: &mut impl Proxy) {
 }
 
 /// Gives back the slots of the requests that ended and renews those still running
-/// (`crate::in_flight`).
+/// (`crate::in_flight`), and renews the running requests' slots of the filter's own limit
+/// (`crate::local_in_flight`).
 fn send_slot_calls(s: &mut Shared, p: &mut impl Proxy, now: Micros) {
+    if let Some(local) = s.local_in_flight.as_mut() {
+        let lost = local.renew_due(p, now);
+        p.count(s.metrics.slots_lost, lost);
+        p.count(s.metrics.in_flight_expired, local.take_expired());
+    }
     let Some(in_flight) = s.in_flight.as_mut() else { return };
     let check = &s.config.check;
     for out in in_flight.due(now.instant_ms()) {

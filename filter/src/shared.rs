@@ -14,6 +14,7 @@ use crate::config::{Config, Share};
 use crate::debits::Debits;
 use crate::in_flight::InFlight;
 use crate::leases::Leasing;
+use crate::local_in_flight::LocalInFlight;
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, SharedData};
 use crate::slots::fnv1a;
@@ -36,6 +37,8 @@ pub struct Shared {
     pub debits: Option<Debits>,
     /// The concurrency slots this worker's requests hold.
     pub in_flight: Option<InFlight>,
+    /// The filter's own limit on each client's requests in flight.
+    pub local_in_flight: Option<LocalInFlight>,
     /// Whether a check's slots came with no `concurrency` configuration (said once).
     pub said_no_concurrency: bool,
     /// Whether this worker has looked at its host for the `trusted_hops` warning
@@ -97,6 +100,12 @@ impl Shared {
         let leasing = config.lease.clone().map(|l| Leasing::new(l, metrics, table("lease/")));
         let debits = config.debit.clone().map(Debits::new);
         let in_flight = config.concurrency.clone().map(InFlight::new);
+        let local_in_flight = match config.concurrency.as_ref().and_then(|c| c.local.as_ref()) {
+            Some(local) => {
+                Some(LocalInFlight::new(local, table("in_flight/")).ok_or("concurrency.local: invalid limit")?)
+            }
+            None => None,
+        };
         Ok(Shared {
             config,
             local,
@@ -106,6 +115,7 @@ impl Shared {
             leasing,
             debits,
             in_flight,
+            local_in_flight,
             said_no_concurrency: false,
             host_looked_at: false,
             memory_counted: 0,
@@ -117,6 +127,7 @@ impl Shared {
     pub fn create(&self, p: &mut impl SharedData) -> u64 {
         let local = self.local.as_ref().map_or(0, |l| l.create(p));
         let leases = self.leasing.as_ref().map_or(0, |l| l.create(p));
-        local + self.fallback.create(p) + leases + u64::from(!self.breaker.create(p))
+        let in_flight = self.local_in_flight.as_ref().map_or(0, |l| l.create(p));
+        local + self.fallback.create(p) + leases + in_flight + u64::from(!self.breaker.create(p))
     }
 }

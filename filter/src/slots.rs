@@ -173,4 +173,4 @@ pub fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

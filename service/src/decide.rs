@@ -77,7 +77,7 @@ pub struct Matched<'a> {
     pub name: &'a str,
     /// The identity it counts.
     pub identity: Cow<'a, str>,
-    /// The rule's window, for the answer's headers.
+    /// The rule's window, for the answer's headers (0 for a concurrency rule: none).
     pub window_ms: u64,
     /// The rule's global limit, if it is one (see [`crate::region`]).
     pub global: Option<&'a Global>,
@@ -94,14 +94,21 @@ impl<'a> Matched<'a> {
     /// `rule` matched with `identity`, at `cost`: its limit for that identity (an
     /// override's, if one is in force).
     pub fn rule(node: &Node, rules: &RuleSet, (rule, identity): (&'a Rule, &'a str), cost: u64, now_ms: u64) -> Self {
+        let limit = rules.limit_for(rule, identity, now_ms);
         Matched {
             name: &rule.name,
             identity: Cow::Borrowed(identity),
-            window_ms: rule.window_ms,
+            // A limit on requests at once has no window for the headers to name (its
+            // `window` is how long a slot outlives its holder).
+            window_ms: if limit.algorithm() == Algorithm::Concurrency {
+                0
+            } else {
+                rule.window_ms
+            },
             global: rule.global.as_ref(),
             target: Target {
                 key: node.store.keys().limit(&rule.name, identity),
-                limit: rules.limit_for(rule, identity, now_ms),
+                limit,
                 shadow: rule.shadow,
                 failure: rule.failure,
                 cost,
@@ -273,7 +280,7 @@ pub fn slots_held(limits: &[Matched<'_>]) -> Vec<Slot> {
             Some(Slot {
                 rule: m.name.to_owned(),
                 at: at.as_u64(),
-                window_ms: m.window_ms,
+                window_ms: m.target.limit.window().instant_ms(),
             })
         })
         .collect()

@@ -1,7 +1,8 @@
 //! A concurrency rule in two real Envoys of four workers each, over Redis: the upstream,
 //! which counts the requests it holds, never sees more than the limit of one identity in
 //! flight and sees the limit used; a client that hangs up frees its slot at once; and the
-//! slots of an Envoy killed while holding them come back within the rule's window.
+//! slots of an Envoy killed while holding them come back within the rule's window. And the
+//! filter's own limit (`concurrency.local`, no store) across the four workers of one Envoy.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -128,6 +129,38 @@ fn get_path(port: u16, path: &str) -> Option<u16> {
     line.get(9..12)?.parse().ok()
 }
 
+/// [`LIMIT`] requests of `path` at once, alternating between `ports`: their statuses once
+/// all are answered.
+fn at_once(ports: [u16; 2], path: &'static str) -> thread::JoinHandle<Vec<Option<u16>>> {
+    thread::spawn(move || {
+        let each: Vec<thread::JoinHandle<Option<u16>>> = (0..LIMIT as usize)
+            .map(|i| thread::spawn(move || get_path(ports[i % 2], path)))
+            .collect();
+        each.into_iter().map(|t| t.join().expect("client")).collect()
+    })
+}
+
+/// [`LIMIT`] connections to `port` that send a request and never read its answer (dropped:
+/// they hang up).
+fn hung(port: u16) -> Vec<TcpStream> {
+    (0..LIMIT)
+        .map(|_| {
+            let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            conn.write_all(b"GET /work HTTP/1.1\r\nhost: sluice.test\r\n\r\n")
+                .expect("send");
+            conn
+        })
+        .collect()
+}
+
+/// The most and the mean the upstream held in the three seconds from a second after `started`.
+fn held(upstream: &Upstream, started: Instant) -> (u64, f64) {
+    let steady = upstream.between(started + Duration::from_secs(1), Duration::from_secs(3));
+    let most = steady.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let mean = steady.iter().map(|(_, n)| *n).sum::<u64>() as f64 / steady.len().max(1) as f64;
+    (most, mean)
+}
+
 /// `clients` threads sending to each of `ports` in turn until `stop`, each waiting 50 ms
 /// after a refusal; the requests answered 200.
 fn clients(ports: [u16; 2], clients: usize, stop: &Arc<AtomicBool>) -> Vec<thread::JoinHandle<u64>> {
@@ -168,9 +201,7 @@ fn two_envoys_hold_one_identity_to_its_limit_and_free_the_slots_of_one_that_dies
     let ports = chain.proxies;
 
     // Requests that run past the window keep their slots: their Envoys renew them.
-    let long: Vec<thread::JoinHandle<Option<u16>>> = (0..LIMIT)
-        .map(|i| thread::spawn(move || get_path(ports[i as usize % 2], "/long")))
-        .collect();
+    let long = at_once(ports, "/long");
     thread::sleep(WINDOW + Duration::from_millis(500));
     assert_eq!(
         upstream.in_flight.load(Ordering::SeqCst),
@@ -182,19 +213,12 @@ fn two_envoys_hold_one_identity_to_its_limit_and_free_the_slots_of_one_that_dies
         Some(429),
         "a request {WINDOW:?} after eight long ones took every slot was admitted: their slots expired while they ran"
     );
-    let long: Vec<Option<u16>> = long.into_iter().map(|t| t.join().expect("client")).collect();
+    let long = long.join().expect("clients");
     assert!(long.iter().all(|s| *s == Some(200)), "{long:?}");
     thread::sleep(Duration::from_millis(100));
 
     // Clients that hang up: their slots come back at once, long before the window.
-    let hung: Vec<TcpStream> = (0..LIMIT)
-        .map(|_| {
-            let mut conn = TcpStream::connect(("127.0.0.1", ports[1])).expect("connect");
-            conn.write_all(b"GET /work HTTP/1.1\r\nhost: sluice.test\r\n\r\n")
-                .expect("send");
-            conn
-        })
-        .collect();
+    let hung = hung(ports[1]);
     thread::sleep(Duration::from_millis(100));
     assert_eq!(
         upstream.in_flight.load(Ordering::SeqCst),
@@ -204,10 +228,7 @@ fn two_envoys_hold_one_identity_to_its_limit_and_free_the_slots_of_one_that_dies
     assert_eq!(get(ports[0]), Some(429), "a ninth is refused while they run");
     drop(hung);
     thread::sleep(Duration::from_millis(150));
-    let after: Vec<thread::JoinHandle<Option<u16>>> = (0..LIMIT)
-        .map(|i| thread::spawn(move || get(ports[i as usize % 2])))
-        .collect();
-    let statuses: Vec<Option<u16>> = after.into_iter().map(|t| t.join().expect("client")).collect();
+    let statuses = at_once(ports, "/work").join().expect("clients");
     assert!(
         statuses.iter().all(|s| *s == Some(200)),
         "hung-up clients' slots were not given back within 150 ms (the window is {WINDOW:?}): {statuses:?}"
@@ -218,9 +239,7 @@ fn two_envoys_hold_one_identity_to_its_limit_and_free_the_slots_of_one_that_dies
     let started = Instant::now();
     let running = clients(ports, 100, &stop);
     thread::sleep(Duration::from_secs(4));
-    let steady = upstream.between(started + Duration::from_secs(1), Duration::from_secs(3));
-    let most = steady.iter().map(|(_, n)| *n).max().unwrap_or(0);
-    let mean = steady.iter().map(|(_, n)| *n).sum::<u64>() as f64 / steady.len().max(1) as f64;
+    let (most, mean) = held(&upstream, started);
     println!("two Envoys, 100 clients: at most {most} in flight, {mean:.2} on average");
     assert!(
         most <= LIMIT,
@@ -253,5 +272,84 @@ fn two_envoys_hold_one_identity_to_its_limit_and_free_the_slots_of_one_that_dies
     assert!(
         full_again >= WINDOW / 2,
         "the survivor had every slot {full_again:?} after the kill, so the dead Envoy held none: the kill tested nothing"
+    );
+}
+
+/// Rules that never refuse here: the filter's own limit is the one tested.
+const GENEROUS: &str = r#"
+[[rule]]
+name      = "per-ip"
+by        = "ip"
+algorithm = "token_bucket"
+limit     = 1000000
+window    = "1s"
+"#;
+
+#[test]
+fn the_four_workers_of_one_envoy_hold_a_client_to_the_filters_own_in_flight_limit() {
+    let upstream = Upstream::start();
+    let chain = Chain::with(Options {
+        rules: GENEROUS.to_owned(),
+        host: ProxyHost::RealEnvoy,
+        envoy_workers: 4,
+        upstream: Some(upstream.port),
+        envoy_edits: vec![
+            (
+                r#""concurrency": {"tick_ms": 50}"#,
+                r#""concurrency": {"tick_ms": 50, "local": {"by": "ip", "limit": 8, "expiry_ms": 1000}}"#,
+            ),
+            (
+                r#""rate_per_s": 200, "burst": 400"#,
+                r#""rate_per_s": 100000, "burst": 100000"#,
+            ),
+        ],
+        ..Options::default()
+    });
+    let port = chain.proxies[0];
+
+    // Requests that run past the expiry keep their slots: their workers renew them.
+    let long = at_once([port, port], "/long");
+    thread::sleep(Duration::from_millis(2_000));
+    assert_eq!(
+        upstream.in_flight.load(Ordering::SeqCst),
+        LIMIT,
+        "the long requests run"
+    );
+    assert_eq!(
+        get(port),
+        Some(429),
+        "a ninth was admitted while eight ran: the workers count apart, or the slots expired (1 s) while they ran"
+    );
+    let long = long.join().expect("clients");
+    assert!(long.iter().all(|s| *s == Some(200)), "{long:?}");
+
+    // Clients that hang up give their slots back with the stream, not on a tick.
+    let hung = hung(port);
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(get(port), Some(429), "a ninth is refused while they run");
+    drop(hung);
+    thread::sleep(Duration::from_millis(50));
+    let statuses = at_once([port, port], "/work").join().expect("clients");
+    assert!(
+        statuses.iter().all(|s| *s == Some(200)),
+        "hung-up clients' slots were not given back within 50 ms: {statuses:?}"
+    );
+
+    // 100 clients on one Envoy's four workers: never more than the limit, and the limit used.
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let running = clients([port, port], 100, &stop);
+    thread::sleep(Duration::from_secs(4));
+    stop.store(true, Ordering::Relaxed);
+    let (most, mean) = held(&upstream, started);
+    let passed: u64 = running.into_iter().map(|t| t.join().expect("client")).sum();
+    println!("one Envoy's own limit, 100 clients: at most {most} in flight, {mean:.2} on average; {passed} passed");
+    assert!(
+        most <= LIMIT,
+        "the upstream saw {most} of one client's requests at once"
+    );
+    assert!(
+        mean >= 7.0,
+        "only {mean:.2} of {LIMIT} slots used on average while clients waited"
     );
 }

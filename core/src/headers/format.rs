@@ -42,7 +42,8 @@ pub struct Quota<'a> {
     pub remaining: u64,
     /// Milliseconds until the quota resets.
     pub reset_after_ms: u64,
-    /// The policy's window in milliseconds.
+    /// The policy's window in milliseconds; 0 for a limit on requests in flight, which has
+    /// none (`RateLimit-Policy` then names its unit, `qu="concurrent-requests"`).
     pub window_ms: u64,
     /// Milliseconds the client must wait; `Some` on a denial only.
     pub retry_after_ms: Option<u64>,
@@ -153,10 +154,14 @@ impl HeaderBuf {
     }
 }
 
+/// The `RateLimit-Policy` parameter of a quota of requests in flight (a concurrency limit,
+/// `window_ms` 0): the IETF draft's quota unit for them, in place of a window it has not.
+const CONCURRENT: &str = ";qu=\"concurrent-requests\"";
+
 /// Formats the headers for `quota` into `buf` (cleared first), in the order of docs/design.md:
 /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (unix seconds of
 /// `now_ms + reset_after_ms`, rounded up), `RateLimit-Policy` (`"name";q=limit;w=window
-/// seconds`), `RateLimit` (`"name";r=remaining;t=reset seconds`, rounded up) and, whenever
+/// seconds`, or `"name";q=limit;qu="concurrent-requests"` without a window), `RateLimit` (`"name";r=remaining;t=reset seconds`, rounded up) and, whenever
 /// `retry_after_ms` is set, `Retry-After` ([`retry_after_secs`]: rounded up, at least 1).
 /// `mode` selects the families; `Retry-After` is sent in every mode.
 pub fn write_headers(quota: &Quota<'_>, mode: HeaderMode, buf: &mut HeaderBuf) {
@@ -171,9 +176,16 @@ pub fn write_headers(quota: &Quota<'_>, mode: HeaderMode, buf: &mut HeaderBuf) {
         buf.push("X-RateLimit-Reset", |s| push_u64(s, reset_at));
     }
     if matches!(mode, HeaderMode::All | HeaderMode::Ietf) {
-        let window = ceil_secs(quota.window_ms);
         buf.push("RateLimit-Policy", |s| {
-            push_item(s, quota.policy, [("q", quota.limit), ("w", window)])
+            if quota.window_ms == 0 {
+                // No window: a limit on requests at once, in the draft's own unit.
+                push_sf_string(s, quota.policy);
+                s.push_str(";q=");
+                push_u64(s, quota.limit);
+                s.push_str(CONCURRENT);
+            } else {
+                push_item(s, quota.policy, [("q", quota.limit), ("w", ceil_secs(quota.window_ms))])
+            }
         });
         let reset = ceil_secs(quota.reset_after_ms);
         buf.push("RateLimit", |s| {
@@ -299,6 +311,30 @@ mod tests {
         assert_eq!(
             denial_body(47_000),
             r#"{"status":"error","code":429,"message":"API rate limit exceeded. Please retry after 47 seconds.","retry_after_seconds":47}"#
+        );
+    }
+
+    #[test]
+    fn a_limit_on_requests_in_flight_names_its_unit_and_no_window() {
+        let q = Quota {
+            policy: "gpu",
+            limit: 8,
+            remaining: 0,
+            reset_after_ms: 1_000,
+            window_ms: 0,
+            retry_after_ms: Some(1_000),
+            now_ms: 1_774_312_813_000,
+        };
+        let mut out = Vec::new();
+        format_headers(&q, HeaderMode::Ietf, &mut out);
+        let got: Vec<(&str, &str)> = out.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("RateLimit-Policy", "\"gpu\";q=8;qu=\"concurrent-requests\""),
+                ("RateLimit", "\"gpu\";r=0;t=1"),
+                ("Retry-After", "1"),
+            ]
         );
     }
 

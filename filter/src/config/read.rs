@@ -69,8 +69,24 @@ impl Concurrency {
         let c = Concurrency {
             path: f.opt("path", Json::string).unwrap_or_else(default_slots_path),
             tick_ms: f.opt("tick_ms", Json::u64).unwrap_or_else(default_slots_tick_ms),
+            local: f.opt("local", LocalConcurrency::read),
         };
         f.finish().map(|()| c)
+    }
+}
+
+impl LocalConcurrency {
+    fn read(v: &Json<'_>) -> Result<LocalConcurrency, JsonError> {
+        let mut f = v.object()?;
+        let l = LocalConcurrency {
+            by: f.opt("by", Json::string).unwrap_or_else(default_by),
+            limit: f.req("limit", Json::u64),
+            expiry_ms: f
+                .opt("expiry_ms", Json::u64)
+                .unwrap_or_else(default_in_flight_expiry_ms),
+            max_keys: f.opt("max_keys", Json::uint).unwrap_or_else(default_max_keys),
+        };
+        f.finish().map(|()| l)
     }
 }
 

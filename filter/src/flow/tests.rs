@@ -127,6 +127,8 @@ fn metrics() -> Metrics {
         failed_closed: 5,
         checked: 6,
         check_retries: 7,
+        denied_in_flight: 8,
+        in_flight_ended: 9,
         ..Metrics::default()
     }
 }
@@ -218,6 +220,33 @@ fn a_client_over_its_local_bucket_is_answered_at_once_without_a_call() {
     assert_eq!(p.calls.len(), 2, "no call for a local denial");
     assert_eq!(p.responded[0].0, 429);
     assert_eq!(p.counts.get(&metrics().denied_local), Some(&1));
+}
+
+#[test]
+fn a_client_over_its_requests_in_flight_is_answered_at_once_and_a_stream_end_frees_one() {
+    let config = r#"{"check": {"cluster": "sluice"}, "identities": {"ip": {}, "api_key": {"header": "x-api-key"}},
+      "share": "process", "concurrency": {"local": {"by": "api_key", "limit": 2}}}"#;
+    let mut s = shared(config);
+    let mut p = get("/");
+    let mut running: Vec<Flow> = (0..2).map(|_| Flow::default()).collect();
+    for flow in &mut running {
+        flow.on_request_headers(&mut s, &mut p, Micros::SECOND);
+    }
+    assert_eq!(p.calls.len(), 2, "two in flight, each checked");
+    let action = Flow::default().on_request_headers(&mut s, &mut p, Micros::SECOND);
+    assert!(matches!(action, Action::Pause));
+    assert_eq!(p.calls.len(), 2, "no call for the third");
+    let (status, headers, _) = &p.responded[0];
+    assert_eq!(*status, 429);
+    assert!(has(headers, "retry-after", "1"), "{headers:?}");
+    let policy = r#""in_flight";q=2;qu="concurrent-requests""#;
+    assert!(has(headers, "ratelimit-policy", policy), "no window: {headers:?}");
+    assert_eq!(p.counts.get(&metrics().denied_in_flight), Some(&1));
+    // A stream that ends, however it ends, gives its slot back at once.
+    running[0].on_log(&mut s, &mut p, Micros::new(1_100_000));
+    assert_eq!(p.counts.get(&metrics().in_flight_ended), Some(&1));
+    Flow::default().on_request_headers(&mut s, &mut p, Micros::new(1_200_000));
+    assert_eq!(p.calls.len(), 3, "its slot freed");
 }
 
 #[test]

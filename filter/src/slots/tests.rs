@@ -11,11 +11,11 @@ use crate::proxy::SharedData;
 
 /// Shared data as Envoy keeps it; `rival` writes every key before each of the next `n` sets.
 #[derive(Default)]
-struct Memory {
-    map: HashMap<String, (Vec<u8>, u32)>,
+pub(crate) struct Memory {
+    pub(crate) map: HashMap<String, (Vec<u8>, u32)>,
     next_cas: u32,
-    rival: usize,
-    sets: usize,
+    pub(crate) rival: usize,
+    pub(crate) sets: usize,
 }
 
 impl SharedData for Memory {

@@ -66,24 +66,28 @@ algorithms.concurrency = function()
     decide = function(k1, _, limit, window, _, _, cost)
       local stored = load(k1)
       local advice = short(window)
-      local held = stored and match(stored, '^(%d+)|')
-      if not held then
+      if not stored then
         if cost > limit then return false, limit, advice, advice, 0 end
-        return true, limit - cost, advice, 0, 0, int(cost) .. '|' .. int(now) .. ':' .. int(cost), window
+        return true, limit - cost, advice, 0, 0, format('%d|%d:%d', cost, now, cost), window
       end
-      -- The slots are oldest first: those that expired are a prefix, read one by one; the
-      -- live rest is kept as text, and an admission appends one entry.
-      held = held + 0
-      local live = #stored + 1
-      for pos, at, c in gmatch(stored, '()(%d+):(%d+)') do
-        if at + window > now then live = pos; break end
-        held = held - c
+      -- The slots are oldest first: those that expired are a prefix, walked only when the
+      -- oldest has; the live rest is kept as text, and an admission appends one entry (one
+      -- match and one format when nothing expired, as a token bucket's).
+      local h, oldest = match(stored, '^(%d+)|(%d*)')
+      local held, live = h + 0, #h + 2
+      if oldest ~= '' and oldest + window <= now then
+        repeat
+          local at, c, after = match(stored, '^(%d+):(%d+),?()', live)
+          if not at or at + window > now then break end
+          held, live = held - c, after
+        until false
       end
       local free = limit - held; if free < 0 then free = 0 end
       if cost > free then return false, free, advice, advice, 0 end
-      local entry = int(now) .. ':' .. int(cost)
-      local rest = live <= #stored and sub(stored, live) .. ',' .. entry or entry
-      return true, free - cost, advice, 0, 0, int(held + cost) .. '|' .. rest, window
+      if live > #stored then
+        return true, free - cost, advice, 0, 0, format('%d|%d:%d', held + cost, now, cost), window
+      end
+      return true, free - cost, advice, 0, 0, format('%d|%s,%d:%d', held + cost, sub(stored, live), now, cost), window
     end,
     commit = store,
     refund = release,
