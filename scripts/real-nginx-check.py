@@ -9,7 +9,7 @@ the demo upstream, check services (examples/rules.toml, over TCP and over a Unix
 leased rule; the step-around rules), a fake service that answers `{}`, and Nginx with a
 server for each, sends hostile and ordinary traffic, and prints one PASS/FAIL line per
 check and a closing line `N passed, M failed`; exits 1 when a check failed (or the run
-stopped early), 0 when all passed. Ports 28080-28097, 29000 and 29001 on 127.0.0.1; source
+stopped early), 0 when all passed. Ports 28080-28098, 29000 and 29001 on 127.0.0.1; source
 addresses 127.0.x.y stand for clients.
 """
 import json, os, re, shutil, signal, socket, subprocess, sys, threading, time, urllib.request
@@ -146,10 +146,13 @@ lease_ttl = "5s"
     # examples/rules.toml's concurrency rule (4 of a user's /api/generate* at once) in front
     # of an upstream holding each request 1 s, the slots given back on the root's tick (28097).
     slots = json.loads(json.dumps(base)); slots["concurrency"] = {"tick_ms": 10}
+    # The filter's own limit of 3 of a user's requests at once, no concurrency rule
+    # (/api/hello), in front of the same upstream (28098).
+    own = json.loads(json.dumps(base)); own["concurrency"] = {"local": {"by": "user", "limit": 3}}
     open(f"{RUN}/conf/zone.conf", "w").write(NGINX_CONF)
     for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around), ("unix", unix),
                       ("tight", tight), ("tight_worker", tight_worker), ("lease_worker", lease_worker),
-                      ("slots", slots)):
+                      ("slots", slots), ("own", own)):
         open(f"{RUN}/conf/{name}.json", "w").write(json.dumps(cfg))
         r = subprocess.run([f"{T}/debug/sluice-harness", "check-config", "--wasm", f"{RUN}/sluice_filter.wasm",
                             "--config", f"{RUN}/conf/{name}.json", "--nginx-conf", f"{RUN}/conf/zone.conf"], capture_output=True, text=True,
@@ -172,6 +175,7 @@ lease_ttl = "5s"
     for port, cfg in ((28094, tight), (28095, tight_worker), (28096, lease_worker)):
         conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:" + str(port) + ";\n        add_header x-worker $pid always;\n        location / {\n            proxy_wasm sluice '" + json.dumps(cfg) + "';\n            proxy_pass http://api;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28097;\n        location / {\n            proxy_wasm sluice '" + json.dumps(slots) + "';\n            proxy_pass http://127.0.0.1:29001;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
+    conf = conf.replace("    server {\n        listen 127.0.0.1:28090;", "    server {\n        listen 127.0.0.1:28098;\n        add_header x-worker $pid always;\n        location / {\n            proxy_wasm sluice '" + json.dumps(own) + "';\n            proxy_pass http://127.0.0.1:29001;\n        }\n    }\n    server {\n        listen 127.0.0.1:28090;", 1)
     open(f"{RUN}/conf/nginx.conf", "w").write(conf)
     subprocess.run([NGINX, "-p", f"{RUN}/", "-c", "conf/nginx.conf"], check=True)
     wait_port(28080); time.sleep(0.5)
@@ -381,20 +385,34 @@ def concurrency_check():
     # 12. A concurrency rule (issue 67) over both workers: six of one user's requests at once,
     # each from its own address (the per-IP rule apart), take the rule's four slots and two
     # are refused; once they ended, four more all pass: the slots came back on the tick.
-    def at_once(first, n):
+    def at_once(port, path, user, first, n):
         out = [None] * n
         def one(i):
-            out[i] = get(28097, path="/api/generate", src=f"127.0.12.{first + i}", headers=b"x-user-id: gen-user\r\n")[0]
+            out[i] = get(port, path=path, src=f"127.0.12.{first + i}", headers=b"x-user-id: " + user + b"\r\n")[:2]
         threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
         for t in threads: t.start()
         for t in threads: t.join()
         return out
-    first = at_once(1, 6)
+    first = [s for s, _ in at_once(28097, "/api/generate", b"gen-user", 1, 6)]
     time.sleep(0.3)
-    again = at_once(20, 4)
+    again = [s for s, _ in at_once(28097, "/api/generate", b"gen-user", 20, 4)]
     check("a concurrency rule: 4 of 6 at once pass, and 4 more pass once they ended (slots given back)",
           sorted(first) == [200, 200, 200, 200, 429, 429] and again == [200] * 4,
           f"at once {first}, after {again}")
+    # 13. The filter's own limit (concurrency.local, share: process) over both workers: five
+    # of one user's requests at once take its three slots and two are refused at once, saying
+    # a limit on requests at once; three more pass as soon as those ended (given back with
+    # the stream).
+    first = at_once(28098, "/api/hello", b"own-user", 40, 5)
+    statuses = sorted(s for s, _ in first)
+    refusal = next((h.decode(errors="replace") for s, h in first if s == 429), "")
+    second = at_once(28098, "/api/hello", b"own-user", 60, 3)
+    again = [s for s, _ in second]
+    workers = {m.group(1) for _, h in first + second for m in [re.search(rb"x-worker: (\d+)", h, re.I)] if m}
+    check("the filter's own in-flight limit: 3 of 5 at once pass across both workers, 3 more pass at once after",
+          statuses == [200, 200, 200, 429, 429] and again == [200] * 3 and len(workers) == 2
+          and 'qu="concurrent-requests"' in refusal.lower() and "retry-after: 1" in refusal.lower(),
+          f"at once {statuses}, after {again}, workers {sorted(workers)}; {refusal[:300]!r}")
 
 def no_zone_check(base):
     # 10. An nginx.conf written before `share` (no shm_kv zone) with a configuration that does

@@ -336,6 +336,7 @@ impl Flow {
             _ => None,
         };
         self.holding_slots = held;
+        p.count(s.metrics.slots_taken, 1);
         if held.is_some() {
             return;
         }

@@ -46,6 +46,8 @@ pub struct InFlight {
     next: u64,
     /// Renewal calls out: call token → hold id.
     renewals: BTreeMap<u32, u64>,
+    /// Requests whose slots a renewal found expired at the service, since last taken.
+    pub expired: u64,
 }
 
 impl InFlight {
@@ -55,6 +57,7 @@ impl InFlight {
             held: BTreeMap::new(),
             next: 0,
             renewals: BTreeMap::new(),
+            expired: 0,
         }
     }
 
@@ -91,6 +94,7 @@ impl InFlight {
                 return true;
             }
             if held.ended && held.slots.is_empty() {
+                self.expired += 1;
                 return false; // every slot expired at the service: nothing to give back
             }
             let window_ms = held.slots.iter().map(|s| s.window_ms).min().unwrap_or(0);
@@ -202,5 +206,20 @@ mod tests {
             "released under its new time"
         );
         assert!(!f.renewed(7, None, 5_002), "not a renewal's token any more");
+    }
+
+    #[test]
+    fn a_request_whose_slots_expired_at_the_service_is_counted_and_not_given_back() {
+        let mut f = InFlight::new(Concurrency::default());
+        let a = f.hold(request(), vec![slot(1)], 0).unwrap();
+        assert!(f.due(1_000).iter().all(|o| o.renew));
+        f.renewing(3, a);
+        let none = SlotsResponse {
+            slots: Vec::new(),
+            found: 0,
+        };
+        assert!(f.renewed(3, Some(none), 1_100));
+        assert!(f.due(1_200).is_empty(), "nothing to give back");
+        assert_eq!(f.expired, 1);
     }
 }

@@ -42,8 +42,10 @@ pub struct Metrics {
     pub debit_units: u32,
     /// Debits lost: the queue full, the call not sent, or no answer from the service.
     pub debits_failed: u32,
-    /// Requests' concurrency slots given back (a call sent), and those not (no
-    /// configuration, the table full, a call not sent): those expire at the service.
+    /// Requests' concurrency slots taken (named by a check's answer), given back (a call
+    /// sent), and those not (no configuration, the table full, a call not sent, expired
+    /// before a renewal): those expire at the service. Held now: taken less the other two.
+    pub slots_taken: u32,
     pub slots_released: u32,
     pub slots_lost: u32,
     /// The filter's own limit on requests in flight (`concurrency.local`): requests refused
@@ -85,6 +87,7 @@ impl Metrics {
             debits: counter("sluice_filter_debits"),
             debit_units: counter("sluice_filter_debit_units"),
             debits_failed: counter("sluice_filter_debits_failed"),
+            slots_taken: counter("sluice_filter_slots_taken"),
             slots_released: counter("sluice_filter_slots_released"),
             slots_lost: counter("sluice_filter_slots_lost"),
             denied_in_flight: counter("sluice_filter_requests_denied_in_flight"),

@@ -142,7 +142,9 @@ fn send_slot_calls(s: &mut Shared, p: &mut impl Proxy, now: Micros) {
     }
     let Some(in_flight) = s.in_flight.as_mut() else { return };
     let check = &s.config.check;
-    for out in in_flight.due(now.instant_ms()) {
+    let due = in_flight.due(now.instant_ms());
+    p.count(s.metrics.slots_lost, std::mem::take(&mut in_flight.expired));
+    for out in due {
         let request = ("POST", in_flight.config.path.as_str());
         match p.call(check, request, Some(&out.body), &[], u64::from(check.timeout_ms)) {
             Ok(token) if out.renew => in_flight.renewing(token, out.id),

@@ -186,7 +186,42 @@ fn one_lease_serves_every_worker(flavor: Flavor) {
     assert_eq!(leases_over_four_workers(flavor, "worker"), (4, 12));
 }
 
+/// The filter's own in-flight limit of 3: requests of one client held open on the next
+/// worker in turn; how many were admitted of `n` at once, and of 3 more once those ended.
+fn in_flight_over_four_workers(flavor: Flavor, share: &str, n: usize) -> (usize, usize) {
+    let mut config = config_in(flavor);
+    config["concurrency"] = json!({"local": {"by": "ip", "limit": 3}});
+    config["share"] = share.into();
+    let mut hosts = workers(&config, flavor, 4);
+    let mut open = Vec::new();
+    let mut admitted = 0;
+    for i in 0..n {
+        let w = i % hosts.len();
+        let (s, outcome) = request(&mut hosts[w], "203.0.113.7", "/api", &[]);
+        if outcome == Outcome::Pause {
+            admitted += 1;
+            open.push((w, s)); // checked: its slot is held until it ends
+        } else {
+            hosts[w].finish_stream(s).expect("ended");
+        }
+    }
+    for (w, s) in open {
+        hosts[w].finish_stream(s).expect("ended");
+    }
+    let after = (0..3)
+        .filter(|&i| request(&mut hosts[i], "203.0.113.7", "/api", &[]).1 == Outcome::Pause)
+        .count();
+    (admitted, after)
+}
+
+/// With `share: process`, one limit for the process; with `share: worker`, each its own.
+fn one_in_flight_limit_for_the_process(flavor: Flavor) {
+    assert_eq!(in_flight_over_four_workers(flavor, "process", 8), (3, 3));
+    assert_eq!(in_flight_over_four_workers(flavor, "worker", 8), (8, 3));
+}
+
 on_both_hosts!(
+    one_in_flight_limit_for_the_process,
     one_client_over_four_workers_gets_one_burst,
     a_stalled_service_costs_the_process_failures_calls,
     failing_open_one_client_over_four_workers_gets_one_fallback_burst,

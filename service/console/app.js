@@ -272,7 +272,10 @@
       row.sig = sig;
       row.cells.name.textContent = r.name;
       row.cells.by.textContent = r.by;
-      row.cells.limit.textContent = `${r.limit} / ${fmtMs(r.window_ms)} ${r.algorithm}`;
+      // A concurrency rule limits requests at once; its window is how long a dead holder's slot lasts.
+      row.cells.limit.textContent = r.algorithm === 'concurrency'
+        ? `${r.limit} at once (slots outlive a holder ${fmtMs(r.window_ms)}) concurrency`
+        : `${r.limit} / ${fmtMs(r.window_ms)} ${r.algorithm}`;
       row.cells.match.textContent = r.match;
       // A cell too narrow ends in an ellipsis: its whole text on hover.
       row.cells.name.title = r.name;
@@ -582,7 +585,10 @@
       tr.appendChild(td(r.identity === null || r.identity === undefined ? '–' : r.identity, 'identity'));
       tr.appendChild(td(`${r.limit}${r.override ? ' (override)' : ''}`, 'num'));
       const s = r.state;
-      tr.appendChild(td(s ? `${s.remaining} of ${s.limit} left; ${s.would_pass ? 'passes' : `refuses, retry after ${fmtMs(s.retry_after_ms)}`}; full in ${fmtMs(s.reset_after_ms)}` : '–'));
+      const verdict = s && (s.would_pass ? 'passes' : `refuses, retry after ${fmtMs(s.retry_after_ms)}`);
+      tr.appendChild(td(!s ? '–' : r.algorithm === 'concurrency'
+        ? `${s.remaining} of ${s.limit} slots free; ${verdict}`
+        : `${s.remaining} of ${s.limit} left; ${verdict}; full in ${fmtMs(s.reset_after_ms)}`));
     }
     clear(body);
     body.appendChild(frag);

@@ -61,6 +61,7 @@ pub async fn check(node: &Node, req: &CheckRequest) -> CheckResponse {
     let mut answer = CheckResponse::from_outcomes(&outcomes, now_ms);
     if answer.allowed {
         answer.slots = slots_held(&matched);
+        node.metrics.slots_taken(answer.slots.len() as u64 * req.cost.max(1));
     }
     answer
 }

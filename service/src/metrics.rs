@@ -83,6 +83,7 @@ pub struct Metrics {
     refusals_remembered: Gauge,
     fallback_settled: Counter,
     fallback_unsettled: Counter,
+    slots_taken: Counter,
     slots_released: Counter,
     slots_renewed: Counter,
     slots_not_found: Counter,
@@ -167,6 +168,11 @@ impl Default for Metrics {
                 "fallback_unsettled_units",
                 "Units the fallback admitted that were not kept to be spent in the store (--max-keys reached)",
             ),
+            slots_taken: counter(
+                r,
+                "slots_taken",
+                "Concurrency slots taken by the checks admitted (named in their answers); less those given back and those held now, the slots that expired unreleased",
+            ),
             slots_released: counter(
                 r,
                 "slots_released",
@@ -220,6 +226,11 @@ impl Metrics {
     /// Counts one rule's verdict.
     pub fn check(&self, rule: &str, verdict: Verdict) {
         self.checks.count(rule, verdict as usize);
+    }
+
+    /// Counts `n` concurrency slots taken by an admitted check.
+    pub fn slots_taken(&self, n: u64) {
+        self.slots_taken.inc_by(n);
     }
 
     /// Counts a concurrency slot a release or renewal named that was no longer held.
@@ -667,6 +678,7 @@ mod tests {
             "sluice_refusals_remembered",
             "sluice_fallback_settled_units_total",
             "sluice_fallback_unsettled_units_total",
+            "sluice_slots_taken_total",
             "sluice_slots_released_total",
             "sluice_slots_renewed_total",
             "sluice_slots_not_found_total",

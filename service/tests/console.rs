@@ -487,3 +487,31 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn a_concurrency_rule_is_explained_as_slots_held_not_a_window() {
+    const SLOTS: &str = r#"
+[[rule]]
+name = "in-flight"
+by = "user"
+algorithm = "concurrency"
+limit = 2
+window = "5s"
+"#;
+    let n = TestNode::start(Store::Memory(MemoryStore::new(1_000)), SLOTS, config()).await;
+    let body = json!({"path": "/gen", "identities": {"user": "alice"}});
+    let free = |answer: &Value| rule(answer, "in-flight")["state"]["remaining"].clone();
+    let answer = explain(&n, body.clone()).await;
+    let explained = rule(&answer, "in-flight");
+    assert_eq!(explained["algorithm"], "concurrency", "{answer}");
+    assert!(
+        explained["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("requests in flight")),
+        "{answer}"
+    );
+    assert_eq!(free(&answer), 2, "both slots free: {answer}");
+    assert_eq!(n.check(json!({"user": "alice"}), "/gen").await["allowed"], true);
+    assert_eq!(free(&explain(&n, body.clone()).await), 1, "one held, explain took none");
+    assert_eq!(free(&explain(&n, body).await), 1);
+}

@@ -595,6 +595,11 @@ async fn a_concurrency_slot_is_named_given_back_once_and_only_by_its_identity() 
         (Some("in-flight"), Some(3_600_000)),
         "{first}"
     );
+    assert_eq!(
+        first["window_ms"].as_u64(),
+        Some(0),
+        "a limit on requests at once has no window for the headers: {first}"
+    );
     assert!(n.check(alice.clone(), "/gen").await["allowed"] == true);
     let refused = n.check(alice.clone(), "/gen").await;
     assert_eq!(
@@ -647,6 +652,7 @@ async fn a_concurrency_slot_is_named_given_back_once_and_only_by_its_identity() 
         .await
         .unwrap();
     for line in [
+        "sluice_slots_taken_total 3",
         "sluice_slots_released_total 1",
         "sluice_slots_renewed_total 1",
         "sluice_slots_not_found_total 3",

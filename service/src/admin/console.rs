@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use sluice_core::identity::{bounded, ip_identity};
 use sluice_core::rules::{Identity, Rule, RuleSet, MISSING};
 use sluice_core::wire::CheckRequest;
-use sluice_core::Decision;
+use sluice_core::{Algorithm, Decision};
 
 use super::Access;
 use crate::console::{self, Console, POINTS, STEP_S, TOP_CAPACITY};
@@ -255,9 +255,16 @@ fn explain_rule(
     let Ok(identity) = found else {
         let why = found.as_ref().err().cloned().unwrap_or_default();
         return json!({"rule": r.name, "matches": false, "why": why, "identity": null, "key": null,
-                      "shadow": r.shadow, "limit": r.limit.limit(), "override": false, "state": null});
+                      "shadow": r.shadow, "algorithm": r.limit.algorithm().to_string(),
+                      "limit": r.limit.limit(), "override": false, "state": null});
     };
     let mut why = format!("{} matches; by {}", r.conditions(), r.by.key());
+    if r.limit.algorithm() == Algorithm::Concurrency {
+        why.push_str(&format!(
+            "; requests in flight: a slot is held until the request ends (or {} ms after its holder's last renewal)",
+            r.window_ms
+        ));
+    }
     if *identity == MISSING && r.by != Identity::Global {
         why.push_str(if r.refuses(identity) {
             "; the identity is missing and the rule refuses such requests"
@@ -277,6 +284,7 @@ fn explain_rule(
     });
     json!({"rule": r.name, "matches": true, "why": why, "identity": identity,
            "key": node.store.keys().limit(&r.name, identity), "shadow": r.shadow,
+           "algorithm": r.limit.algorithm().to_string(),
            "limit": rules.limit_for(r, identity, now_ms).limit(), "override": overridden, "state": state})
 }
 
