@@ -11,7 +11,7 @@ use crate::rules::host::{is_host, MAX_HOST_BYTES};
 use crate::text::truncate;
 
 mod slots;
-pub use slots::{Slot, SlotsRequest, SlotsResponse, MAX_SLOTS_A_CALL};
+pub use slots::{Slot, SlotsCall, SlotsRequest, SlotsResponse, MAX_BATCH, MAX_BATCH_BYTES, MAX_SLOTS_A_CALL};
 
 /// The longest a shaped request is held (a rule's `max_delay`, the service's `/v1/wait`):
 /// the request holds a proxy stream and a connection meanwhile.

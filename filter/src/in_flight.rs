@@ -5,7 +5,8 @@
 //! gone, an upstream reset, a local reply). The root, on its tick, gives back the slots of
 //! the requests that ended and renews the slots of those still running once a third of a
 //! slot's window has passed, so a slot outlives its request only if this proxy dies. Not
-//! the stream itself: a stream's call ends with the stream (see [`crate::debits`]).
+//! the stream itself: a stream's call ends with the stream (see [`crate::debits`]). The
+//! releases of a tick go in one call (a batch), so a request costs the proxy one call.
 //!
 //! One call at a time per request: a renewal's answer names the slots' new times, which the
 //! release that follows must use; a request that ends while its renewal is out is given
@@ -13,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use sluice_core::wire::{CheckRequest, Slot, SlotsRequest, SlotsResponse};
+#[cfg(test)]
+use sluice_core::wire::MAX_BATCH;
+use sluice_core::wire::{CheckRequest, Slot, SlotsCall, SlotsRequest, SlotsResponse};
 
 use crate::config::Concurrency;
 
@@ -32,11 +35,12 @@ struct Held {
     renewing: bool,
 }
 
-/// A call the root sends now: its body, and the request it is for.
+/// A call the root sends now: its body, and what it carries: one request's renewal (its
+/// hold id), or the releases of `requests` requests that ended.
 pub struct Out {
     pub body: Vec<u8>,
-    pub id: u64,
-    pub renew: bool,
+    pub renew: Option<u64>,
+    pub requests: u64,
 }
 
 /// The slots every request of this worker holds, by the stream's hold id.
@@ -85,10 +89,12 @@ impl InFlight {
         }
     }
 
-    /// The calls to send now: every ended request's release (forgotten here once sent), and
-    /// a renewal of every running request whose slots are a third of their window old.
+    /// The calls to send now: the releases of every request that ended, batched (forgotten
+    /// here once sent), and a renewal of every running request whose slots are a third of
+    /// their window old, one call each (its answer names the slots' new times).
     pub fn due(&mut self, now_ms: u64) -> Vec<Out> {
         let mut out = Vec::new();
+        let mut releases = Vec::new();
         self.held.retain(|&id, held| {
             if held.renewing {
                 return true;
@@ -97,22 +103,36 @@ impl InFlight {
                 self.expired += 1;
                 return false; // every slot expired at the service: nothing to give back
             }
+            if held.ended {
+                releases.push(SlotsRequest {
+                    request: std::mem::take(&mut held.request),
+                    slots: std::mem::take(&mut held.slots),
+                    renew: false,
+                });
+                return false;
+            }
             let window_ms = held.slots.iter().map(|s| s.window_ms).min().unwrap_or(0);
-            let renew = !held.ended && now_ms.saturating_sub(held.renewed_ms) * 3 >= window_ms;
-            if held.ended || renew {
+            if now_ms.saturating_sub(held.renewed_ms) * 3 >= window_ms {
                 let call = SlotsRequest {
                     request: held.request.clone(),
                     slots: held.slots.clone(),
-                    renew,
+                    renew: true,
                 };
                 out.push(Out {
                     body: call.to_json().into_bytes(),
-                    id,
-                    renew,
+                    renew: Some(id),
+                    requests: 1,
                 });
             }
-            !held.ended
+            true
         });
+        for (body, requests) in SlotsCall::batches(&releases) {
+            out.push(Out {
+                body: body.into_bytes(),
+                renew: None,
+                requests: requests as u64,
+            });
+        }
         out
     }
 
@@ -173,22 +193,35 @@ mod tests {
         }
     }
 
+    /// The releases a batch call carries.
+    fn released(out: &Out) -> Vec<SlotsRequest> {
+        match SlotsCall::from_json(&out.body).unwrap() {
+            SlotsCall::Batch(batch) => batch,
+            SlotsCall::One(one) => panic!("a release not batched: {one:?}"),
+        }
+    }
+
     #[test]
-    fn an_ended_request_is_given_back_once_and_a_running_one_renewed_by_a_third_of_its_window() {
+    fn ended_requests_are_given_back_once_in_one_call_and_a_running_one_renewed_by_a_third_of_its_window() {
         let mut f = InFlight::new(Concurrency::default());
         let a = f.hold(request(), vec![slot(1)], 0).unwrap();
         let b = f.hold(request(), vec![slot(2)], 0).unwrap();
+        let c = f.hold(request(), vec![slot(3)], 0).unwrap();
         assert!(f.due(999).is_empty(), "nothing ended, nothing a third old");
         f.end(a);
+        f.end(c);
         let out = f.due(1_000);
-        assert_eq!(out.len(), 2);
-        let release = out.iter().find(|o| o.id == a).unwrap();
-        assert!(!release.renew);
-        let sent = SlotsRequest::from_json(&release.body).unwrap();
-        assert_eq!(sent.slots, vec![slot(1)]);
-        let renew = out.iter().find(|o| o.id == b).unwrap();
-        assert!(renew.renew);
-        assert!(f.due(1_001).iter().all(|o| o.id != a), "given back once");
+        assert_eq!(out.len(), 2, "one batch of releases, one renewal");
+        let release = out.iter().find(|o| o.renew.is_none()).unwrap();
+        assert_eq!(release.requests, 2);
+        let sent = released(release);
+        assert_eq!(
+            sent.iter().map(|r| (r.renew, r.slots.clone())).collect::<Vec<_>>(),
+            vec![(false, vec![slot(1)]), (false, vec![slot(3)])]
+        );
+        let renew = out.iter().find(|o| o.renew == Some(b)).unwrap();
+        assert!(SlotsRequest::from_json(&renew.body).unwrap().renew);
+        assert!(f.due(1_001).iter().all(|o| o.renew.is_some()), "given back once");
         // The renewal is out: b waits for its answer, even once ended.
         f.renewing(7, b);
         f.end(b);
@@ -199,20 +232,32 @@ mod tests {
         };
         assert!(f.renewed(7, Some(answer), 5_000));
         let out = f.due(5_001);
-        let sent = SlotsRequest::from_json(&out[0].body).unwrap();
         assert_eq!(
-            (sent.renew, sent.slots),
-            (false, vec![slot(4_000)]),
+            released(&out[0])[0].slots,
+            vec![slot(4_000)],
             "released under its new time"
         );
         assert!(!f.renewed(7, None, 5_002), "not a renewal's token any more");
     }
 
     #[test]
+    fn more_releases_than_a_batch_holds_go_in_several() {
+        let mut f = InFlight::new(Concurrency::default());
+        for i in 0..MAX_BATCH as u64 + 1 {
+            let id = f.hold(request(), vec![slot(i)], 0).unwrap();
+            f.end(id);
+        }
+        let out = f.due(1);
+        let sizes: Vec<u64> = out.iter().map(|o| o.requests).collect();
+        assert_eq!(sizes, vec![MAX_BATCH as u64, 1]);
+        assert_eq!(released(&out[0]).len(), MAX_BATCH);
+    }
+
+    #[test]
     fn a_request_whose_slots_expired_at_the_service_is_counted_and_not_given_back() {
         let mut f = InFlight::new(Concurrency::default());
         let a = f.hold(request(), vec![slot(1)], 0).unwrap();
-        assert!(f.due(1_000).iter().all(|o| o.renew));
+        assert!(f.due(1_000).iter().all(|o| o.renew == Some(a)));
         f.renewing(3, a);
         let none = SlotsResponse {
             slots: Vec::new(),

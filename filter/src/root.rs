@@ -146,13 +146,16 @@ fn send_slot_calls(s: &mut Shared, p: &mut impl Proxy, now: Micros) {
     p.count(s.metrics.slots_lost, std::mem::take(&mut in_flight.expired));
     for out in due {
         let request = ("POST", in_flight.config.path.as_str());
-        match p.call(check, request, Some(&out.body), &[], u64::from(check.timeout_ms)) {
-            Ok(token) if out.renew => in_flight.renewing(token, out.id),
-            Ok(_) => p.count(s.metrics.slots_released, 1),
-            Err(why) => {
+        match (
+            p.call(check, request, Some(&out.body), &[], u64::from(check.timeout_ms)),
+            out.renew,
+        ) {
+            (Ok(token), Some(id)) => in_flight.renewing(token, id),
+            (Ok(_), None) => p.count(s.metrics.slots_released, out.requests),
+            (Err(why), renew) => {
                 p.log(LogLevel::Warn, &format!("sluice-filter: slots call not sent ({why})"));
-                if !out.renew {
-                    p.count(s.metrics.slots_lost, 1);
+                if renew.is_none() {
+                    p.count(s.metrics.slots_lost, out.requests);
                 }
             }
         }

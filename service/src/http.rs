@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use sluice_core::lease::wire::LeaseRequest;
-use sluice_core::wire::{CheckRequest, SlotsRequest, MAX_HOLD_MS};
+use sluice_core::wire::{CheckRequest, SlotsCall, MAX_BATCH_BYTES, MAX_HOLD_MS};
 
 use crate::check::check;
 use crate::exchange::LeaseError;
@@ -53,7 +53,11 @@ pub fn router(node: Arc<Node>) -> Router {
     let data = Router::new()
         .route("/v1/check", post(check_handler))
         .route("/v1/debit", post(debit_handler))
-        .route("/v1/slots", post(slots_handler))
+        // A proxy's releases of a tick come in one batch: a larger body than a check's.
+        .route(
+            "/v1/slots",
+            post(slots_handler).layer(DefaultBodyLimit::max(MAX_BATCH_BYTES)),
+        )
         .route("/v1/wait", get(wait))
         .route("/v1/lease", post(lease_handler))
         .route("/v1/rules", get(rules_for_proxies));
@@ -141,7 +145,10 @@ pub(crate) fn body(result: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiEr
     result.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {BODY_LIMIT} bytes (the admin API takes up to {ADMIN_BODY_LIMIT})"),
+            format!(
+                "request body larger than {BODY_LIMIT} bytes (POST /v1/slots takes up to {MAX_BATCH_BYTES}, the admin API \
+                 up to {ADMIN_BODY_LIMIT})"
+            ),
         ),
         status => ApiError(status, format!("cannot read request body: {e}")),
     })
@@ -189,21 +196,20 @@ async fn debit_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result
     }
 }
 
-/// `POST /v1/slots`: a request's concurrency slots given back or renewed (see
-/// [`crate::slots`]). 503 when the store cannot answer: the slots stay as they were, and
-/// expire unless renewed.
+/// `POST /v1/slots`: a request's concurrency slots given back or renewed, or a batch of
+/// requests' (see [`crate::slots`]). 503 when the store cannot answer: those slots stay as
+/// they were, and expire unless renewed.
 async fn slots_handler(State(node): State<Arc<Node>>, _: Authorized, raw: Result<Bytes, BytesRejection>) -> Response {
     let raw = match body(raw) {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let mut req = match SlotsRequest::from_json(&raw) {
-        Ok(req) => req,
+    let call = match SlotsCall::from_json(&raw) {
+        Ok(call) => call,
         Err(e) => return bad(e.0).into_response(),
     };
-    req.request = crate::check::canonical(req.request, node.config.ipv6_prefix);
-    match crate::slots::slots(&node, &req).await {
-        Ok(answer) => json_body(answer.to_json()),
+    match crate::slots::call(&node, call).await {
+        Ok(answer) => json_body(answer),
         Err(e) => ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("slots unchanged: {e}")).into_response(),
     }
 }

@@ -6,11 +6,39 @@
 //! its rule and its time; one already given back, or expired, is not found and frees
 //! nothing, so a release sent twice cannot free another request's slot.
 
+use futures_util::future::join_all;
 use sluice_core::algorithm::Algorithm;
-use sluice_core::wire::{Slot, SlotsRequest, SlotsResponse};
+use sluice_core::wire::{Slot, SlotsCall, SlotsRequest, SlotsResponse};
 
 use crate::node::Node;
 use crate::store::{within, StoreError};
+
+/// A `POST /v1/slots` body carried out: its answer, one request's or a batch's
+/// (`{"batch": [<answer>, ...]}`, in the batch's order). A batch's requests go to the store
+/// at once; when one fails, the call fails, and what the others did stands (a release
+/// named again is not found, and frees nothing more).
+pub async fn call(node: &Node, call: SlotsCall) -> Result<String, StoreError> {
+    let canonical = |mut req: SlotsRequest| {
+        req.request = crate::check::canonical(req.request, node.config.ipv6_prefix);
+        req
+    };
+    match call {
+        SlotsCall::One(req) => Ok(slots(node, &canonical(req)).await?.to_json()),
+        SlotsCall::Batch(batch) => {
+            let batch: Vec<SlotsRequest> = batch.into_iter().map(canonical).collect();
+            let answers = join_all(batch.iter().map(|req| slots(node, req))).await;
+            let mut out = String::from("{\"batch\":[");
+            for (i, answer) in answers.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&answer?.to_json());
+            }
+            out.push_str("]}");
+            Ok(out)
+        }
+    }
+}
 
 /// Gives back or renews the slots `req` names; the slots held afterwards (renewed ones
 /// under their new times). A slot of a rule the request no longer matches, or that is not

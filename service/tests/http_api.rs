@@ -567,6 +567,16 @@ limit = 2
 window = "1h"
 "#;
 
+/// A node of [`SLOT_RULES`] over memory.
+async fn slot_node() -> TestNode {
+    TestNode::start(
+        Store::Memory(MemoryStore::new(1_000)),
+        SLOT_RULES,
+        NodeConfig::default(),
+    )
+    .await
+}
+
 /// POSTs `body` to `/v1/slots`: its status and JSON answer.
 async fn slots_call(n: &TestNode, body: serde_json::Value) -> (u16, serde_json::Value) {
     let r = n
@@ -580,13 +590,42 @@ async fn slots_call(n: &TestNode, body: serde_json::Value) -> (u16, serde_json::
 }
 
 #[tokio::test]
+async fn a_batch_gives_back_several_requests_slots_in_one_call_each_only_by_its_identity() {
+    let n = slot_node().await;
+    let alice = json!({"user": "alice"});
+    let mut slots = Vec::new();
+    for _ in 0..2 {
+        let answer = n.check(alice.clone(), "/gen").await;
+        slots.push(answer["slots"].clone());
+    }
+    assert_eq!(n.check(alice.clone(), "/gen").await["allowed"], false, "both held");
+    let entry = |who: &serde_json::Value, slots: &serde_json::Value| json!({"request": {"identities": who, "method": "GET", "path": "/gen"}, "slots": slots});
+    let batch = json!({"batch": [
+        entry(&alice, &slots[0]),
+        entry(&json!({"user": "mallory"}), &slots[1]),
+        entry(&alice, &slots[1]),
+    ]});
+    let (status, answer) = slots_call(&n, batch).await;
+    assert_eq!(status, 200, "{answer}");
+    let found: Vec<Option<u64>> = (0..3).map(|i| answer["batch"][i]["found"].as_u64()).collect();
+    assert_eq!(found, [Some(1), Some(0), Some(1)], "mallory frees nothing: {answer}");
+    for _ in 0..2 {
+        assert_eq!(n.check(alice.clone(), "/gen").await["allowed"], true, "both given back");
+    }
+    // A tick's releases: more than a check's body limit (16 KiB) in one call.
+    let many: Vec<serde_json::Value> = (0..200)
+        .map(|i| entry(&json!({"user": format!("u{i:0>200}")}), &slots[0]))
+        .collect();
+    let (status, answer) = slots_call(&n, json!({ "batch": many })).await;
+    assert_eq!(status, 200, "a batch of 200: {answer}");
+    let (status, bad) = slots_call(&n, json!({"batch": [entry(&alice, &slots[0]), {"slots": []}]})).await;
+    assert_eq!(status, 400, "{bad}");
+    assert!(bad["error"].as_str().is_some_and(|e| e.contains("batch[1]")), "{bad}");
+}
+
+#[tokio::test]
 async fn a_concurrency_slot_is_named_given_back_once_and_only_by_its_identity() {
-    let n = TestNode::start(
-        Store::Memory(MemoryStore::new(1_000)),
-        SLOT_RULES,
-        NodeConfig::default(),
-    )
-    .await;
+    let n = slot_node().await;
     let alice = json!({"user": "alice"});
     let first = n.check(alice.clone(), "/gen").await;
     let slot = first["slots"][0].clone();

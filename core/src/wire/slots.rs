@@ -10,8 +10,15 @@
 use super::{CheckRequest, WireError};
 use crate::json::{self, Json, JsonError};
 
-/// Most slots one `POST /v1/slots` may name (a request matches at most this many rules).
+/// Most slots one `POST /v1/slots` may name for one request (a request matches at most
+/// this many rules).
 pub const MAX_SLOTS_A_CALL: usize = 64;
+
+/// Most requests one batched `POST /v1/slots` may carry.
+pub const MAX_BATCH: usize = 256;
+
+/// Most bytes of a batched `POST /v1/slots` body: the service's body limit there.
+pub const MAX_BATCH_BYTES: usize = 256 * 1024;
 
 /// One concurrency slot a request holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,28 +67,34 @@ pub struct SlotsRequest {
 }
 
 impl SlotsRequest {
-    /// Parses and validates a body; errors name the field.
+    /// Parses and validates a body of one request; errors name the field.
     pub fn from_json(body: &[u8]) -> Result<SlotsRequest, WireError> {
-        let read = |doc: &Json<'_>| {
-            let mut f = doc.object()?;
-            let req = SlotsRequest {
-                request: f.req("request", CheckRequest::read),
-                slots: f.req("slots", |v| v.each(Slot::read)),
-                renew: f.opt("renew", Json::bool).unwrap_or(false),
-            };
-            f.finish().map(|()| req)
-        };
         let req = json::parse(body)
-            .and_then(|doc| read(&doc))
+            .and_then(|doc| SlotsRequest::read(&doc))
             .map_err(|e| WireError(format!("invalid slots request: {e}")))?;
-        req.request.validate()?;
-        if req.slots.len() > MAX_SLOTS_A_CALL {
+        req.validate()?;
+        Ok(req)
+    }
+
+    fn read(v: &Json<'_>) -> Result<SlotsRequest, JsonError> {
+        let mut f = v.object()?;
+        let req = SlotsRequest {
+            request: f.req("request", CheckRequest::read),
+            slots: f.req("slots", |v| v.each(Slot::read)),
+            renew: f.opt("renew", Json::bool).unwrap_or(false),
+        };
+        f.finish().map(|()| req)
+    }
+
+    fn validate(&self) -> Result<(), WireError> {
+        self.request.validate()?;
+        if self.slots.len() > MAX_SLOTS_A_CALL {
             return Err(WireError(format!(
                 "slots: {} given; at most {MAX_SLOTS_A_CALL}",
-                req.slots.len()
+                self.slots.len()
             )));
         }
-        Ok(req)
+        Ok(())
     }
 
     /// The body as JSON, as [`SlotsRequest::from_json`] reads it.
@@ -96,6 +109,94 @@ impl SlotsRequest {
         o.end();
         out
     }
+}
+
+/// A `POST /v1/slots` body: one request's slots ([`SlotsRequest`]), or several requests'
+/// at once, `{"batch": [<SlotsRequest>, ...]}` (at most [`MAX_BATCH`]): a proxy gives back
+/// every request that ended since its last tick in one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotsCall {
+    /// One request's slots.
+    One(SlotsRequest),
+    /// Several requests' slots.
+    Batch(Vec<SlotsRequest>),
+}
+
+impl SlotsCall {
+    /// Parses and validates a body; errors name the field (a batch's entry by its index).
+    pub fn from_json(body: &[u8]) -> Result<SlotsCall, WireError> {
+        let doc = json::parse(body).map_err(|e| WireError(format!("invalid slots request: {e}")))?;
+        let batched = matches!(&doc, Json::Object(members) if members.iter().any(|(k, _)| k == "batch"));
+        if !batched {
+            let req = SlotsRequest::read(&doc).map_err(|e| WireError(format!("invalid slots request: {e}")))?;
+            req.validate()?;
+            return Ok(SlotsCall::One(req));
+        }
+        let read = |doc: &Json<'_>| {
+            let mut f = doc.object()?;
+            let batch = f.req("batch", |v| v.each(SlotsRequest::read));
+            f.finish().map(|()| batch)
+        };
+        let batch = read(&doc).map_err(|e| WireError(format!("invalid slots batch: {e}")))?;
+        if batch.len() > MAX_BATCH {
+            return Err(WireError(format!("batch: {} given; at most {MAX_BATCH}", batch.len())));
+        }
+        for (i, req) in batch.iter().enumerate() {
+            req.validate().map_err(|e| WireError(format!("batch[{i}]: {}", e.0)))?;
+        }
+        Ok(SlotsCall::Batch(batch))
+    }
+
+    /// The requests it carries.
+    pub fn requests(&self) -> &[SlotsRequest] {
+        match self {
+            SlotsCall::One(req) => std::slice::from_ref(req),
+            SlotsCall::Batch(batch) => batch,
+        }
+    }
+
+    /// The requests' slots, as one request's or as a batch: the form [`SlotsCall::from_json`]
+    /// reads.
+    pub fn to_json(&self) -> String {
+        match self {
+            SlotsCall::One(req) => req.to_json(),
+            SlotsCall::Batch(batch) => {
+                let entries: Vec<String> = batch.iter().map(SlotsRequest::to_json).collect();
+                batch_body(&entries)
+            }
+        }
+    }
+
+    /// Bodies that carry `requests` in order, each a batch of at most [`MAX_BATCH`] requests
+    /// and [`MAX_BATCH_BYTES`] bytes, with how many requests each carries.
+    pub fn batches(requests: &[SlotsRequest]) -> Vec<(String, usize)> {
+        let mut bodies = Vec::new();
+        let mut entries: Vec<String> = Vec::new();
+        let mut bytes = 0;
+        for req in requests {
+            let entry = req.to_json();
+            if !entries.is_empty() && (entries.len() == MAX_BATCH || bytes + entry.len() + 16 > MAX_BATCH_BYTES) {
+                bodies.push((batch_body(&entries), entries.len()));
+                entries.clear();
+                bytes = 0;
+            }
+            bytes += entry.len() + 1;
+            entries.push(entry);
+        }
+        if !entries.is_empty() {
+            bodies.push((batch_body(&entries), entries.len()));
+        }
+        bodies
+    }
+}
+
+/// `{"batch":[…]}` of the requests' bodies.
+fn batch_body(entries: &[String]) -> String {
+    let mut out = String::with_capacity(12 + entries.iter().map(|e| e.len() + 1).sum::<usize>());
+    out.push_str("{\"batch\":[");
+    out.push_str(&entries.join(","));
+    out.push_str("]}");
+    out
 }
 
 /// `POST /v1/slots` answer: the slots the request holds now (a renewal's new times; none
@@ -166,6 +267,72 @@ mod tests {
             vec![r#"{"rule":"a","at":1}"#; MAX_SLOTS_A_CALL + 1].join(",")
         );
         assert!(bad(&many).contains("at most 64"), "{}", bad(&many));
+    }
+
+    #[test]
+    fn a_batch_round_trips_and_names_the_entry_that_is_wrong() {
+        let one = |user: &str| SlotsRequest {
+            request: CheckRequest {
+                identities: [("user".to_owned(), user.to_owned())].into(),
+                ..request()
+            },
+            slots: vec![Slot {
+                rule: "gpu".into(),
+                at: 1,
+                window_ms: 0,
+            }],
+            renew: false,
+        };
+        let batch = SlotsCall::Batch(vec![one("a"), one("b")]);
+        assert_eq!(SlotsCall::from_json(batch.to_json().as_bytes()), Ok(batch.clone()));
+        assert_eq!(batch.requests().len(), 2);
+        let single = SlotsCall::One(one("a"));
+        assert_eq!(SlotsCall::from_json(single.to_json().as_bytes()), Ok(single));
+        let bad = |body: &str| SlotsCall::from_json(body.as_bytes()).unwrap_err().0;
+        let second_bad =
+            r#"{"batch":[{"request":{"identities":{},"method":"GET","path":"/"},"slots":[]},{"slots":[]}]}"#;
+        assert!(bad(second_bad).contains("batch[1]"), "{}", bad(second_bad));
+        let mixed = r#"{"batch":[],"request":{"identities":{},"method":"GET","path":"/"}}"#;
+        assert!(bad(mixed).contains("unknown field `request`"), "{}", bad(mixed));
+        let many = format!(r#"{{"batch":[{}]}}"#, vec![one("a").to_json(); MAX_BATCH + 1].join(","));
+        assert!(bad(&many).contains("at most 256"), "{}", bad(&many));
+    }
+
+    #[test]
+    fn batches_hold_at_most_their_count_and_bytes_and_read_back_in_order() {
+        let long = format!("/{}", "x".repeat(3_000));
+        let requests: Vec<SlotsRequest> = (0..600)
+            .map(|i| SlotsRequest {
+                request: CheckRequest {
+                    identities: [("user".to_owned(), i.to_string())].into(),
+                    path: if i % 2 == 0 { long.clone() } else { "/".into() },
+                    ..request()
+                },
+                slots: Vec::new(),
+                renew: false,
+            })
+            .collect();
+        let bodies = SlotsCall::batches(&requests);
+        assert!(
+            bodies.len() > 3,
+            "the bytes split them before the count: {}",
+            bodies.len()
+        );
+        let mut read = Vec::new();
+        for (body, n) in &bodies {
+            assert!(
+                body.len() <= MAX_BATCH_BYTES && *n <= MAX_BATCH,
+                "{} bytes, {n}",
+                body.len()
+            );
+            let SlotsCall::Batch(batch) = SlotsCall::from_json(body.as_bytes()).unwrap() else {
+                panic!("not a batch")
+            };
+            assert_eq!(batch.len(), *n);
+            read.extend(batch);
+        }
+        assert_eq!(read, requests);
+        assert!(SlotsCall::batches(&[]).is_empty());
     }
 
     #[test]
