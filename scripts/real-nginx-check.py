@@ -148,7 +148,7 @@ lease_ttl = "5s"
     slots = json.loads(json.dumps(base)); slots["concurrency"] = {"tick_ms": 10}
     # The filter's own limit of 3 of a user's requests at once, no concurrency rule
     # (/api/hello), in front of the same upstream (28098).
-    own = json.loads(json.dumps(base)); own["concurrency"] = {"local": {"by": "user", "limit": 3}}
+    own = json.loads(json.dumps(base)); own["concurrency"] = {"local": {"by": "user", "limit": 3, "expiry_ms": 2000}}
     open(f"{RUN}/conf/zone.conf", "w").write(NGINX_CONF)
     for name, cfg in (("base", base), ("lease", lease), ("empty", empty), ("around", around), ("unix", unix),
                       ("tight", tight), ("tight_worker", tight_worker), ("lease_worker", lease_worker),
@@ -181,16 +181,23 @@ lease_ttl = "5s"
     wait_port(28080); time.sleep(0.5)
     master = int(open(f"{RUN}/logs/nginx.pid").read())
     workers0 = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+    workers1, killed = None, []
     try:
         run_checks()
         share_checks()
         lease_share_check()
         concurrency_check()
         no_zone_check(base)
-    finally:
         workers1 = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+        killed = dead_workers_check(master)
+    finally:
+        if workers1 is None:
+            workers1 = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
         log = open(f"{RUN}/logs/error.log", errors="replace").read()
-        bad_lines = [l for l in log.splitlines() if re.search(r"panicked|trap|exited on signal|\[emerg\]|\[alert\]|\[crit\]", l)]
+        # The workers the last check killed are the only ones that may have exited on a signal.
+        expected = [f"{pid} exited on signal 9" for pid in killed]
+        bad_lines = [l for l in log.splitlines() if re.search(r"panicked|trap|exited on signal|\[emerg\]|\[alert\]|\[crit\]", l)
+                     and not any(e in l for e in expected)]
         check("no trap, panic or worker crash in error.log", not bad_lines, "; ".join(bad_lines[:5])[:600])
         # The host's own errors about the module's calls (not the filter's logs, which are
         # `[proxy-wasm]` lines): e.g. a property read ngx_wasm_module refuses outside a request.
@@ -413,6 +420,39 @@ def concurrency_check():
           statuses == [200, 200, 200, 429, 429] and again == [200] * 3 and len(workers) == 2
           and 'qu="concurrent-requests"' in refusal.lower() and "retry-after: 1" in refusal.lower(),
           f"at once {statuses}, after {again}, workers {sorted(workers)}; {refusal[:300]!r}")
+
+def dead_workers_check(master):
+    # 14. Both workers killed (SIGKILL) while three of one user's requests held the filter's
+    # own in-flight slots (limit 3, expiry 2 s; the zone outlives the workers): the workers the
+    # master starts again refuse that user while the dead ones' slots live, and admit again
+    # once they expired. Returns the pids killed.
+    def at_once(first):
+        out = [None] * 3
+        def one(i):
+            try: out[i] = get(28098, path="/api/hello", src=f"127.0.13.{first + i}", headers=b"x-user-id: dead-user\r\n")[0]
+            except OSError: out[i] = "reset"
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads: t.start()
+        return threads, out
+    holding, _ = at_once(1)
+    taken = time.time()
+    time.sleep(0.3)
+    killed = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+    for pid in killed: os.kill(int(pid), signal.SIGKILL)
+    for t in holding: t.join()
+    for _ in range(50):
+        now = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+        if len(now) == 2 and not set(now) & set(killed): break
+        time.sleep(0.1)
+    threads, refused = at_once(20)
+    for t in threads: t.join()
+    time.sleep(max(0.0, taken + 2.3 - time.time()))
+    threads, after = at_once(40)
+    for t in threads: t.join()
+    check("workers killed holding the filter's own in-flight slots: refused until the expiry (2 s), admitted after",
+          refused == [429] * 3 and after == [200] * 3,
+          f"killed {killed}, then {now}: while their slots lived {refused}, after the expiry {after}")
+    return killed
 
 def no_zone_check(base):
     # 10. An nginx.conf written before `share` (no shm_kv zone) with a configuration that does

@@ -136,7 +136,7 @@ impl Default for Concurrency {
     }
 }
 
-/// The filter's own limit on requests in flight ([`crate::local_in_flight`]): at most `limit`
+/// The filter's own limit on requests in flight (`filter/src/local_in_flight.rs`): at most `limit`
 /// at once for each client by `by`, counted by every worker of the process together
 /// (`share: process`) or by each worker.
 #[derive(Debug, Clone)]
