@@ -305,6 +305,7 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    node.metrics.fallback_keys(node.fallback.len());
     let text = node.metrics.render();
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }

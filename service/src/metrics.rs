@@ -81,6 +81,7 @@ pub struct Metrics {
     waits_refused: Counter,
     refused_from_memory: Counter,
     refusals_remembered: Gauge,
+    fallback_keys: Gauge,
     fallback_settled: Counter,
     fallback_unsettled: Counter,
     slots_taken: Counter,
@@ -193,6 +194,15 @@ impl Default for Metrics {
                 r.register(
                     "refusals_remembered",
                     "Refusals the node remembers, each until its retry_after (bounded by --max-refusals)",
+                    gauge.clone(),
+                );
+                gauge
+            },
+            fallback_keys: {
+                let gauge = Gauge::default();
+                r.register(
+                    "fallback_keys",
+                    "Keys the node's fallback buckets hold, read at each scrape (bounded by --max-keys)",
                     gauge.clone(),
                 );
                 gauge
@@ -331,6 +341,11 @@ impl Metrics {
     pub fn refusals_remembered(&self, remembered: usize) {
         self.refusals_remembered
             .set(i64::try_from(remembered).unwrap_or(i64::MAX));
+    }
+
+    /// How many keys the node's fallback buckets hold now (set before each scrape).
+    pub fn fallback_keys(&self, keys: usize) {
+        self.fallback_keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
     }
 
     /// Counts a lease call answered (`POST /v1/lease`, 200): decisions by leases, beside
@@ -676,6 +691,7 @@ mod tests {
             "sluice_waits_refused_total",
             "sluice_checks_refused_from_memory_total",
             "sluice_refusals_remembered",
+            "sluice_fallback_keys",
             "sluice_fallback_settled_units_total",
             "sluice_fallback_unsettled_units_total",
             "sluice_slots_taken_total",
