@@ -42,6 +42,8 @@ pub struct LocalInFlight {
     /// This worker's requests holding a slot, by hold id: the client and the slot's time.
     held: BTreeMap<u64, (String, Micros)>,
     next: u64,
+    /// No slot is due for renewal before this (the tick looks at the holds only then).
+    next_due: Micros,
 }
 
 /// A request's slot taken or refused.
@@ -69,6 +71,7 @@ impl LocalInFlight {
             kept,
             held: BTreeMap::new(),
             next: 0,
+            next_due: Micros::MAX,
         })
     }
 
@@ -89,6 +92,7 @@ impl LocalInFlight {
         let hold = (decision.allowed && self.held.len() < MAX_HELD).then(|| {
             self.next += 1;
             self.held.insert(self.next, (client.to_owned(), now));
+            self.next_due = self.next_due.min(now.saturating_add(self.third()));
             self.next
         });
         Taken { decision, hold }
@@ -106,7 +110,10 @@ impl LocalInFlight {
     /// Renews the slot of every running request whose slot is a third of the expiry old;
     /// how many had expired (their slot lost: the worker was stalled past the expiry).
     pub fn renew_due(&mut self, p: &mut impl SharedData, now: Micros) -> u64 {
-        let third = Micros::new(self.limit.window().as_u64() / 3);
+        if now < self.next_due {
+            return 0;
+        }
+        let third = self.third();
         let due: Vec<u64> = self
             .held
             .iter()
@@ -126,7 +133,14 @@ impl LocalInFlight {
                 self.held.remove(&hold);
             }
         }
+        let oldest = self.held.values().map(|&(_, at)| at).min();
+        self.next_due = oldest.map_or(Micros::MAX, |at| at.saturating_add(third));
         lost
+    }
+
+    /// A third of the expiry: a running request's slot is renewed once this old.
+    fn third(&self) -> Micros {
+        Micros::new(self.limit.window().as_u64() / 3)
     }
 
     /// Applies `change` to `client`'s slots at `now`; what it answered (the slots it touched).
