@@ -22,12 +22,14 @@ const MAX_EVENTS: usize = 96;
 const MAX_MEMORY: usize = 16 << 20;
 
 /// The configurations an input starts the filter with: the check path alone; leases,
-/// debits and a local bucket shared by the process; each worker its own.
+/// debits, a local bucket and a limit on requests in flight shared by the process, and
+/// concurrency slots given back; each worker its own.
 const CONFIGS: [&str; 3] = [
     r#"{"check": {"cluster": "sluice_check", "timeout_ms": 25}, "identities": {"user": {"header": "x-user-id"}}}"#,
     r#"{"check": {"cluster": "sluice_check"}, "identities": {"ip": {}, "user": {"header": "x-user-id"}},
         "local": {"by": "ip", "rate_per_s": 5, "burst": 5, "max_keys": 4},
         "lease": {"tick_ms": 10, "poll_ms": 10}, "debit": {"header": "x-tokens-used"}, "slots": 16,
+        "concurrency": {"tick_ms": 10, "local": {"by": "user", "limit": 2, "expiry_ms": 1000}},
         "share": "process"}"#,
     r#"{"check": {"cluster": "sluice_check"}, "identities": {"api_key": {"header": "x-api-key"}},
         "local": {"by": "api_key", "rate_per_s": 1, "burst": 1}, "failure": {"mode": "closed",
@@ -35,8 +37,9 @@ const CONFIGS: [&str; 3] = [
 ];
 
 /// Answers a call may get: the service's, right and wrong, and whatever the input says.
-const BODIES: [&str; 6] = [
+const BODIES: [&str; 7] = [
     r#"{"allowed": true, "limit": 10, "remaining": 9, "reset_after_ms": 1000, "policy": "p"}"#,
+    r#"{"allowed": true, "slots": [{"rule": "gpu", "at": 5, "window_ms": 30}]}"#,
     r#"{"allowed": false, "limit": 10, "remaining": 0, "retry_after_ms": 700, "reset_after_ms": 700}"#,
     r#"{"allowed": true, "delay_ms": 30}"#,
     r#"{"rule": [{"name": "per-ip", "by": "ip", "algorithm": "fixed_window", "limit": 3, "window": "1s", "lease": true}]}"#,

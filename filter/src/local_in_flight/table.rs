@@ -137,7 +137,7 @@ fn split(bytes: &[u8], hash: u64, window: Micros, now: Micros) -> (State, Vec<u8
         }
     }
     entries.make_contiguous().sort_unstable();
-    let used = entries.iter().map(|&(_, n)| n).sum();
+    let used = entries.iter().fold(0u64, |sum, &(_, n)| sum.saturating_add(n));
     let state = if entries.is_empty() {
         State::Fresh
     } else {
