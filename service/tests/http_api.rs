@@ -73,15 +73,7 @@ async fn every_rule_must_allow_and_a_denial_consumes_nothing() {
 async fn shadow_rules_count_but_never_deny() {
     let n = node().await;
     assert_eq!(n.admitted(json!({"ip": "2.2.2.2"}), "/a", 3).await, 3);
-    let text = n
-        .client
-        .get(n.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = n.metrics().await;
     assert!(
         text.contains(r#"sluice_checks_total{rule="shadow-global",decision="shadow_denied"} 2"#),
         "{text}"
@@ -100,12 +92,6 @@ async fn shadow_rules_count_but_never_deny() {
     }
 }
 
-/// The node's `/metrics` text.
-async fn scrape(n: &TestNode) -> String {
-    let r = n.client.get(n.url("/metrics")).send().await.expect("metrics");
-    r.text().await.expect("metrics text")
-}
-
 /// The value of the series `series` (its name and labels as written) in `text`.
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -117,7 +103,7 @@ fn value(text: &str, series: &str) -> Option<f64> {
 #[tokio::test]
 async fn metrics_follow_checks_near_the_limit_and_rule_reloads() {
     let n = node().await;
-    let text = scrape(&n).await;
+    let text = n.metrics().await;
     assert_eq!(value(&text, r#"sluice_rule_limit{rule="per-ip"}"#), Some(3.0), "{text}");
     assert_eq!(
         value(&text, r#"sluice_rule_period_seconds{rule="per-ip"}"#),
@@ -131,15 +117,15 @@ async fn metrics_follow_checks_near_the_limit_and_rule_reloads() {
     let near = r#"sluice_checks_near_limit_total{rule="per-ip"}"#;
     let ip = json!({"ip": "7.7.7.7"});
     assert_eq!(n.admitted(ip.clone(), "/a", 2).await, 2);
-    assert_eq!(value(&scrape(&n).await, near), Some(0.0));
+    assert_eq!(value(&n.metrics().await, near), Some(0.0));
     assert_eq!(n.admitted(ip.clone(), "/a", 1).await, 1);
-    assert_eq!(value(&scrape(&n).await, near), Some(1.0));
+    assert_eq!(value(&n.metrics().await, near), Some(1.0));
     assert_eq!(
         n.admitted(ip.clone(), "/a", 1).await,
         0,
         "a denial is not near the limit"
     );
-    let text = scrape(&n).await;
+    let text = n.metrics().await;
     assert_eq!(value(&text, near), Some(1.0));
     let latency = |api: &str| format!(r#"sluice_check_duration_seconds_count{{api="{api}"}}"#);
     assert_eq!(value(&text, &latency("http")), Some(4.0), "{text}");
@@ -147,7 +133,7 @@ async fn metrics_follow_checks_near_the_limit_and_rule_reloads() {
     // A reload: the changed limit shows, the removed rules' series go.
     let rules = "[[rule]]\nname = \"per-ip\"\nby = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n";
     assert_eq!(n.put_rules(rules.into(), None).await.status(), 200);
-    let text = scrape(&n).await;
+    let text = n.metrics().await;
     assert_eq!(value(&text, r#"sluice_rule_limit{rule="per-ip"}"#), Some(5.0), "{text}");
     assert_eq!(value(&text, r#"sluice_rule_period_seconds{rule="per-ip"}"#), Some(60.0));
     assert!(!text.contains(r#"sluice_rule_limit{rule="uploads"}"#), "{text}");
@@ -681,15 +667,7 @@ async fn a_concurrency_slot_is_named_given_back_once_and_only_by_its_identity() 
     let (status, bad) = slots_call(&n, json!({"request": request(&alice)})).await;
     assert_eq!(status, 400, "{bad}");
     assert!(bad["error"].as_str().is_some_and(|e| e.contains("slots")), "{bad}");
-    let metrics = n
-        .client
-        .get(n.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = n.metrics().await;
     for line in [
         "sluice_slots_taken_total 3",
         "sluice_slots_released_total 1",

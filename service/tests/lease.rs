@@ -113,7 +113,7 @@ async fn a_grant_takes_from_the_shared_quota_and_a_return_gives_back_what_was_no
         let (_, empty) = lease(node, ask("leased", "198.51.100.7", 3)).await;
         assert_eq!(empty["grants"][0]["units"], 0, "{kind}");
         // 5 calls: 2 grants (one of 0 units), 3 returns taking back 4, 2 and 0.
-        let metrics = metrics(node).await;
+        let metrics = node.metrics().await;
         for series in [
             "sluice_lease_calls_total 5",
             "sluice_leases_granted_total 2",
@@ -126,11 +126,6 @@ async fn a_grant_takes_from_the_shared_quota_and_a_return_gives_back_what_was_no
     }
 }
 
-async fn metrics(node: &TestNode) -> String {
-    let r = node.client.get(node.url("/metrics")).send().await.expect("metrics");
-    r.text().await.expect("text")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_is_the_most_that_is_left_and_leases_shrink_to_it() {
     let (_server, nodes) = nodes().await;
@@ -141,7 +136,7 @@ async fn a_grant_is_the_most_that_is_left_and_leases_shrink_to_it() {
         let (_, granted) = lease(node, ask("bucket", "u1", 50)).await;
         assert_eq!(granted["grants"][0]["units"], 3, "{kind}: the 3 left of 10");
         assert_eq!(node.admitted(user, "/", 1).await, 0, "{kind}");
-        let metrics = metrics(node).await;
+        let metrics = node.metrics().await;
         assert!(
             metrics.contains("sluice_lease_units_granted_total 3"),
             "{kind}: {metrics}"

@@ -78,15 +78,7 @@ async fn fail_open_and_closed_while_redis_is_down_then_recover() {
     assert_eq!(ready.status(), 503);
     let body: serde_json::Value = ready.json().await.unwrap();
     assert_eq!(body["breaker"], "open", "{body}");
-    let metrics = n
-        .client
-        .get(n.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = n.metrics().await;
     assert!(!metrics.contains("sluice_degraded_total 0"), "{metrics}");
 
     server.restart();

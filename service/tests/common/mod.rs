@@ -124,6 +124,12 @@ impl TestNode {
         }
     }
 
+    /// The node's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let r = self.client.get(self.url("/metrics")).send().await.expect("metrics");
+        r.text().await.expect("metrics text")
+    }
+
     /// POSTs a check for `identities` on GET `path`; returns the JSON answer.
     pub async fn check(&self, identities: Value, path: &str) -> Value {
         self.check_body(json!({"identities": identities, "method": "GET", "path": path}))
