@@ -83,9 +83,11 @@ fn leased(flavor: Flavor, share: &str) -> u64 {
     println!("{flavor:?}: leased, share {share}: {calls} host calls, {instructions} wasm instructions");
     // The module's own work costs in a real Envoy about as much as its host calls do
     // (BENCHMARKS-LOG.md, "Where a leased request's time goes"): 24,700 instructions before
-    // they were cut, 18,900 after (rustc 1.95); the bound leaves a newer compiler room.
+    // they were cut, 18,900 after (rustc 1.95), 21,100 since a spend works out when its
+    // quota next needs the timer (which then reads no other slot: tests/lease_timer.rs);
+    // the bound leaves a newer compiler room.
     assert!(
-        instructions <= 21_000,
+        instructions <= 22_000,
         "leased, share {share}: {instructions} wasm instructions a request"
     );
     calls

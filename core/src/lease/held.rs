@@ -6,6 +6,8 @@
 //! ([`Held::encode`], [`Held::decode`]), and every worker decides by the same methods: the
 //! book's rules are written once.
 
+mod wake;
+
 use super::lease_size;
 use super::wire::{LeaseAsk, LeaseGranted, LeaseReturn, MAX_LEASE_ITEMS, MAX_WANT};
 use crate::time::Micros;
@@ -257,7 +259,7 @@ impl Held {
     }
 
     /// Whether a grant was asked for at `now_ms` and may still be answered.
-    fn asking(&self, now_ms: u64) -> bool {
+    pub(super) fn asking(&self, now_ms: u64) -> bool {
         self.asked && now_ms < self.asked_ms.saturating_add(ASK_LOST_MS)
     }
 
@@ -285,22 +287,12 @@ impl Held {
             end_lease(ledger, quota, self, now_ms);
             (self.id, self.units) = (None, 0);
         }
-        // Only a quota in use (or kept warm) asks: an idle one lets its lease end and give
-        // its units back.
-        let rate = self.rate_at(now_ms).max(self.handed_rate_at(now_ms));
-        let warm = c.keep_warm_ms > 0 && now_ms.saturating_sub(self.used_ms) <= c.keep_warm_ms;
-        let ahead_ms = c.renew_ahead_ms.min(self.last_ttl_ms / 2);
-        let runs_out = self.units.saturating_mul(1_000) <= rate.saturating_mul(ahead_ms);
-        let ends_soon = self.id.is_some() && now_ms + ahead_ms >= self.ends_ms;
-        // A spent quota asks again only shortly before the service said it may grant.
-        let spent = now_ms.saturating_add(ahead_ms) < self.spent_until_ms;
-        let needed = (rate > 0 || warm) && !spent && (self.id.is_none() || runs_out || ends_soon);
-        if !needed || self.asking(now_ms) || !room {
+        if !self.needs_grant(c, now_ms) || self.asking(now_ms) || !room {
             return None;
         }
         (self.asked, self.asked_ms, self.renewing) = (true, now_ms, held);
         let horizon_ms = c.horizon_ms.max(self.last_ttl_ms);
-        let want = lease_size(rate, Micros::from_ms(horizon_ms), u64::MAX).max(c.min_lease_units);
+        let want = lease_size(self.demand_at(now_ms), Micros::from_ms(horizon_ms), u64::MAX).max(c.min_lease_units);
         Some(LeaseAsk {
             rule: quota.0.clone(),
             identity: quota.1.clone(),
@@ -363,14 +355,9 @@ impl Held {
     }
 
     /// Whether another quota may take this one's place at `now_ms` (in a fixed table of
-    /// them): no live lease or replaced lease, no grant asked for, not spent, and not used
-    /// within the last second.
+    /// them): see [`Held::vacant_from_ms`].
     pub fn vacant(&self, now_ms: u64) -> bool {
-        !self.live(now_ms)
-            && self.drain.is_none_or(|d| now_ms >= d.ends_ms)
-            && !self.asking(now_ms)
-            && !self.spent(now_ms)
-            && now_ms >= self.used_ms.saturating_add(1_000)
+        now_ms >= self.vacant_from_ms()
     }
 }
 
