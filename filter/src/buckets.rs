@@ -4,10 +4,13 @@
 //! A worker's own buckets ([`StateMap`]) are bounded in keys: a flood of random keys costs at
 //! most `max_keys` entries, and an evicted key only gets a fresh, full bucket back. The
 //! process's (`slots::SlotTable`) are a fixed table in the host's shared data that never admits
-//! a key past its bucket's bound; a collision can only refuse early.
+//! a key past its bucket's bound; a collision can only refuse early. A worker takes the
+//! process's tokens a few at a time, and spends those in hand without a call
+//! ([`crate::credit`]).
 
 use sluice_core::{Algorithm, Decision, Limit, Micros, StateMap};
 
+use crate::credit::Credit;
 use crate::proxy::SharedData;
 use crate::slots::SlotTable;
 
@@ -23,8 +26,8 @@ pub enum Buckets {
         /// By key.
         states: StateMap,
     },
-    /// Every worker's, in shared data.
-    Process(SlotTable),
+    /// Every worker's, in shared data, with the tokens this worker has in hand.
+    Process(SlotTable, Credit),
 }
 
 /// What a table of buckets is: its rate and burst, and where it is kept.
@@ -48,7 +51,10 @@ impl Buckets {
             .build()
             .ok()?;
         Some(match spec.shared {
-            Some((prefix, slots)) => Buckets::Process(SlotTable::new(prefix.to_owned(), limit, slots)),
+            Some((prefix, slots)) => Buckets::Process(
+                SlotTable::new(prefix.to_owned(), limit, slots),
+                Credit::new(spec.burst, spec.max_keys),
+            ),
             None => Buckets::Worker {
                 limit,
                 states: StateMap::new(spec.max_keys),
@@ -60,7 +66,7 @@ impl Buckets {
     pub fn limit(&self) -> &Limit {
         match self {
             Buckets::Worker { limit, .. } => limit,
-            Buckets::Process(table) => table.limit(),
+            Buckets::Process(table, _) => table.limit(),
         }
     }
 
@@ -68,7 +74,7 @@ impl Buckets {
     pub fn create(&self, p: &mut impl SharedData) -> u64 {
         match self {
             Buckets::Worker { .. } => 0,
-            Buckets::Process(table) => table.create(p),
+            Buckets::Process(table, _) => table.create(p),
         }
     }
 
@@ -76,7 +82,29 @@ impl Buckets {
     pub fn take(&mut self, p: &mut impl SharedData, key: &str, now: Micros) -> Decision {
         match self {
             Buckets::Worker { limit, states } => states.decide(key, limit, 1, now),
-            Buckets::Process(table) => table.take(p, key, now),
+            Buckets::Process(table, credit) => {
+                if credit.spend(key, now) {
+                    return in_hand(table.limit());
+                }
+                let (decision, taken) = table.take_up_to(p, key, now, credit.chunk(now));
+                if taken > 1 {
+                    credit.hold(key, taken - 1, now);
+                }
+                decision
+            }
         }
+    }
+}
+
+/// The decision for a token spent from those in hand: admitted (what the table holds is not
+/// read, so nothing is said of it).
+fn in_hand(limit: &Limit) -> Decision {
+    Decision {
+        allowed: true,
+        limit: limit.limit(),
+        remaining: 0,
+        reset_after: Micros::ZERO,
+        retry_after: Micros::ZERO,
+        delay: Micros::ZERO,
     }
 }

@@ -133,6 +133,12 @@ impl Flow {
         Action::Continue
     }
 
+    /// Whether the stream's end has anything to do ([`Flow::on_log`]): when not, its
+    /// callback spares the clock's read.
+    pub fn holds_anything(&self) -> bool {
+        self.probe || self.holding_slots.is_some() || self.in_flight.is_some()
+    }
+
     /// The stream ended: a probe that never got its answer frees the breaker, and the
     /// request's concurrency slots go back.
     pub fn on_log(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) {

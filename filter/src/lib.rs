@@ -25,6 +25,7 @@ mod breaker;
 pub mod buckets;
 mod clock;
 pub mod config;
+mod credit;
 mod debits;
 // The two modules that may use `unsafe` (the workspace denies it), the two sides of the
 // proxy-wasm ABI: `exports` names the functions the host calls (`#[no_mangle]`), and `host`

@@ -62,6 +62,12 @@ impl SlotTable {
 
     /// Takes one token for `key` at `now`.
     pub fn take(&self, p: &mut impl SharedData, key: &str, now: Micros) -> Decision {
+        self.take_up_to(p, key, now, 1).0
+    }
+
+    /// Takes `want` tokens for `key` at `now`, or one when the bucket has fewer: the
+    /// decision, and how many it took (0 when refused).
+    pub fn take_up_to(&self, p: &mut impl SharedData, key: &str, now: Micros, want: u64) -> (Decision, u64) {
         let (a, b) = self.pair(key);
         for _ in 0..TRIES {
             let slots = [self.read(p, a), self.read(p, b)];
@@ -70,9 +76,14 @@ impl SlotTable {
                 break;
             };
             let mut state = fullest.state.clone();
-            let decision = self.limit.decide(&mut state, now, 1);
+            let mut taken = want.max(1);
+            let mut decision = self.limit.decide(&mut state, now, taken);
+            if !decision.allowed && taken > 1 {
+                (state, taken) = (fullest.state.clone(), 1);
+                decision = self.limit.decide(&mut state, now, 1);
+            }
             if !decision.allowed {
-                return decision; // a refusal changes no slot
+                return (decision, 0); // a refusal changes no slot
             }
             let after = self.limit.expires_after(&state, now);
             let bytes = encode(&state);
@@ -81,11 +92,11 @@ impl SlotTable {
                 .filter(|s| left_of(s) < after)
                 .all(|s| p.shared_set(&self.key(s.index), &bytes, s.cas));
             if lowered {
-                return decision;
+                return (decision, taken);
             }
         }
         let mut spent = self.limit.with_remaining(0, now);
-        self.limit.decide(&mut spent, now, 1)
+        (self.limit.decide(&mut spent, now, 1), 0)
     }
 
     /// The limit of every slot (for headers).

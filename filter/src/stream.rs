@@ -70,6 +70,9 @@ impl Stream {
 
     /// The stream ended.
     pub fn on_log(&mut self) {
+        if !self.flow.holds_anything() {
+            return;
+        }
         let flow = &mut self.flow;
         with_shared(&self.shared, |s| flow.on_log(s, &mut Abi, now_us()));
     }

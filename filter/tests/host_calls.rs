@@ -104,7 +104,7 @@ fn host_calls_per_request(flavor: Flavor) {
     );
     // Its rule looks at no method, host or path: none of them is read. `Origin` is, once,
     // for the headers the response names to a page on another origin (`cors_expose`).
-    assert!(worker <= 15, "share: worker: leased {worker}");
+    assert!(worker <= 14, "share: worker: leased {worker}");
 
     let process = count(flavor, "process");
     let worker = count(flavor, "worker");
@@ -119,7 +119,7 @@ fn host_calls_per_request(flavor: Flavor) {
     // Each reads `origin` once (`cors_expose`): the 429 or the added headers name themselves
     // to a page on another origin.
     assert!(
-        check <= 25 && local <= 9,
+        check <= 24 && local <= 8,
         "share: worker: check {check}, local deny {local}"
     );
 }

@@ -60,6 +60,39 @@ fn one_client_over_four_workers_gets_one_burst(flavor: Flavor) {
     assert_eq!(spread(&mut hosts, 24), 12, "share: worker, a burst each");
 }
 
+/// A prefilter's burst of 400 over four workers: each takes 12 of the process's tokens at a
+/// time and spends them without reading the table. The process never admits past the burst;
+/// the tokens the other three hold when the bucket runs dry refuse early, 11 each at most.
+fn a_large_burst_is_taken_a_dozen_tokens_at_a_time(flavor: Flavor) {
+    let config = |burst: u64| {
+        let mut config = config_in(flavor);
+        config["local"] = json!({"by": "ip", "rate_per_s": 1, "burst": burst});
+        config
+    };
+    let mut hosts = workers(&config(400), flavor, 4);
+    let calls = |hosts: &[Host]| hosts.iter().map(Host::host_calls).sum::<u64>();
+    let before = calls(&hosts);
+    assert_eq!(spread(&mut hosts, 96), 96, "within the burst");
+    let taken_ahead = calls(&hosts) - before;
+    assert!(spread(&mut hosts, 1_000) <= 400 - 96, "past the burst");
+    let mut hosts = workers(&config(400), flavor, 4);
+    let admitted = spread(&mut hosts, 1_000);
+    assert!(
+        (400 - 3 * 11..=400).contains(&admitted),
+        "{admitted} of a burst of 400 admitted"
+    );
+    // A burst under 64 is taken a token at a time: each request reads and writes the table.
+    let mut hosts = workers(&config(63), flavor, 4);
+    let before = calls(&hosts);
+    assert_eq!(spread(&mut hosts, 48), 48);
+    let one_at_a_time = (calls(&hosts) - before) * 2;
+    println!("{flavor:?}: 96 requests cost {taken_ahead} host calls taken ahead, {one_at_a_time} one at a time");
+    assert!(
+        taken_ahead + 96 * 3 < one_at_a_time,
+        "{taken_ahead} host calls taken ahead, {one_at_a_time} one at a time"
+    );
+}
+
 fn a_stalled_service_costs_the_process_failures_calls(flavor: Flavor) {
     // Three failures open the breaker (common::config): one process of four workers makes
     // three calls that fail, then every worker answers by the failure policy at once.
@@ -223,6 +256,7 @@ fn one_in_flight_limit_for_the_process(flavor: Flavor) {
 on_both_hosts!(
     one_in_flight_limit_for_the_process,
     one_client_over_four_workers_gets_one_burst,
+    a_large_burst_is_taken_a_dozen_tokens_at_a_time,
     a_stalled_service_costs_the_process_failures_calls,
     failing_open_one_client_over_four_workers_gets_one_fallback_burst,
     one_lease_serves_every_worker
