@@ -6,7 +6,7 @@
 //! process's (`slots::SlotTable`) are a fixed table in the host's shared data that never admits
 //! a key past its bucket's bound; a collision can only refuse early. A worker takes the
 //! process's tokens a few at a time, and spends those in hand without a call
-//! ([`crate::credit`]).
+//! (`credit.rs`).
 
 use sluice_core::{Algorithm, Decision, Limit, Micros, StateMap};
 
