@@ -44,6 +44,20 @@ mod host {
             cas: *mut u32,
         ) -> u32;
         pub fn proxy_set_shared_data(key: *const u8, key_size: usize, value: *const u8, size: usize, cas: u32) -> u32;
+        pub fn proxy_http_call(
+            upstream: *const u8,
+            upstream_size: usize,
+            headers: *const u8,
+            headers_size: usize,
+            body: *const u8,
+            body_size: usize,
+            trailers: *const u8,
+            trailers_size: usize,
+            timeout_ms: u32,
+            token: *mut u32,
+        ) -> u32;
+        pub fn proxy_set_effective_context(id: u32) -> u32;
+        pub fn proxy_continue_stream(stream: u32) -> u32;
         pub fn proxy_send_local_response(
             status: u32,
             details: *const u8,
@@ -62,6 +76,8 @@ const CONTINUE: u32 = 0;
 const PAUSE: u32 = 1;
 const REQUEST_HEADERS: u32 = 0;
 const RESPONSE_HEADERS: u32 = 2;
+const HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+const HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const PLUGIN_CONFIGURATION: u32 = 7;
 const LOG_DEBUG: u32 = 1;
 const LOG_ERROR: u32 = 4;
@@ -166,7 +182,7 @@ fn call(kind: Kind) {
                 to[..len].copy_from_slice(&INPUT[..len]);
                 SINK.fetch_xor(u32::from(std::hint::black_box(&to)[3]), Ordering::Relaxed);
             }
-            Kind::LeasedPath => {}
+            Kind::LeasedPath | Kind::LeanPath | Kind::Call => {}
             Kind::ClockEach => call(Kind::Clock),
         }
     }
@@ -192,21 +208,31 @@ fn slot_update(key: &[u8], len: usize) {
 }
 
 /// The filter's leased request, its request headers' calls (`docs/filter.md`, "Host calls a
-/// request costs"; seen in Envoy's trace log).
+/// request costs"): the clock, the client's address, two JWT claims and the API key that
+/// are not there, `origin` (not there either), the quota's slot read and written, three
+/// counters. The local prefilter's token is in hand (no call); the rule names no method,
+/// path or host (none read).
 fn leased_request() {
     call(Kind::Clock);
     call(Kind::Property);
     call(Kind::PropertyMiss);
-    call(Kind::HeaderMiss);
     call(Kind::PropertyMiss);
-    slot_update(b"sluice-price-a", 16);
-    slot_update(b"sluice-price-b", 16);
-    for name in [&b":method"[..], b":path", b"host"] {
-        // SAFETY: pointers to valid constants and locals, for the call's duration.
-        returned(|data, size| unsafe {
-            host::proxy_get_header_map_value(REQUEST_HEADERS, name.as_ptr(), name.len(), data, size)
-        });
-    }
+    call(Kind::HeaderMiss);
+    call(Kind::HeaderMiss);
+    lean_tail();
+}
+
+/// The leanest leased request's calls: the clock, the client's address, `origin`, then what
+/// every leased request ends with.
+fn lean_request() {
+    call(Kind::Clock);
+    call(Kind::Property);
+    call(Kind::HeaderMiss);
+    lean_tail();
+}
+
+/// The quota's slot read and written, and three counters (allowed, leased, units spent).
+fn lean_tail() {
     slot_update(b"sluice-price-q", 185);
     for _ in 0..3 {
         call(Kind::Metric);
@@ -241,6 +267,8 @@ fn calls_in(phase: Phase) -> bool {
         match (kind, phase) {
             (Kind::LeasedPath, Phase::Request) => leased_request(),
             (Kind::LeasedPath, Phase::Response) => leased_response(),
+            (Kind::LeanPath, Phase::Request) => lean_request(),
+            (Kind::LeanPath, Phase::Response) => {}
             _ => call(kind),
         }
     }
@@ -308,12 +336,74 @@ pub extern "C" fn proxy_on_configure(_id: u32, size: usize) -> bool {
 pub extern "C" fn proxy_on_tick(_id: u32) {}
 
 #[no_mangle]
-pub extern "C" fn proxy_on_request_headers(_id: u32, _headers: usize, _end_of_stream: bool) -> u32 {
-    if calls_in(Phase::Request) {
+pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end_of_stream: bool) -> u32 {
+    let call_out = Kind::from_index(KIND.load(Ordering::Relaxed)) == Kind::Call
+        && COUNT.load(Ordering::Relaxed) > 0
+        && dispatch(id);
+    if calls_in(Phase::Request) || call_out {
         PAUSE
     } else {
         CONTINUE
     }
+}
+
+thread_local! {
+    /// The stream each call in flight was made for, by token.
+    static CALLS: std::cell::RefCell<std::collections::BTreeMap<u32, u32>> = const {
+        std::cell::RefCell::new(std::collections::BTreeMap::new())
+    };
+}
+
+/// `GET /healthz` to the example's check cluster for stream `id`; whether it went out.
+fn dispatch(id: u32) -> bool {
+    const CLUSTER: &[u8] = b"sluice_check";
+    let headers = pairs(&[
+        (b":method", b"GET"),
+        (b":path", b"/healthz"),
+        (b":authority", b"sluice-check"),
+    ]);
+    let mut token = 0u32;
+    // SAFETY: pointers to valid constants and locals, for the call's duration.
+    let status = unsafe {
+        host::proxy_http_call(
+            CLUSTER.as_ptr(),
+            CLUSTER.len(),
+            headers.as_ptr(),
+            headers.len(),
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            0,
+            1_000,
+            &mut token,
+        )
+    };
+    if status != 0 {
+        log(
+            LOG_ERROR,
+            &format!("sluice-price-module: the call was refused ({status})"),
+        );
+        return false;
+    }
+    CALLS.with(|c| c.borrow_mut().insert(token, id));
+    true
+}
+
+/// Header pairs as the ABI passes them: their count, each name's and value's length, then
+/// each name and value followed by a 0.
+fn pairs(headers: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let mut out = (headers.len() as u32).to_le_bytes().to_vec();
+    for (name, value) in headers {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    }
+    for (name, value) in headers {
+        for part in [name, value] {
+            out.extend_from_slice(part);
+            out.push(0);
+        }
+    }
+    out
 }
 
 #[no_mangle]
@@ -342,16 +432,29 @@ pub extern "C" fn proxy_on_response_trailers(_id: u32, _trailers: usize) -> u32 
     CONTINUE
 }
 
+/// The answer to stream's call: its status and body read (and freed), the stream resumed.
 #[no_mangle]
-pub extern "C" fn proxy_on_http_call_response(_id: u32, _token: u32, _headers: usize, _body: usize, _trailers: usize) {}
+pub extern "C" fn proxy_on_http_call_response(_id: u32, token: u32, _headers: usize, body: usize, _trailers: usize) {
+    let Some(id) = CALLS.with(|c| c.borrow_mut().remove(&token)) else {
+        return;
+    };
+    // SAFETY: pointers to valid constants and locals, for the calls' duration; what the host
+    // hands back is freed.
+    unsafe {
+        returned(|data, size| {
+            host::proxy_get_header_map_value(HTTP_CALL_RESPONSE_HEADERS, b":status".as_ptr(), 7, data, size)
+        });
+        returned(|data, size| host::proxy_get_buffer_bytes(HTTP_CALL_RESPONSE_BODY, 0, body, data, size));
+        host::proxy_set_effective_context(id);
+        host::proxy_continue_stream(0);
+    }
+}
 
 #[no_mangle]
 pub extern "C" fn proxy_on_log(_id: u32) {
-    // The filter reads the clock as the stream ends.
-    if matches!(
-        Kind::from_index(KIND.load(Ordering::Relaxed)),
-        Kind::LeasedPath | Kind::ClockEach
-    ) {
+    // Each callback's clock (the filter's stream end reads none unless it gives something
+    // back, a leased request's never).
+    if Kind::from_index(KIND.load(Ordering::Relaxed)) == Kind::ClockEach {
         for _ in 0..COUNT.load(Ordering::Relaxed) {
             call(Kind::Clock);
         }
@@ -364,7 +467,9 @@ pub extern "C" fn proxy_on_done(_id: u32) -> bool {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_delete(_id: u32) {}
+pub extern "C" fn proxy_on_delete(id: u32) {
+    CALLS.with(|c| c.borrow_mut().retain(|_, stream| *stream != id));
+}
 
 #[no_mangle]
 pub extern "C" fn proxy_on_queue_ready(_id: u32, _queue_id: u32) {}

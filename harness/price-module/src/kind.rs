@@ -27,6 +27,11 @@ pub enum Kind {
     Log,
     /// `proxy_send_local_response` (a 429): once a request at most, as the filter refuses.
     LocalReply,
+    /// `proxy_http_call` to the example's check cluster (`GET /healthz` of the node: the
+    /// cheapest answer it gives), the request paused until the answer, whose status and
+    /// body are read, and resumed (`proxy_continue_stream`): what the filter's check path
+    /// pays Envoy for its call, with no JSON either way. Once a request at most.
+    Call,
     /// No host call: a 64-byte FNV-1a hash inside the module, to set the runtime's speed at
     /// the module's own work beside another runtime's (wasmtime in the harness).
     Compute,
@@ -37,9 +42,14 @@ pub enum Kind {
     /// response's, the log): what making any call at all in a callback costs.
     ClockEach,
     /// Every host call Sluice's filter makes on a request decided by a lease (`share:
-    /// process`, the local prefilter, `headers: all`), in its order, with nothing of the
-    /// filter's own work between them: what the calls cost together, beside the filter.
+    /// process`, the local prefilter's token in hand, `headers: all`: the example's), in its
+    /// order, with nothing of the filter's own work between them: what the calls cost
+    /// together, beside the filter.
     LeasedPath,
+    /// The same for the leanest leased request (bench-envoy's `leased-lean`: the client's
+    /// address alone, no prefilter, no quota headers): what any filter deciding by a lease
+    /// the process shares must call.
+    LeanPath,
 }
 
 /// Where a kind's calls are made.
@@ -51,7 +61,7 @@ pub enum Phase {
     Response,
 }
 
-const NAMES: [(&str, Kind); 16] = [
+const NAMES: [(&str, Kind); 18] = [
     ("clock", Kind::Clock),
     ("header", Kind::Header),
     ("header-miss", Kind::HeaderMiss),
@@ -68,6 +78,8 @@ const NAMES: [(&str, Kind); 16] = [
     ("copy", Kind::Copy),
     ("clock-each", Kind::ClockEach),
     ("leased-path", Kind::LeasedPath),
+    ("lean-path", Kind::LeanPath),
+    ("call", Kind::Call),
 ];
 
 impl Kind {
@@ -84,8 +96,8 @@ impl Kind {
             .map(|(_, k)| *k)
             .ok_or_else(|| format!("no kind {name:?}: one of {:?}", NAMES.map(|(n, _)| n)))?;
         let count: u32 = count.parse().map_err(|_| format!("K is a count, not {count:?}"))?;
-        if kind == Kind::LocalReply && count > 1 {
-            return Err("local-reply ends the request: K is 0 or 1".into());
+        if matches!(kind, Kind::LocalReply | Kind::Call) && count > 1 {
+            return Err(format!("{name} is once a request: K is 0 or 1"));
         }
         Ok((kind, count))
     }
@@ -94,7 +106,7 @@ impl Kind {
     pub fn calls_in(self, phase: Phase) -> bool {
         match self {
             Kind::AddHeader => phase == Phase::Response,
-            Kind::LeasedPath | Kind::ClockEach => true,
+            Kind::LeasedPath | Kind::LeanPath | Kind::ClockEach => true,
             _ => phase == Phase::Request,
         }
     }
@@ -122,6 +134,7 @@ mod tests {
         assert!(Kind::parse("clock").unwrap_err().contains("KIND K"));
         assert!(Kind::parse("clock -1").unwrap_err().contains("K is a count"));
         assert!(Kind::parse("local-reply 2").unwrap_err().contains("0 or 1"));
+        assert!(Kind::parse("call 2").unwrap_err().contains("0 or 1"));
         for (name, kind) in NAMES {
             assert_eq!(Kind::from_index(kind.index()), kind, "{name}");
         }
