@@ -86,7 +86,7 @@ impl Buckets {
                 if credit.spend(key, now) {
                     return in_hand(table.limit());
                 }
-                let (decision, taken) = table.take_up_to(p, key, now, credit.chunk(now));
+                let (decision, taken) = table.take_up_to(p, key, now, credit.chunk(key, now));
                 if taken > 1 {
                     credit.hold(key, taken - 1, now);
                 }
