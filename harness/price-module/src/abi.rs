@@ -90,7 +90,9 @@ static METRIC: AtomicU32 = AtomicU32::new(0);
 
 const SOURCE_ADDRESS: &[u8] = b"source\0address";
 const JWT_CLAIM: &[u8] = b"metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0sub";
-const SHARED_KEY: &[u8] = b"sluice-price";
+/// Under `sluice/`, as the filter's keys are: ngx_wasm_module keeps them in its `shm_kv
+/// sluice` zone.
+const SHARED_KEY: &[u8] = b"sluice/price";
 
 /// What `compute` hashes, and where its result goes (so that it is not optimised away).
 static INPUT: [u8; 64] = [0x5a; 64];
@@ -233,7 +235,7 @@ fn lean_request() {
 
 /// The quota's slot read and written, and three counters (allowed, leased, units spent).
 fn lean_tail() {
-    slot_update(b"sluice-price-q", 185);
+    slot_update(b"sluice/price-q", 185);
     for _ in 0..3 {
         call(Kind::Metric);
     }
