@@ -184,7 +184,7 @@ fn call(kind: Kind) {
                 to[..len].copy_from_slice(&INPUT[..len]);
                 SINK.fetch_xor(u32::from(std::hint::black_box(&to)[3]), Ordering::Relaxed);
             }
-            Kind::LeasedPath | Kind::LeanPath | Kind::Call => {}
+            Kind::LeasedPath | Kind::LeanPath | Kind::Call | Kind::CallCheck => {}
             Kind::ClockEach => call(Kind::Clock),
         }
     }
@@ -317,7 +317,8 @@ pub extern "C" fn proxy_on_configure(_id: u32, size: usize) -> bool {
     };
     free(data, len);
     match Kind::parse(&text) {
-        Ok((kind, count)) => {
+        Ok((kind, count, token)) => {
+            TOKEN.with(|t| *t.borrow_mut() = token);
             KIND.store(kind.index(), Ordering::Relaxed);
             COUNT.store(count, Ordering::Relaxed);
             let mut id = 0u32;
@@ -339,9 +340,9 @@ pub extern "C" fn proxy_on_tick(_id: u32) {}
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end_of_stream: bool) -> u32 {
-    let call_out = Kind::from_index(KIND.load(Ordering::Relaxed)) == Kind::Call
-        && COUNT.load(Ordering::Relaxed) > 0
-        && dispatch(id);
+    let kind = Kind::from_index(KIND.load(Ordering::Relaxed));
+    let call_out =
+        matches!(kind, Kind::Call | Kind::CallCheck) && COUNT.load(Ordering::Relaxed) > 0 && dispatch(id, kind);
     if calls_in(Phase::Request) || call_out {
         PAUSE
     } else {
@@ -350,20 +351,37 @@ pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end_of_str
 }
 
 thread_local! {
+    /// `call-check`'s data token.
+    static TOKEN: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
     /// The stream each call in flight was made for, by token.
     static CALLS: std::cell::RefCell<std::collections::BTreeMap<u32, u32>> = const {
         std::cell::RefCell::new(std::collections::BTreeMap::new())
     };
 }
 
-/// `GET /healthz` to the example's check cluster for stream `id`; whether it went out.
-fn dispatch(id: u32) -> bool {
+/// `GET /healthz` (`call`) or a check (`call-check`) to the example's check cluster for
+/// stream `id`; whether it went out.
+fn dispatch(id: u32, kind: Kind) -> bool {
     const CLUSTER: &[u8] = b"sluice_check";
-    let headers = pairs(&[
-        (b":method", b"GET"),
-        (b":path", b"/healthz"),
-        (b":authority", b"sluice-check"),
-    ]);
+    const CHECK: &[u8] = br#"{"identities":{"ip":"10.0.0.1"},"method":"GET","path":"/api/hello","cost":1}"#;
+    let bearer = TOKEN.with(|t| format!("Bearer {}", t.borrow().as_deref().unwrap_or_default()));
+    let (headers, body) = if kind == Kind::CallCheck {
+        let headers: [(&[u8], &[u8]); 5] = [
+            (b":method", b"POST"),
+            (b":path", b"/v1/check"),
+            (b":authority", b"sluice-check"),
+            (b"content-type", b"application/json"),
+            (b"authorization", bearer.as_bytes()),
+        ];
+        (pairs(&headers), CHECK)
+    } else {
+        let headers: [(&[u8], &[u8]); 3] = [
+            (b":method", b"GET"),
+            (b":path", b"/healthz"),
+            (b":authority", b"sluice-check"),
+        ];
+        (pairs(&headers), &b""[..])
+    };
     let mut token = 0u32;
     // SAFETY: pointers to valid constants and locals, for the call's duration.
     let status = unsafe {
@@ -372,8 +390,8 @@ fn dispatch(id: u32) -> bool {
             CLUSTER.len(),
             headers.as_ptr(),
             headers.len(),
-            std::ptr::null(),
-            0,
+            body.as_ptr(),
+            body.len(),
             std::ptr::null(),
             0,
             1_000,

@@ -32,6 +32,11 @@ pub enum Kind {
     /// body are read, and resumed (`proxy_continue_stream`): what the filter's check path
     /// pays Envoy for its call, with no JSON either way. Once a request at most.
     Call,
+    /// `call`, shaped as the filter's check: `POST /v1/check` with a check's JSON body, its
+    /// content type and the node's data token (`call-check 1 TOKEN`), the node's answer read
+    /// as `call` reads `/healthz`'s (not parsed): what the call costs beside the filter's work
+    /// around it. Once a request at most.
+    CallCheck,
     /// No host call: a 64-byte FNV-1a hash inside the module, to set the runtime's speed at
     /// the module's own work beside another runtime's (wasmtime in the harness).
     Compute,
@@ -61,7 +66,7 @@ pub enum Phase {
     Response,
 }
 
-const NAMES: [(&str, Kind); 18] = [
+const NAMES: [(&str, Kind); 19] = [
     ("clock", Kind::Clock),
     ("header", Kind::Header),
     ("header-miss", Kind::HeaderMiss),
@@ -80,14 +85,16 @@ const NAMES: [(&str, Kind); 18] = [
     ("leased-path", Kind::LeasedPath),
     ("lean-path", Kind::LeanPath),
     ("call", Kind::Call),
+    ("call-check", Kind::CallCheck),
 ];
 
 impl Kind {
-    /// The kind and its count from a configuration `KIND K` (`K` ≥ 0; `local-reply` at
-    /// most 1), or what is wrong with it.
-    pub fn parse(config: &str) -> Result<(Kind, u32), String> {
+    /// The kind and its count from a configuration `KIND K` (`K` ≥ 0; `local-reply`, `call`
+    /// and `call-check` at most 1; `call-check K TOKEN` with the node's data token), or what
+    /// is wrong with it.
+    pub fn parse(config: &str) -> Result<(Kind, u32, Option<String>), String> {
         let mut words = config.split_whitespace();
-        let (Some(name), Some(count), None) = (words.next(), words.next(), words.next()) else {
+        let (Some(name), Some(count), token, None) = (words.next(), words.next(), words.next(), words.next()) else {
             return Err(format!("the configuration is `KIND K`, not {config:?}"));
         };
         let kind = NAMES
@@ -96,10 +103,15 @@ impl Kind {
             .map(|(_, k)| *k)
             .ok_or_else(|| format!("no kind {name:?}: one of {:?}", NAMES.map(|(n, _)| n)))?;
         let count: u32 = count.parse().map_err(|_| format!("K is a count, not {count:?}"))?;
-        if matches!(kind, Kind::LocalReply | Kind::Call) && count > 1 {
+        if matches!(kind, Kind::LocalReply | Kind::Call | Kind::CallCheck) && count > 1 {
             return Err(format!("{name} is once a request: K is 0 or 1"));
         }
-        Ok((kind, count))
+        if token.is_some() != (kind == Kind::CallCheck) {
+            return Err(format!(
+                "`call-check K TOKEN` takes a token, no other kind does: {config:?}"
+            ));
+        }
+        Ok((kind, count, token.map(str::to_owned)))
     }
 
     /// Whether it makes calls in `phase`.
@@ -128,8 +140,14 @@ mod tests {
 
     #[test]
     fn configurations_parse_and_bad_ones_are_named() {
-        assert_eq!(Kind::parse("header-map 8"), Ok((Kind::HeaderMap, 8)));
-        assert_eq!(Kind::parse(" shared-cas  0 "), Ok((Kind::SharedCas, 0)));
+        assert_eq!(Kind::parse("header-map 8"), Ok((Kind::HeaderMap, 8, None)));
+        assert_eq!(Kind::parse(" shared-cas  0 "), Ok((Kind::SharedCas, 0, None)));
+        assert_eq!(
+            Kind::parse("call-check 1 t0k"),
+            Ok((Kind::CallCheck, 1, Some("t0k".into())))
+        );
+        assert!(Kind::parse("call-check 1").unwrap_err().contains("TOKEN"));
+        assert!(Kind::parse("clock 1 t0k").unwrap_err().contains("TOKEN"));
         assert!(Kind::parse("headers 8").unwrap_err().contains("no kind \"headers\""));
         assert!(Kind::parse("clock").unwrap_err().contains("KIND K"));
         assert!(Kind::parse("clock -1").unwrap_err().contains("K is a count"));
