@@ -14,6 +14,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
+mod members;
+
+pub use members::read_members;
+
 /// Deepest nesting of arrays and objects accepted.
 pub const MAX_DEPTH: usize = 32;
 /// Up to this many members, an object's names are checked for repeats as they come; past

@@ -388,28 +388,44 @@ impl CheckResponse {
     /// Parses a response body leniently: unknown fields are ignored and missing ones
     /// default, except the verdict. A body without `allowed` (`{}`, or whatever a proxy in
     /// between answers) is an error for the caller's failure policy, never an allow.
+    ///
+    /// Read member by member as the text comes ([`json::read_members`]): the filter reads
+    /// one on every checked request.
     pub fn from_json(body: &[u8]) -> Result<CheckResponse, WireError> {
-        let read = |doc: &Json<'_>| {
-            let mut f = doc.object()?;
-            let answer = CheckResponse {
-                allowed: f.req("allowed", Json::bool),
-                limit: number(&mut f, "limit"),
-                remaining: number(&mut f, "remaining"),
-                reset_after_ms: number(&mut f, "reset_after_ms"),
-                retry_after_ms: number(&mut f, "retry_after_ms"),
-                reset_at: number(&mut f, "reset_at"),
-                policy: f.opt("policy", Json::string),
-                window_ms: number(&mut f, "window_ms"),
-                rules: f.opt("rules", |v| v.each(RuleResult::read)).unwrap_or_default(),
-                delay_ms: number(&mut f, "delay_ms"),
-                degraded: f.opt("degraded", Json::bool).unwrap_or(false),
-                slots: f.opt("slots", |v| v.each(Slot::read)).unwrap_or_default(),
-            };
-            f.finish_lenient().map(|()| answer)
-        };
-        json::parse(body)
-            .and_then(|doc| read(&doc))
-            .map_err(|e| WireError(format!("invalid check response: {e}")))
+        let mut answer = CheckResponse::default();
+        let mut allowed = None;
+        json::read_members(body, |name, v| {
+            answer.read_member(name, &v, &mut allowed).map_err(|e| e.within(name))
+        })
+        .and_then(|()| {
+            let allowed = allowed.ok_or_else(|| JsonError::new("required but missing").within("allowed"))?;
+            Ok(CheckResponse { allowed, ..answer })
+        })
+        .map_err(|e| WireError(format!("invalid check response: {e}")))
+    }
+
+    /// Member `name` of an answer, `v`, read into it (`allowed` into `allowed`): `null` as
+    /// absent, a name it does not know ignored (a newer service's).
+    fn read_member(&mut self, name: &str, v: &Json<'_>, allowed: &mut Option<bool>) -> Result<(), JsonError> {
+        if *v == Json::Null {
+            return Ok(());
+        }
+        match name {
+            "allowed" => *allowed = Some(v.bool()?),
+            "limit" => self.limit = v.u64()?,
+            "remaining" => self.remaining = v.u64()?,
+            "reset_after_ms" => self.reset_after_ms = v.u64()?,
+            "retry_after_ms" => self.retry_after_ms = v.u64()?,
+            "reset_at" => self.reset_at = v.u64()?,
+            "policy" => self.policy = Some(v.string()?),
+            "window_ms" => self.window_ms = v.u64()?,
+            "rules" => self.rules = v.each(RuleResult::read)?,
+            "delay_ms" => self.delay_ms = v.u64()?,
+            "degraded" => self.degraded = v.bool()?,
+            "slots" => self.slots = v.each(Slot::read)?,
+            _ => {}
+        }
+        Ok(())
     }
 }
 
@@ -444,6 +460,8 @@ impl RuleResult {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::{prop, Strategy};
+
     use super::*;
     use crate::time::Micros;
 
@@ -560,6 +578,112 @@ mod tests {
         assert_eq!(CheckResponse::from_json(json.as_bytes()).unwrap(), r);
         let lenient = CheckResponse::from_json(br#"{"allowed":false,"future_field":1}"#).unwrap();
         assert!(!lenient.allowed);
+    }
+
+    /// The reader `from_json` replaced: the document's tree, read field by field. What the
+    /// member-by-member reader must agree with, on every input.
+    fn from_json_tree(body: &[u8]) -> Result<CheckResponse, JsonError> {
+        let doc = json::parse(body)?;
+        let mut f = doc.object()?;
+        let answer = CheckResponse {
+            allowed: f.req("allowed", Json::bool),
+            limit: number(&mut f, "limit"),
+            remaining: number(&mut f, "remaining"),
+            reset_after_ms: number(&mut f, "reset_after_ms"),
+            retry_after_ms: number(&mut f, "retry_after_ms"),
+            reset_at: number(&mut f, "reset_at"),
+            policy: f.opt("policy", Json::string),
+            window_ms: number(&mut f, "window_ms"),
+            rules: f.opt("rules", |v| v.each(RuleResult::read)).unwrap_or_default(),
+            delay_ms: number(&mut f, "delay_ms"),
+            degraded: f.opt("degraded", Json::bool).unwrap_or(false),
+            slots: f.opt("slots", |v| v.each(Slot::read)).unwrap_or_default(),
+        };
+        f.finish_lenient().map(|()| answer)
+    }
+
+    /// An answer's member: a name the reader knows or not, and a value of the kind its name
+    /// takes, or (one time in five) of any kind, well formed or not.
+    fn member() -> impl Strategy<Value = String> {
+        const NUMBERS: &[&str] = &["0", "7", "18446744073709551615"];
+        const BOOLS: &[&str] = &["true", "false"];
+        const STRINGS: &[&str] = &["\"per-ip\"", "\"a\\\"b\"", "\"\\u00e9\""];
+        const RULES: &[&str] = &[
+            "[]",
+            "[{\"name\":\"a\",\"allowed\":true,\"limit\":5,\"remaining\":3,\"reset_after_ms\":9}]",
+        ];
+        const SLOTS: &[&str] = &["[]", "[{\"rule\":\"c\",\"at\":12,\"window_ms\":1000}]"];
+        const ANY: &[&str] = &[
+            "null",
+            "18446744073709551616",
+            "-1",
+            "1.5",
+            "1e3",
+            "{}",
+            "{\"x\":[1,{\"y\":null}]}",
+            "[{\"name\":\"a\",\"name\":\"b\"}]",
+            "[{\"rule\":\"c\"}]",
+            "[1]",
+            "tru",
+            "\"open",
+            "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+            "true",
+            "0",
+            "\"s\"",
+        ];
+        let names: [(&str, &[&str]); 14] = [
+            ("allowed", BOOLS),
+            ("limit", NUMBERS),
+            ("remaining", NUMBERS),
+            ("reset_after_ms", NUMBERS),
+            ("retry_after_ms", NUMBERS),
+            ("reset_at", NUMBERS),
+            ("policy", STRINGS),
+            ("window_ms", NUMBERS),
+            ("rules", RULES),
+            ("delay_ms", NUMBERS),
+            ("degraded", BOOLS),
+            ("slots", SLOTS),
+            ("future", ANY),
+            ("Allowed", BOOLS),
+        ];
+        (
+            0..names.len(),
+            0usize..5,
+            0usize..64,
+            prop::sample::select(vec!["", " ", "\n\t"]),
+        )
+            .prop_map(move |(n, odds, pick, ws)| {
+                let (name, good) = names[n];
+                let values = if odds == 0 { ANY } else { good };
+                format!("{ws}\"{name}\"{ws}:{ws}{}{ws}", values[pick % values.len()])
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4_000))]
+
+        #[test]
+        fn the_member_reader_agrees_with_the_tree_it_replaced(
+            allowed in proptest::option::of(prop::sample::select(vec!["true", "false"])),
+            members in proptest::collection::vec(member(), 0..8),
+            cut in proptest::option::weighted(0.1, 0usize..400),
+            tail in prop::sample::select(vec!["", "", "", " ", "x", ",", "}"]),
+        ) {
+            let members: Vec<String> = allowed.map(|a| format!("\"allowed\":{a}")).into_iter().chain(members).collect();
+            let mut text = format!("{{{}}}{tail}", members.join(","));
+            if let Some(at) = cut.filter(|at| *at < text.len() && text.is_char_boundary(*at)) {
+                text.truncate(at);
+            }
+            let new = CheckResponse::from_json(text.as_bytes());
+            let old = from_json_tree(text.as_bytes());
+            proptest::prop_assert_eq!(new.as_ref().ok(), old.as_ref().ok(), "{}: {:?} against {:?}", text, new, old);
+        }
+
+        #[test]
+        fn any_bytes_read_the_same_either_way(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            proptest::prop_assert_eq!(CheckResponse::from_json(&bytes).ok(), from_json_tree(&bytes).ok());
+        }
     }
 
     #[test]
