@@ -3,8 +3,8 @@
 //!
 //! The process's lives in one shared-data key: each step reads it, decides on it as the
 //! worker's own would, and writes it back with compare-and-swap only when it changed (a
-//! closed breaker with no failures is read, never written, so the check path costs one
-//! read). Every worker counts into the same failures, so a stalled service costs the
+//! closed breaker with no failures is read, never written, and its call's success is not
+//! reported: the check path costs one read). Every worker counts into the same failures, so a stalled service costs the
 //! process `failures` requests the timeout, whatever number of workers it runs, and only
 //! the worker whose write moved the breaker to half-open sends the probe. A probe whose
 //! worker never reports (a worker that died with it) is given up after the cooldown and
@@ -22,6 +22,9 @@ pub enum Permit {
     Skip,
     /// Yes.
     Call,
+    /// Yes, and the breaker had counted no failure: the call's success has nothing to clear,
+    /// so the stream need not report it (see [`CheckBreaker::success`]).
+    Clean,
     /// Yes, as the half-open breaker's one probe.
     Probe,
 }
@@ -65,12 +68,17 @@ impl CheckBreaker {
         let permit = |b: &mut Breaker| match (b.allow(now), b.state()) {
             (false, _) => Permit::Skip,
             (true, BreakerState::HalfOpen) => Permit::Probe,
+            (true, BreakerState::Closed) if b.failures() == 0 => Permit::Clean,
             (true, _) => Permit::Call,
         };
         self.step(p, now, permit).unwrap_or(Permit::Skip)
     }
 
-    /// A call succeeded.
+    /// A call succeeded: the failures counted so far are cleared. A call that went out on a
+    /// [`Permit::Clean`] breaker is not reported (its stream skips this): it clears no
+    /// failure it saw, and in the process's breaker the report would cost a read of the
+    /// shared slot on every answer. Failures other calls met while it was out stay counted
+    /// until a call that saw them succeeds.
     pub fn success(&mut self, p: &mut impl SharedData, now: Micros) {
         self.step(p, now, Breaker::success);
     }
@@ -192,7 +200,11 @@ mod tests {
         assert_eq!(b.allow(&mut m, later), Permit::Probe, "one probe after the cooldown");
         assert_eq!(a.allow(&mut m, later), Permit::Skip, "and only one");
         b.success(&mut m, later);
-        assert_eq!(a.allow(&mut m, later), Permit::Call, "closed for all");
+        assert_eq!(
+            a.allow(&mut m, later),
+            Permit::Clean,
+            "closed for all, its failures cleared"
+        );
     }
 
     #[test]
@@ -213,13 +225,26 @@ mod tests {
     }
 
     #[test]
+    fn a_call_goes_out_clean_only_when_no_failure_is_counted() {
+        let mut m = Memory::default();
+        let (mut a, mut b) = (worker(), worker());
+        a.create(&mut m);
+        let t = Micros::from_secs(100);
+        assert_eq!(a.allow(&mut m, t), Permit::Clean);
+        b.failure(&mut m, t);
+        assert_eq!(a.allow(&mut m, t), Permit::Call, "another worker's failure to clear");
+        a.success(&mut m, t);
+        assert_eq!(b.allow(&mut m, t), Permit::Clean, "cleared for every worker");
+    }
+
+    #[test]
     fn a_closed_breaker_is_read_and_not_written() {
         let mut m = Memory::default();
         let mut a = worker();
         a.create(&mut m);
         let cas = m.0["sluice/t/breaker"].1;
         for _ in 0..5 {
-            assert_eq!(a.allow(&mut m, Micros::SECOND), Permit::Call);
+            assert_eq!(a.allow(&mut m, Micros::SECOND), Permit::Clean);
             a.success(&mut m, Micros::SECOND);
         }
         assert_eq!(m.0["sluice/t/breaker"].1, cas, "no write on the check path");

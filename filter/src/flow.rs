@@ -44,6 +44,9 @@ pub struct Flow {
     retried: bool,
     /// The call out is the half-open breaker's probe.
     probe: bool,
+    /// The call went out on a breaker with no failure counted: its success is not reported
+    /// ([`crate::breaker::Permit::Clean`]).
+    clean: bool,
     /// The call out is the wait call holding a shaped request.
     holding: bool,
     /// Headers to add to the upstream's response (one buffer, no allocation a header).
@@ -221,6 +224,7 @@ impl Flow {
             return self.fail_headers(s, p, now, "circuit breaker open");
         }
         self.probe = permit == Permit::Probe;
+        self.clean = permit == Permit::Clean;
         let body = request.to_json().into_bytes();
         let check = &s.config.check;
         match p.call(
@@ -286,9 +290,12 @@ impl Flow {
 
     fn on_check_answer(&mut self, s: &mut Shared, p: &mut impl Proxy, now: Micros) -> bool {
         self.probe = false;
+        let clean = std::mem::take(&mut self.clean);
         let answer = match read_answer(p) {
             Ok(a) => {
-                s.breaker.success(p, now);
+                if !clean {
+                    s.breaker.success(p, now);
+                }
                 a
             }
             Err(Failure::NoAnswer(why)) => {
