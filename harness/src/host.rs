@@ -61,8 +61,15 @@ impl Plugin {
         Plugin::compile_with(wasm, Config::new().consume_fuel(true))
     }
 
+    /// With `SLUICE_HARNESS_PERFMAP` set, the module's compiled functions are named in
+    /// `/tmp/perf-PID.map`, so that `perf record` of a test or bench names the module's own
+    /// functions (a build that keeps them: `CARGO_PROFILE_WASM_STRIP=false`; docs/testing.md).
     fn compile_with(wasm: &[u8], config: &Config) -> Result<Plugin, HarnessError> {
-        let engine = Engine::new(config).map_err(HarnessError::load)?;
+        let mut config = config.clone();
+        if std::env::var_os("SLUICE_HARNESS_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
+        let engine = Engine::new(&config).map_err(HarnessError::load)?;
         let module = Module::new(&engine, wasm).map_err(HarnessError::load)?;
         Ok(Plugin { engine, module })
     }

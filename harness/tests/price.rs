@@ -92,9 +92,48 @@ fn a_call_pauses_the_request_until_its_answer_resumes_it() {
     );
 }
 
+/// `check-path 1 TOKEN`: the filter's checked request's calls around its call (docs/filter.md):
+/// 15 before it and a counter after, 7 for its answer (the clock, the status and the body,
+/// a latency and a counter, the stream made current and resumed), 5 response headers.
+#[test]
+fn the_check_path_makes_the_filters_calls_around_its_check() {
+    let mut host = Host::from_plugin(plugin(), HostOptions::default()).expect("loads");
+    host.start(b"", b"check-path 1 t0k").expect("starts");
+    let before = host.host_calls();
+    let s = host.new_stream().expect("stream");
+    host.set_property(s, "source.address", "192.0.2.7:4242");
+    let headers = [(":method", "GET"), (":path", "/x"), (":authority", "example.test")];
+    let outcome = host.request_headers(s, &headers, true).expect("request headers");
+    assert_eq!(outcome, Outcome::Pause);
+    assert_eq!(host.host_calls() - before, 17, "the request's calls");
+    let calls = host.pending_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].header(":path"), Some("/v1/check"));
+    assert_eq!(calls[0].header("authorization"), Some("Bearer t0k"));
+    host.respond_call(
+        calls[0].token,
+        sluice_harness::CallResponse::new(200, r#"{"allowed":true}"#),
+    )
+    .expect("answered");
+    assert_eq!(host.host_calls() - before, 24, "the answer's calls");
+    assert_eq!(host.stream(s).map(|st| st.request_resumes), Some(1), "resumed");
+    host.response_headers(s, &[(":status", "200")], true)
+        .expect("response headers");
+    host.finish_stream(s).expect("ends");
+    assert_eq!(host.host_calls() - before, 29, "the response's headers");
+}
+
 #[test]
 fn a_configuration_it_cannot_read_fails_the_plugin() {
-    for bad in ["", "clock", "clocks 3", "local-reply 2", "call 2"] {
+    for bad in [
+        "",
+        "clock",
+        "clocks 3",
+        "local-reply 2",
+        "call 2",
+        "check-path 2 t",
+        "check-path 1",
+    ] {
         let mut host = Host::from_plugin(plugin(), HostOptions::default()).expect("loads");
         assert!(host.start(b"", bad.as_bytes()).is_err(), "{bad:?} was taken");
     }

@@ -184,7 +184,7 @@ fn call(kind: Kind) {
                 to[..len].copy_from_slice(&INPUT[..len]);
                 SINK.fetch_xor(u32::from(std::hint::black_box(&to)[3]), Ordering::Relaxed);
             }
-            Kind::LeasedPath | Kind::LeanPath | Kind::Call | Kind::CallCheck => {}
+            Kind::LeasedPath | Kind::LeanPath | Kind::Call | Kind::CallCheck | Kind::CheckPath => {}
             Kind::ClockEach => call(Kind::Clock),
         }
     }
@@ -209,19 +209,41 @@ fn slot_update(key: &[u8], len: usize) {
     unsafe { host::proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), len, cas) };
 }
 
+/// The prefilter's update of a client's two slots (filter/src/slots.rs): both read, then both
+/// written with their CAS.
+fn pair_update(a: &[u8], b: &[u8], len: usize) {
+    let (mut cas_a, mut cas_b) = (0u32, 0u32);
+    // SAFETY: pointers to valid locals and constants, for the calls' duration.
+    returned(|data, size| unsafe { host::proxy_get_shared_data(a.as_ptr(), a.len(), data, size, &mut cas_a) });
+    // SAFETY: as above.
+    returned(|data, size| unsafe { host::proxy_get_shared_data(b.as_ptr(), b.len(), data, size, &mut cas_b) });
+    let value = [7u8; 64];
+    let len = len.min(value.len());
+    for (key, cas) in [(a, cas_a), (b, cas_b)] {
+        // SAFETY: as above.
+        unsafe { host::proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), len, cas) };
+    }
+}
+
 /// The filter's leased request, its request headers' calls (`docs/filter.md`, "Host calls a
 /// request costs"): the clock, the client's address, two JWT claims and the API key that
 /// are not there, `origin` (not there either), the quota's slot read and written, three
 /// counters. The local prefilter's token is in hand (no call); the rule names no method,
 /// path or host (none read).
 fn leased_request() {
+    example_identities();
+    lean_tail();
+}
+
+/// What every request of the example's begins with: the clock, the client's address, two
+/// JWT claims and the API key that are not there, `origin` (not there either).
+fn example_identities() {
     call(Kind::Clock);
     call(Kind::Property);
     call(Kind::PropertyMiss);
     call(Kind::PropertyMiss);
     call(Kind::HeaderMiss);
     call(Kind::HeaderMiss);
-    lean_tail();
 }
 
 /// The leanest leased request's calls: the clock, the client's address, `origin`, then what
@@ -258,6 +280,20 @@ fn leased_response() {
     }
 }
 
+/// The filter's checked request, its request headers' calls before the check goes out: the
+/// clock, the client's address, two JWT claims, the API key and `origin` that are not there,
+/// the prefilter's two slots read and written (no tokens in hand), the breaker's slot read, then
+/// the request's method, path, `host` (not there in Envoy) and `:authority` for the check.
+fn check_request() {
+    example_identities();
+    pair_update(b"sluice/price-b0", b"sluice/price-b1", 40);
+    call(Kind::SharedGet);
+    call(Kind::Header);
+    call(Kind::Header);
+    call(Kind::HeaderMiss);
+    call(Kind::Header);
+}
+
 /// The configured calls, if `phase` is where they are made; whether a local reply was sent.
 fn calls_in(phase: Phase) -> bool {
     let kind = Kind::from_index(KIND.load(Ordering::Relaxed));
@@ -271,6 +307,9 @@ fn calls_in(phase: Phase) -> bool {
             (Kind::LeasedPath, Phase::Response) => leased_response(),
             (Kind::LeanPath, Phase::Request) => lean_request(),
             (Kind::LeanPath, Phase::Response) => {}
+            // The check's call and its answer's calls are made around them.
+            (Kind::CheckPath, Phase::Request) => check_request(),
+            (Kind::CheckPath, Phase::Response) => leased_response(),
             _ => call(kind),
         }
     }
@@ -341,9 +380,12 @@ pub extern "C" fn proxy_on_tick(_id: u32) {}
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end_of_stream: bool) -> u32 {
     let kind = Kind::from_index(KIND.load(Ordering::Relaxed));
-    let call_out =
-        matches!(kind, Kind::Call | Kind::CallCheck) && COUNT.load(Ordering::Relaxed) > 0 && dispatch(id, kind);
-    if calls_in(Phase::Request) || call_out {
+    let replied = calls_in(Phase::Request);
+    let call_out = kind.calls_out() && COUNT.load(Ordering::Relaxed) > 0 && dispatch(id, kind);
+    if kind == Kind::CheckPath && call_out {
+        call(Kind::Metric); // checked
+    }
+    if replied || call_out {
         PAUSE
     } else {
         CONTINUE
@@ -365,7 +407,7 @@ fn dispatch(id: u32, kind: Kind) -> bool {
     const CLUSTER: &[u8] = b"sluice_check";
     const CHECK: &[u8] = br#"{"identities":{"ip":"10.0.0.1"},"method":"GET","path":"/api/hello","cost":1}"#;
     let bearer = TOKEN.with(|t| format!("Bearer {}", t.borrow().as_deref().unwrap_or_default()));
-    let (headers, body) = if kind == Kind::CallCheck {
+    let (headers, body) = if kind.checks() {
         let headers: [(&[u8], &[u8]); 5] = [
             (b":method", b"POST"),
             (b":path", b"/v1/check"),
@@ -452,12 +494,18 @@ pub extern "C" fn proxy_on_response_trailers(_id: u32, _trailers: usize) -> u32 
     CONTINUE
 }
 
-/// The answer to stream's call: its status and body read (and freed), the stream resumed.
+/// The answer to stream's call: its status and body read (and freed), the stream resumed;
+/// for `check-path`, with the filter's answer's calls: the clock first, then a latency and a
+/// counter (a clean breaker's answer reads nothing more).
 #[no_mangle]
 pub extern "C" fn proxy_on_http_call_response(_id: u32, token: u32, _headers: usize, body: usize, _trailers: usize) {
     let Some(id) = CALLS.with(|c| c.borrow_mut().remove(&token)) else {
         return;
     };
+    let check_path = Kind::from_index(KIND.load(Ordering::Relaxed)) == Kind::CheckPath;
+    if check_path {
+        call(Kind::Clock);
+    }
     // SAFETY: pointers to valid constants and locals, for the calls' duration; what the host
     // hands back is freed.
     unsafe {
@@ -465,6 +513,10 @@ pub extern "C" fn proxy_on_http_call_response(_id: u32, token: u32, _headers: us
             host::proxy_get_header_map_value(HTTP_CALL_RESPONSE_HEADERS, b":status".as_ptr(), 7, data, size)
         });
         returned(|data, size| host::proxy_get_buffer_bytes(HTTP_CALL_RESPONSE_BODY, 0, body, data, size));
+        if check_path {
+            call(Kind::Metric);
+            call(Kind::Metric);
+        }
         host::proxy_set_effective_context(id);
         host::proxy_continue_stream(0);
     }

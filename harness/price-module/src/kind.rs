@@ -37,6 +37,13 @@ pub enum Kind {
     /// as `call` reads `/healthz`'s (not parsed): what the call costs beside the filter's work
     /// around it. Once a request at most.
     CallCheck,
+    /// Every host call Sluice's filter makes on a request it checks (the example's: `share:
+    /// process`, a client the prefilter has no tokens for, `headers: all`; `check-path 1
+    /// TOKEN`), in its order, with nothing of the filter's own work between them: the
+    /// request's calls around `call-check`'s call, its answer's, and the response's five
+    /// headers. What the calls cost together, beside the filter's check path. Once a
+    /// request at most.
+    CheckPath,
     /// No host call: a 64-byte FNV-1a hash inside the module, to set the runtime's speed at
     /// the module's own work beside another runtime's (wasmtime in the harness).
     Compute,
@@ -66,7 +73,7 @@ pub enum Phase {
     Response,
 }
 
-const NAMES: [(&str, Kind); 19] = [
+const NAMES: [(&str, Kind); 20] = [
     ("clock", Kind::Clock),
     ("header", Kind::Header),
     ("header-miss", Kind::HeaderMiss),
@@ -86,6 +93,7 @@ const NAMES: [(&str, Kind); 19] = [
     ("lean-path", Kind::LeanPath),
     ("call", Kind::Call),
     ("call-check", Kind::CallCheck),
+    ("check-path", Kind::CheckPath),
 ];
 
 impl Kind {
@@ -103,12 +111,12 @@ impl Kind {
             .map(|(_, k)| *k)
             .ok_or_else(|| format!("no kind {name:?}: one of {:?}", NAMES.map(|(n, _)| n)))?;
         let count: u32 = count.parse().map_err(|_| format!("K is a count, not {count:?}"))?;
-        if matches!(kind, Kind::LocalReply | Kind::Call | Kind::CallCheck) && count > 1 {
+        if matches!(kind, Kind::LocalReply | Kind::Call | Kind::CallCheck | Kind::CheckPath) && count > 1 {
             return Err(format!("{name} is once a request: K is 0 or 1"));
         }
-        if token.is_some() != (kind == Kind::CallCheck) {
+        if token.is_some() != kind.checks() {
             return Err(format!(
-                "`call-check K TOKEN` takes a token, no other kind does: {config:?}"
+                "`call-check K TOKEN` and `check-path K TOKEN` take a token, no other kind does: {config:?}"
             ));
         }
         Ok((kind, count, token.map(str::to_owned)))
@@ -118,9 +126,19 @@ impl Kind {
     pub fn calls_in(self, phase: Phase) -> bool {
         match self {
             Kind::AddHeader => phase == Phase::Response,
-            Kind::LeasedPath | Kind::LeanPath | Kind::ClockEach => true,
+            Kind::LeasedPath | Kind::LeanPath | Kind::ClockEach | Kind::CheckPath => true,
             _ => phase == Phase::Request,
         }
+    }
+
+    /// Whether it calls the check service as the filter does (with the node's data token).
+    pub fn checks(self) -> bool {
+        matches!(self, Kind::CallCheck | Kind::CheckPath)
+    }
+
+    /// Whether it makes an HTTP call out (the request paused until its answer).
+    pub fn calls_out(self) -> bool {
+        matches!(self, Kind::Call | Kind::CallCheck | Kind::CheckPath)
     }
 
     /// Its number, to keep in an atomic.
