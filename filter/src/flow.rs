@@ -485,18 +485,20 @@ impl Flow {
 /// The request to check: its `identities`, and its method, path and host as the proxy has
 /// them.
 fn request_of(p: &impl Proxy, identities: BTreeMap<String, String>) -> CheckRequest {
-    let method = p.request_header(":method");
+    // Three of the four are there: one read of the whole map costs what one of them does.
+    let headers = p.request_header_pairs();
+    let method = headers.get(":method");
     let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
-    let path = p
-        .request_header(":path")
+    let path = headers
+        .get(":path")
         .map_or_else(|| "/".into(), |path| check_path(&path));
     // The client's `Host`: Nginx hands it over as it came (its `:authority` is the server's
     // own name and port, whatever the client asked for — seen in a real Nginx); Envoy turns
     // it into `:authority` and keeps no `host`. A host that is none (the proxy refuses most
     // such requests first) matches only rules naming no host, as at the service.
-    let host = p
-        .request_header("host")
-        .or_else(|| p.request_header(":authority"))
+    let host = headers
+        .get("host")
+        .or_else(|| headers.get(":authority"))
         .filter(|h| is_host(h));
     CheckRequest {
         identities,

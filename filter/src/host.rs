@@ -17,6 +17,7 @@ use std::ptr::{null, null_mut};
 use std::time::Duration;
 
 use crate::config::Check;
+use crate::header_pairs::HeaderPairs;
 use crate::identity::header_text;
 use crate::proxy::{LogLevel, Proxy, SharedData};
 
@@ -33,6 +34,7 @@ mod abi {
             ret_data: *mut *mut u8,
             ret_size: *mut usize,
         ) -> u32;
+        pub fn proxy_get_header_map_pairs(map: u32, ret_data: *mut *mut u8, ret_size: *mut usize) -> u32;
         pub fn proxy_add_header_map_value(
             map: u32,
             key: *const u8,
@@ -206,6 +208,13 @@ pub fn request_header(name: &str) -> Option<String> {
     map_value(HTTP_REQUEST_HEADERS, name).map(|raw| header_text(&raw).into_owned())
 }
 
+/// The request's headers, all of them in one call (an empty map when the host gives none).
+pub fn request_header_pairs() -> HeaderPairs {
+    // SAFETY: the return pointers are `take_bytes`'s locals.
+    let bytes = take_bytes(|data, size| unsafe { abi::proxy_get_header_map_pairs(HTTP_REQUEST_HEADERS, data, size) });
+    HeaderPairs::from_bytes(bytes.unwrap_or_default())
+}
+
 /// Response header `name` as text ([`header_text`]); `None` when absent.
 pub fn response_header(name: &str) -> Option<String> {
     map_value(HTTP_RESPONSE_HEADERS, name).map(|raw| header_text(&raw).into_owned())
@@ -273,27 +282,9 @@ pub fn property(segments: &[&str]) -> Option<String> {
     (!raw.is_empty()).then(|| header_text(&raw).into_owned())
 }
 
-/// `pairs` as the ABI's header map: their count, each name's and value's size, then each
-/// name and value followed by a NUL.
-fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let size = |s: &str| (s.len() as u32).to_le_bytes();
-    let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
-    for (name, value) in pairs {
-        out.extend_from_slice(&size(name));
-        out.extend_from_slice(&size(value));
-    }
-    for (name, value) in pairs {
-        for s in [name, value] {
-            out.extend_from_slice(s.as_bytes());
-            out.push(0);
-        }
-    }
-    out
-}
-
 /// Answers the stream with a local response (the host ends it).
 pub fn respond(status: u32, headers: &[(&str, &str)], body: &[u8]) {
-    let map = serialize_map(headers);
+    let map = HeaderPairs::of(headers);
     // SAFETY: pointers and lengths of live buffers; no details (null, 0), no gRPC status (-1).
     let result = unsafe {
         abi::proxy_send_local_response(
@@ -302,8 +293,8 @@ pub fn respond(status: u32, headers: &[(&str, &str)], body: &[u8]) {
             0,
             body.as_ptr(),
             body.len(),
-            map.as_ptr(),
-            map.len(),
+            map.bytes().as_ptr(),
+            map.bytes().len(),
             -1,
         )
     };
@@ -360,7 +351,8 @@ pub fn call(
         headers.push((name, value));
     }
     headers.extend_from_slice(extra);
-    let (headers, trailers) = (serialize_map(&headers), serialize_map(&[]));
+    let (headers, trailers) = (HeaderPairs::of(&headers), HeaderPairs::of(&[]));
+    let (headers, trailers) = (headers.bytes(), trailers.bytes());
     let upstream = &service.cluster;
     let (body, body_size) = body.map_or((null(), 0), |b| (b.as_ptr(), b.len()));
     let timeout_ms = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
@@ -474,6 +466,10 @@ pub struct Abi;
 impl Proxy for Abi {
     fn request_header(&self, name: &str) -> Option<String> {
         request_header(name)
+    }
+
+    fn request_header_pairs(&self) -> HeaderPairs {
+        request_header_pairs()
     }
 
     fn response_header(&self, name: &str) -> Option<String> {

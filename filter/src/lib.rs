@@ -15,7 +15,7 @@
 //! `proxy`, `metrics`, `shared`, `buckets`, `identity`, `config`, `leases`, `debits`;
 //! `leases` → `book` → `lease_table` → `slots` (the process's leases in shared data);
 //! `root`, `stream` → `host`, `clock` (the ABI, only they call it); `exports` → `root`,
-//! `stream`, `host`.
+//! `stream`, `host`; `host`, `proxy` → `header_pairs` (a header map in the ABI's form).
 // No panics outside tests (clippy.toml allows them in a crate's own unit tests).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -33,6 +33,7 @@ mod debits;
 #[allow(unsafe_code)]
 mod exports;
 mod flow;
+mod header_pairs;
 #[allow(unsafe_code)]
 mod host;
 pub mod identity;

@@ -5,6 +5,7 @@
 //! unit tests over a recording fake, natively, without a wasm build or a host.
 
 use crate::config::Check;
+use crate::header_pairs::HeaderPairs;
 
 /// A log line's level (the ABI's `LogLevel`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,9 @@ pub enum Action {
 pub trait Proxy: SharedData {
     /// Request header `name` as text; `None` when absent.
     fn request_header(&self, name: &str) -> Option<String>;
+    /// The request's headers, read in one call: where a request needs several that are
+    /// there, cheaper than a read each.
+    fn request_header_pairs(&self) -> HeaderPairs;
     /// Response header `name` as text; `None` when absent.
     fn response_header(&self, name: &str) -> Option<String>;
     /// Property `segments` as text; `None` when absent or empty.

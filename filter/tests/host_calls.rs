@@ -118,9 +118,10 @@ fn host_calls_per_request(flavor: Flavor) {
     }
     let [(_, check), (_, local)] = worker;
     // Each reads `origin` once (`cors_expose`): the 429 or the added headers name themselves
-    // to a page on another origin.
+    // to a page on another origin. The check reads the method, path and host from one map
+    // of the request's headers (a read each cost 24).
     assert!(
-        check <= 24 && local <= 8,
+        check <= 21 && local <= 8,
         "share: worker: check {check}, local deny {local}"
     );
 }

@@ -7,6 +7,7 @@ use sluice_core::Micros;
 
 use super::Flow;
 use crate::config::{Check, Config};
+use crate::header_pairs::HeaderPairs;
 use crate::metrics::Metrics;
 use crate::proxy::{Action, LogLevel, Proxy, SharedData};
 use crate::shared::Shared;
@@ -33,6 +34,11 @@ struct Fake {
 impl Proxy for Fake {
     fn request_header(&self, name: &str) -> Option<String> {
         self.request.get(name).cloned()
+    }
+
+    fn request_header_pairs(&self) -> HeaderPairs {
+        let pairs: Vec<(&str, &str)> = self.request.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        HeaderPairs::of(&pairs)
     }
 
     fn response_header(&self, name: &str) -> Option<String> {

@@ -283,15 +283,12 @@ fn leased_response() {
 /// The filter's checked request, its request headers' calls before the check goes out: the
 /// clock, the client's address, two JWT claims, the API key and `origin` that are not there,
 /// the prefilter's two slots read and written (no tokens in hand), the breaker's slot read, then
-/// the request's method, path, `host` (not there in Envoy) and `:authority` for the check.
+/// the request's headers in one map for its method, path and host.
 fn check_request() {
     example_identities();
     pair_update(b"sluice/price-b0", b"sluice/price-b1", 40);
     call(Kind::SharedGet);
-    call(Kind::Header);
-    call(Kind::Header);
-    call(Kind::HeaderMiss);
-    call(Kind::Header);
+    call(Kind::HeaderMap);
 }
 
 /// The configured calls, if `phase` is where they are made; whether a local reply was sent.
