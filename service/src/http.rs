@@ -136,6 +136,29 @@ impl FromRequestParts<Arc<Node>> for CheckSpan {
     }
 }
 
+/// Whether a check asks for the brief answer, RFC 7240's `Prefer: return=minimal` (the
+/// filter does: it reads no rule's own result, and the per-rule list was most of the answer
+/// it parsed on every check). The brief answer's `rules` list is empty; every other field
+/// is there. A client that does not ask gets the whole answer.
+struct ReturnMinimal(bool);
+
+impl FromRequestParts<Arc<Node>> for ReturnMinimal {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &Arc<Node>) -> Result<Self, Self::Rejection> {
+        let asked = parts.headers.get_all("prefer").iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',').any(|p| {
+                    let preference = p.split(';').next().unwrap_or_default();
+                    let (name, value) = preference.split_once('=').unwrap_or((preference, ""));
+                    name.trim().eq_ignore_ascii_case("return") && value.trim().eq_ignore_ascii_case("minimal")
+                })
+            })
+        });
+        Ok(ReturnMinimal(asked))
+    }
+}
+
 /// A 200 answer of JSON written by a wire type's own codec (`sluice_core::json`).
 pub(crate) fn json_body(json: String) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], json).into_response()
@@ -158,6 +181,7 @@ async fn check_handler(
     State(node): State<Arc<Node>>,
     _: Authorized,
     CheckSpan(span): CheckSpan,
+    ReturnMinimal(minimal): ReturnMinimal,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let raw = match body(raw) {
@@ -167,9 +191,18 @@ async fn check_handler(
     match CheckRequest::from_json(&raw) {
         Ok(req) => {
             let req = crate::check::canonical(req, node.config.ipv6_prefix);
-            let answer = trace::within(span.as_ref(), check(&node, &req)).await;
+            let mut answer = trace::within(span.as_ref(), check(&node, &req)).await;
             trace::finish(span, answer.policy.as_deref(), answer.allowed);
-            json_body(answer.to_json())
+            if !minimal {
+                return json_body(answer.to_json());
+            }
+            answer.rules.clear();
+            let mut brief = json_body(answer.to_json());
+            brief.headers_mut().insert(
+                header::HeaderName::from_static("preference-applied"),
+                header::HeaderValue::from_static("return=minimal"),
+            );
+            brief
         }
         Err(e) => bad(e.0).into_response(),
     }

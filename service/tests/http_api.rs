@@ -69,6 +69,49 @@ async fn every_rule_must_allow_and_a_denial_consumes_nothing() {
     assert!(denied["retry_after_ms"].as_u64().unwrap() > 0);
 }
 
+/// `Prefer: return=minimal` (RFC 7240, what the filter sends) leaves out each rule's own
+/// result and says so; the headline is the same answer's, and a client that does not ask
+/// gets every rule's.
+#[tokio::test]
+async fn a_check_that_prefers_a_minimal_return_gets_the_answer_without_its_rules() {
+    let n = node().await;
+    let body = json!({"identities": {"ip": "7.7.7.7", "user": "m"}, "method": "GET", "path": "/a"});
+    for prefer in ["return=minimal", "respond-async, RETURN = minimal; x=1"] {
+        let r = n
+            .client
+            .post(n.url("/v1/check"))
+            .header("prefer", prefer)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let applied = r
+            .headers()
+            .get("preference-applied")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(applied.as_deref(), Some("return=minimal"), "{prefer}");
+        let brief: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(brief["rules"], json!([]), "{prefer}: {brief}");
+        assert_eq!(
+            (brief["allowed"].clone(), brief["policy"].clone()),
+            (json!(true), json!("per-user")),
+            "{brief}"
+        );
+    }
+    let r = n
+        .client
+        .post(n.url("/v1/check"))
+        .header("prefer", "return=representation")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("preference-applied").is_none());
+    let whole: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(whole["rules"].as_array().map(Vec::len), Some(3), "{whole}");
+}
+
 #[tokio::test]
 async fn shadow_rules_count_but_never_deny() {
     let n = node().await;

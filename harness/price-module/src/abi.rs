@@ -405,12 +405,13 @@ fn dispatch(id: u32, kind: Kind) -> bool {
     const CHECK: &[u8] = br#"{"identities":{"ip":"10.0.0.1"},"method":"GET","path":"/api/hello","cost":1}"#;
     let bearer = TOKEN.with(|t| format!("Bearer {}", t.borrow().as_deref().unwrap_or_default()));
     let (headers, body) = if kind.checks() {
-        let headers: [(&[u8], &[u8]); 5] = [
+        let headers: [(&[u8], &[u8]); 6] = [
             (b":method", b"POST"),
             (b":path", b"/v1/check"),
             (b":authority", b"sluice-check"),
             (b"content-type", b"application/json"),
             (b"authorization", bearer.as_bytes()),
+            (b"prefer", b"return=minimal"),
         ];
         (pairs(&headers), CHECK)
     } else {
