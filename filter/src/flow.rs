@@ -18,7 +18,7 @@ use crate::answer::{read_answer, Failure};
 use crate::breaker::Permit;
 use crate::buckets;
 use crate::debits;
-use crate::identity::{check_path, request_ip, warn_of_trust_in_envoy};
+use crate::identity::{check_path, header_text, request_ip, warn_of_trust_in_envoy};
 use crate::leases::ByLease;
 use crate::proxy::{Action, LogLevel, Proxy};
 use crate::shared::Shared;
@@ -497,19 +497,15 @@ impl Flow {
 fn request_of(p: &impl Proxy, identities: BTreeMap<String, String>) -> CheckRequest {
     // Three of the four are there: one read of the whole map costs what one of them does.
     let headers = p.request_header_pairs();
-    let method = headers.get(":method");
+    let header = |name| headers.get(name).map(|v| header_text(v).into_owned());
+    let method = header(":method");
     let method = check_method(method.as_deref().unwrap_or("GET")).to_owned();
-    let path = headers
-        .get(":path")
-        .map_or_else(|| "/".into(), |path| check_path(&path));
+    let path = header(":path").map_or_else(|| "/".into(), |path| check_path(&path));
     // The client's `Host`: Nginx hands it over as it came (its `:authority` is the server's
     // own name and port, whatever the client asked for — seen in a real Nginx); Envoy turns
     // it into `:authority` and keeps no `host`. A host that is none (the proxy refuses most
     // such requests first) matches only rules naming no host, as at the service.
-    let host = headers
-        .get("host")
-        .or_else(|| headers.get(":authority"))
-        .filter(|h| is_host(h));
+    let host = header("host").or_else(|| header(":authority")).filter(|h| is_host(h));
     CheckRequest {
         identities,
         method,

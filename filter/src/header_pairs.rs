@@ -6,8 +6,6 @@
 //! (BENCHMARKS.md, "What a host call costs in Envoy"): the check path reads the method, the
 //! path, `host` and `:authority` so, in one call where it made four.
 
-use crate::identity::header_text;
-
 /// Header pairs in the ABI's form, each looked up where it lies (no copy a pair).
 #[derive(Debug, Default)]
 pub struct HeaderPairs(Vec<u8>);
@@ -29,12 +27,12 @@ impl HeaderPairs {
     }
 
     /// The first value of header `name` (matched regardless of case: ngx_wasm_module hands
-    /// names over as the client wrote them), as text ([`header_text`]); `None` when absent or
-    /// when the map is not well formed.
-    pub fn get(&self, name: &str) -> Option<String> {
+    /// names over as the client wrote them), as bytes; `None` when absent or when the map is
+    /// not well formed.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.pairs()
             .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, value)| header_text(value).into_owned())
+            .map(|(_, value)| value)
     }
 
     /// Each pair in order; it stops where the map is not well formed.
@@ -93,13 +91,13 @@ mod tests {
             ("host", "second"),
             ("x-e", ""),
         ]);
-        assert_eq!(map.get(":path").as_deref(), Some("/a"));
+        assert_eq!(map.get(":path"), Some(&b"/a"[..]));
         assert_eq!(
-            map.get("host").as_deref(),
-            Some("example.com"),
+            map.get("host"),
+            Some(&b"example.com"[..]),
             "the first, as a header read gives"
         );
-        assert_eq!(map.get("x-e").as_deref(), Some(""));
+        assert_eq!(map.get("x-e"), Some(&b""[..]));
         assert_eq!(map.get(":method"), None);
         assert_eq!(HeaderPairs::default().get(":path"), None);
     }
@@ -110,7 +108,7 @@ mod tests {
         for cut in 0..whole.len() {
             let map = HeaderPairs::from_bytes(whole[..cut].to_vec());
             assert!(map.pairs().count() <= 2);
-            assert!(map.get("b").is_none_or(|v| v == "2"), "cut at {cut}");
+            assert!(map.get("b").is_none_or(|v| v == b"2"), "cut at {cut}");
         }
         let mut lying = whole.clone();
         lying[..4].copy_from_slice(&u32::MAX.to_le_bytes());
