@@ -4,11 +4,11 @@
 //! The process's lives in one shared-data key: each step reads it, decides on it as the
 //! worker's own would, and writes it back with compare-and-swap only when it changed (a
 //! closed breaker with no failures is read, never written, and its call's success is not
-//! reported: the check path costs one read). Every worker counts into the same failures, so a stalled service costs the
-//! process `failures` requests the timeout, whatever number of workers it runs, and only
-//! the worker whose write moved the breaker to half-open sends the probe. A probe whose
-//! worker never reports (a worker that died with it) is given up after the cooldown and
-//! twice the check timeout, and the next call probes.
+//! reported: the check path costs one read). Every worker counts into the same failures,
+//! so a stalled service costs the process `failures` requests the timeout, whatever number
+//! of workers it runs, and only the worker whose write moved the breaker to half-open sends
+//! the probe. A probe whose worker never reports (a worker that died with it) is given up
+//! after the cooldown and twice the check timeout, and the next call probes.
 
 use sluice_core::{Breaker, BreakerState, Micros};
 
